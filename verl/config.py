@@ -1,0 +1,299 @@
+"""Typed, validated configuration: the flat YAML + ``key=value`` overrides -> ``Config``.
+
+Choices: the schema is a tree of dataclasses mirrored one-to-one by ``configs/ppo_trainer.yaml``
+(the YAML holds the defaults and the comments; the dataclasses hold the types). OmegaConf merges
+YAML and dotlist overrides in struct mode, so an unknown key fails naming the key; types are
+checked by OmegaConf; choices and ranges are checked once here, in ``validate``, with errors that
+name the key and the allowed values. Library code receives the typed objects and never falls back
+to defaults of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_trainer.yaml"
+
+
+class ConfigError(ValueError):
+    """A bad key or value in the config; the message names the key and what is allowed."""
+
+
+@dataclass
+class DataConfig:
+    train_files: str = "???"
+    val_files: str = "???"
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 256
+    max_response_length: int = 320
+    max_start_length: int = 256
+    max_obs_length: int = 96
+    train_batch_size: int = 32
+    val_batch_size: int | None = None
+    shuffle: bool = True
+    seed: int = 1
+    val_max_samples: int | None = None
+
+
+@dataclass
+class ModelConfig:
+    path: str = "???"
+    enable_gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 2e-5
+    lr_warmup_steps_ratio: float = 0.0
+    weight_decay: float = 0.0
+    ppo_mini_batch_size: int = 32
+    ppo_micro_batch_size: int = 16
+    ppo_epochs: int = 1
+    grad_clip: float | None = 1.0
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float | None = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    state_masking: bool = True
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 8192
+
+
+@dataclass
+class ValKwargs:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "vllm"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    dtype: str = "float32"
+    gpu_memory_utilization: float = 0.5
+    cpu_kv_cache_gb: float = 1
+    max_num_seqs: int = 256
+    free_cache_engine: bool = False
+    micro_batch_size: int = 64
+    log_prob_micro_batch_size: int = 32
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size: int = 32
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+@dataclass
+class CriticConfig:
+    model_path: str | None = None
+    lr: float = 1e-4
+    lr_warmup_steps_ratio: float = 0.0
+    weight_decay: float = 0.0
+    ppo_mini_batch_size: int = 32
+    ppo_micro_batch_size: int = 16
+    ppo_epochs: int = 1
+    grad_clip: float | None = 1.0
+    cliprange_value: float = 0.5
+    value_loss_coef: float = 0.5
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "gae"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+
+@dataclass
+class RetrieverConfig:
+    url: str = "http://127.0.0.1:8000"
+    topk: int = 3
+    timeout: float = 30
+    max_retries: int = 4
+
+
+@dataclass
+class RewardConfig:
+    default_scorer: str = "em"
+    format_score: float = 0.0
+
+
+@dataclass
+class CustomRewardConfig:
+    path: str | None = None
+    name: str = "compute_score"
+
+
+@dataclass
+class TrainerConfig:
+    backend: str = "local"
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    total_epochs: int = 1
+    total_training_steps: int | None = None
+    project_name: str = "search_r1"
+    experiment_name: str = "demo_ppo"
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    test_freq: int = 10
+    val_before_train: bool = True
+    save_freq: int = -1
+    resume_mode: str = "auto"
+    default_local_dir: str = "outputs"
+    seed: int = 1
+    device: str = "auto"
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    max_turns: int = 3
+    do_search: bool = True
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+# Allowed values of the string-choice keys, checked in ``validate``.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+    "actor_rollout_ref.actor.kl_loss_type": ("kl", "abs", "mse", "low_var_kl"),
+    "actor_rollout_ref.rollout.name": ("vllm", "hf"),
+    "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16", "float16"),
+    "algorithm.adv_estimator": ("gae", "grpo", "reinforce_plus_plus", "rloo"),
+    "algorithm.kl_penalty": ("kl", "abs", "mse", "low_var_kl"),
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "reward.default_scorer": ("em", "subem", "f1"),
+    "trainer.backend": ("local", "ray"),
+    "trainer.device": ("auto", "cpu", "cuda"),
+}
+LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
+
+
+def _get(cfg: Config, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _require(ok: bool, key: str, value, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key {key}={value!r} is invalid: allowed {allowed}")
+
+
+def validate(cfg: Config) -> Config:
+    """Check choices, ranges and cross-key rules; raise ConfigError naming the key."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        _require(value in allowed, key, value, "one of " + ", ".join(allowed))
+    for name in cfg.trainer.logger:
+        _require(name in LOGGERS, "trainer.logger", name, "a list of " + ", ".join(LOGGERS))
+    positive = [
+        "data.max_prompt_length", "data.max_response_length", "data.max_start_length",
+        "data.max_obs_length", "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ppo_epochs",
+        "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.micro_batch_size",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size",
+        "actor_rollout_ref.rollout.val_kwargs.n", "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size",
+        "critic.ppo_epochs", "retriever.topk", "retriever.max_retries", "trainer.nnodes",
+        "trainer.n_gpus_per_node", "trainer.total_epochs", "max_turns",
+    ]
+    for key in positive:
+        value = _get(cfg, key)
+        _require(value >= 1, key, value, "an integer >= 1")
+    for key in ("algorithm.gamma", "algorithm.lam", "actor_rollout_ref.rollout.top_p"):
+        value = _get(cfg, key)
+        _require(0.0 <= value <= 1.0, key, value, "a number in [0, 1]")
+    for key in ("actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.lr", "critic.lr"):
+        value = _get(cfg, key)
+        _require(value > 0, key, value, "a number > 0")
+    c = cfg.actor_rollout_ref.actor.clip_ratio_c
+    _require(c is None or c > 1.0, "actor_rollout_ref.actor.clip_ratio_c", c, "null or a number > 1")
+    _require(cfg.data.val_batch_size is None or cfg.data.val_batch_size >= 1, "data.val_batch_size",
+             cfg.data.val_batch_size, "null or an integer >= 1")
+    _require(cfg.data.max_start_length <= cfg.data.max_prompt_length, "data.max_start_length",
+             cfg.data.max_start_length, f"at most data.max_prompt_length={cfg.data.max_prompt_length}")
+    n = cfg.actor_rollout_ref.rollout.n
+    rows = cfg.data.train_batch_size * n
+    mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    _require(rows % mini == 0, "actor_rollout_ref.actor.ppo_mini_batch_size", mini,
+             f"a divisor of data.train_batch_size * rollout.n = {rows}")
+    if cfg.algorithm.adv_estimator in ("grpo", "rloo"):
+        _require(n >= 2, "actor_rollout_ref.rollout.n", n,
+                 f">= 2 with algorithm.adv_estimator={cfg.algorithm.adv_estimator} (group baselines)")
+    _require(cfg.trainer.resume_mode in ("auto", "disable") or Path(cfg.trainer.resume_mode).exists(),
+             "trainer.resume_mode", cfg.trainer.resume_mode, "auto, disable or an existing checkpoint path")
+    return cfg
+
+
+def load_config(overrides: list[str] | None = None, path: str | Path = DEFAULT_CONFIG) -> Config:
+    """Load the YAML at ``path``, apply ``key=value`` overrides, type-check and validate once."""
+    schema = OmegaConf.structured(Config)
+    try:
+        merged = OmegaConf.merge(schema, OmegaConf.load(path))
+        for item in overrides or []:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not key=value")
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        OmegaConf.resolve(merged)
+        cfg = OmegaConf.to_object(merged)
+    except ConfigKeyError as err:
+        raise ConfigError(f"unknown config key {err.full_key!r} (see configs/ppo_trainer.yaml for all keys)") from err
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"config key {err.full_key!r}: {err.msg}") from err
+    return validate(cfg)
+
+
+def uses_critic(cfg: Config) -> bool:
+    """The critic exists only for the GAE estimator."""
+    return cfg.algorithm.adv_estimator == "gae"
+
+
+def uses_reference(cfg: Config) -> bool:
+    """The reference model is needed when any KL term is on."""
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML (saved next to checkpoints and logged at start)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -1,0 +1,49 @@
+"""The rollout engine interface: token ids in -> token ids (+ optional log-probs) out.
+
+Every engine (``vllm_rollout.VLLMRollout``, ``hf_rollout.HFRollout``) implements ``RolloutEngine``.
+Token-in/token-out: callers pass prompt token ids and get back exactly the ids the engine sampled,
+so nothing is decoded and re-encoded between turns of the search loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings of one ``generate`` call."""
+
+    max_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    n: int = 1  # samples per prompt
+    stop: list[str] = field(default_factory=list)  # generation ends after any of these strings (included in output)
+    logprobs: bool = False  # also return the sampled tokens' log-probs under the engine
+    seed: int | None = None
+
+
+@dataclass
+class GenerationOutput:
+    """One sampled continuation."""
+
+    token_ids: list[int]  # the sampled ids, including the stop string's tokens / eos when hit
+    finish_reason: str  # "stop" (eos or a stop string) | "length" (max_tokens reached)
+    stop_str: str | None = None  # the stop string that ended generation, None for eos/length
+    logprobs: list[float] | None = None  # per sampled token, when SamplingParams.logprobs
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+        """Continue each prompt; returns ``len(prompts) * params.n`` outputs, grouped by prompt
+        (prompt 0's n samples first, then prompt 1's, ...)."""
+        ...
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights with the actor's (HF parameter names), without disk I/O."""
+        ...
