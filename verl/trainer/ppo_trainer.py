@@ -1,0 +1,267 @@
+"""The single-controller PPO/GRPO loop.
+
+``fit()`` runs, per step: generate (a pluggable generation function: single-turn, or the search
+agent) -> reward (a pluggable score function) -> old log-probs -> reference log-probs -> values ->
+advantages -> critic update -> actor update -> weight sync to the rollout engine -> validation /
+checkpoint / metrics. The driver holds the rollout engine and the data; the actor, critic and
+reference live in worker groups (in-process or Ray actors, see ``verl.single_controller``).
+
+Masks: ``loss_mask = response_mask * info_mask`` when ``actor.state_masking`` (else
+``response_mask``) is computed once, right after generation, and is the only mask the reward
+placement, advantages, losses and token metrics use.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from verl.config import Config, to_yaml, uses_critic, uses_reference
+from verl.protocol import Batch
+from verl.single_controller import create_worker_group
+from verl.trainer import core_algos
+from verl.trainer.generation import GenerateFn
+from verl.trainer.reward import RewardManager
+from verl.utils import checkpoint
+from verl.utils.dataset import PromptDataset, StatefulLoader
+from verl.utils.plots import plot_curves
+from verl.utils.tracking import Tracker
+from verl.workers.actor import ActorWorker
+from verl.workers.critic import CriticWorker
+from verl.workers.reference import RefWorker
+from verl.workers.rollout.base import RolloutEngine, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# Extra per-row validation metrics: (response texts, generated batch) -> {name: per-row values}.
+RowMetricsFn = Callable[[list[str], Batch], dict[str, np.ndarray]]
+
+
+@contextmanager
+def _timed(name: str, timing: dict[str, float]):
+    start = time.perf_counter()
+    yield
+    timing[f"timing/{name}"] = time.perf_counter() - start
+
+
+def _mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(core_algos.masked_mean(x.float(), mask.float()))
+
+
+class PPOTrainer:
+    def __init__(self, cfg: Config, tokenizer, engine: RolloutEngine, generate_fn: GenerateFn,
+                 reward: RewardManager, row_metrics_fn: RowMetricsFn | None = None):
+        self.cfg, self.tokenizer, self.engine = cfg, tokenizer, engine
+        self.generate_fn, self.reward, self.row_metrics_fn = generate_fn, reward, row_metrics_fn
+        data = cfg.data
+        self.train_set = PromptDataset(data.train_files, tokenizer, data.max_prompt_length, data.prompt_key)
+        self.val_set = PromptDataset(data.val_files, tokenizer, data.max_prompt_length, data.prompt_key,
+                                     data.val_max_samples)
+        self.loader = StatefulLoader(self.train_set, data.train_batch_size, data.shuffle, data.seed)
+        self.total_steps = cfg.trainer.total_training_steps or self.loader.batches_per_epoch() * cfg.trainer.total_epochs
+        self.out_dir = Path(cfg.trainer.default_local_dir)
+        self.step = 0
+        kl = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+        self._build_workers()
+        self.tracker = Tracker(cfg.trainer.logger, self.out_dir, cfg.trainer.project_name,
+                               cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
+
+    def _build_workers(self) -> None:
+        t = self.cfg.trainer
+        world = 1 if t.backend == "local" else t.nnodes * t.n_gpus_per_node
+        make = lambda cls: create_worker_group(cls, self.cfg, t.backend, world, total_steps=self.total_steps)  # noqa: E731
+        self.actor = make(ActorWorker)
+        self.ref = make(RefWorker) if uses_reference(self.cfg) else None
+        self.critic = make(CriticWorker) if uses_critic(self.cfg) else None
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, float]:
+        """Train for ``total_steps`` steps (continuing a checkpoint if one is resumed); returns the last validation."""
+        self.resume()
+        val_metrics: dict[str, float] = {}
+        if self.cfg.trainer.val_before_train and self.step == 0:
+            val_metrics = self.validate()
+            self.tracker.log(val_metrics, step=0)
+        batches = self._batch_stream()
+        with tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step") as progress:
+            while self.step < self.total_steps:
+                self.step += 1
+                timing: dict[str, float] = {}
+                with _timed("step", timing):
+                    batch = next(batches)
+                    with _timed("gen", timing):
+                        batch = self.generate(batch, self._train_sampling())
+                    with _timed("reward", timing):
+                        batch = self.score(batch)
+                    metrics = self.train_on(batch, timing)
+                    if self._due(self.cfg.trainer.test_freq):
+                        with _timed("validate", timing):
+                            val_metrics = self.validate()
+                        metrics.update(val_metrics)
+                    if self._due(self.cfg.trainer.save_freq):
+                        with _timed("save", timing):
+                            self.save()
+                self.tracker.log({**metrics, **timing, **self._throughput(batch, timing)}, step=self.step)
+                progress.update()
+        self.tracker.close()
+        plot_curves(self.tracker.jsonl_path, self.out_dir / "curves.png", self.cfg.trainer.experiment_name)
+        return val_metrics
+
+    def train_on(self, batch: Batch, timing: dict[str, float]) -> dict[str, float]:
+        """Log-probs, values, advantages and the updates for one generated, scored batch."""
+        with _timed("old_log_prob", timing):
+            batch = batch.union(self.actor.execute_split("compute_log_prob", batch))
+        if self.ref is not None:
+            with _timed("ref", timing):
+                batch = batch.union(self.ref.execute_split("compute_ref_log_prob", batch))
+        if self.critic is not None:
+            with _timed("values", timing):
+                batch = batch.union(self.critic.execute_split("compute_values", batch))
+        with _timed("adv", timing):
+            batch, metrics = self.compute_advantages(batch)
+        if self.critic is not None:
+            with _timed("update_critic", timing):
+                metrics.update(self.critic.execute_split("update_critic", batch))
+        with _timed("update_actor", timing):
+            metrics.update(self.actor.execute_split("update_actor", batch))
+        with _timed("sync", timing):
+            self.sync_weights()
+        return {**metrics, **self._data_metrics(batch)}
+
+    # ------------------------------------------------------------------ phases
+    def generate(self, batch: Batch, params: SamplingParams, n: int | None = None) -> Batch:
+        """Repeat each prompt n times (consecutive rows share a uid), run the generation function, add loss_mask."""
+        n = self.cfg.actor_rollout_ref.rollout.n if n is None else n
+        out = self.generate_fn(batch.repeat(n), params)
+        # 1 = the token counts in every loss/advantage/metric; inserted tokens are excluded under state masking.
+        loss_mask = out["response_mask"] * out["info_mask"] if self.cfg.actor_rollout_ref.actor.state_masking \
+            else out["response_mask"]
+        out.tensors["loss_mask"] = loss_mask  # [B, R]
+        return out
+
+    def score(self, batch: Batch) -> Batch:
+        token_scores, scores, texts = self.reward(batch)
+        batch.tensors["token_level_scores"] = token_scores  # [B, R], the score on the last policy token
+        batch.non_tensors["score"] = scores
+        batch.non_tensors["response_text"] = np.array(texts, dtype=object)
+        return batch
+
+    def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """KL-in-reward (optional), then the configured advantage estimator over loss_mask."""
+        algo, mask, metrics = self.cfg.algorithm, batch["loss_mask"].float(), {}
+        rewards = batch["token_level_scores"]
+        if algo.use_kl_in_reward:
+            rewards, metrics = core_algos.apply_kl_penalty(rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
+                                                           self.kl_ctrl, algo.kl_penalty)
+        per_estimator = {
+            "gae": {"values": batch["values"] if "values" in batch else None, "gamma": algo.gamma, "lam": algo.lam},
+            "grpo": {"index": batch["uid"], "norm_adv_by_std": algo.norm_adv_by_std_in_grpo},
+            "reinforce_plus_plus": {"gamma": algo.gamma},
+            "rloo": {"index": batch["uid"]},
+        }
+        estimator = core_algos.get_adv_estimator(algo.adv_estimator)
+        advantages, returns = estimator(token_level_rewards=rewards, mask=mask, **per_estimator[algo.adv_estimator])
+        batch.tensors["token_level_rewards"] = rewards
+        batch.tensors["advantages"] = advantages  # [B, R]
+        batch.tensors["returns"] = returns  # [B, R]
+        return batch, metrics
+
+    def sync_weights(self) -> None:
+        """Push the actor's full weights into the rollout engine (in memory, no disk)."""
+        state = self.actor.execute_all("full_state_dict")[0]
+        self.engine.sync_weights(state.items())
+
+    def validate(self) -> dict[str, float]:
+        """Generate with val_kwargs over the validation set; mean score / extra metrics overall and per data_source."""
+        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        params_kw = {"temperature": vk.temperature, "top_p": vk.top_p, "top_k": vk.top_k}
+        size = self.cfg.data.val_batch_size or len(self.val_set)
+        per_row: dict[str, list] = defaultdict(list)
+        for start in range(0, len(self.val_set), size):
+            batch = self.val_set.batch(range(start, min(start + size, len(self.val_set))))
+            params = SamplingParams(max_tokens=self.cfg.data.max_response_length, seed=self.cfg.trainer.seed, **params_kw)
+            out = self.score(self.generate(batch, params, n=vk.n))
+            per_row["data_source"].extend(out["data_source"])
+            per_row["score"].extend(out["score"])
+            extra = self.row_metrics_fn(list(out["response_text"]), out) if self.row_metrics_fn else {}
+            for name, values in extra.items():
+                per_row[name].extend(values)
+        sources = np.array(per_row.pop("data_source"))
+        metrics = {}
+        for name, values in per_row.items():
+            values = np.asarray(values, dtype=np.float64)
+            metrics[f"val/{name}"] = float(values.mean())
+            for source in sorted(set(sources)):
+                metrics[f"val/{name}/{source}"] = float(values[sources == source].mean())
+        logger.info("validation at step %d: %s", self.step, {k: round(v, 4) for k, v in metrics.items()})
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        tmp = checkpoint.begin(self.out_dir, self.step)
+        self.actor.execute_all("save_checkpoint", str(tmp / "actor"))
+        if self.critic is not None:
+            self.critic.execute_all("save_checkpoint", str(tmp / "critic"))
+        state = {"step": self.step, "loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
+        return checkpoint.commit(self.out_dir, tmp, self.step, state, to_yaml(self.cfg))
+
+    def resume(self) -> None:
+        """Load the checkpoint named by trainer.resume_mode (auto = newest, if any) and continue after its step."""
+        mode = self.cfg.trainer.resume_mode
+        path = None if mode == "disable" else checkpoint.find_latest(self.out_dir) if mode == "auto" else Path(mode)
+        if path is None:
+            return
+        logger.info("resuming from %s", path)
+        self.actor.execute_all("load_checkpoint", str(path / "actor"))
+        if self.critic is not None:
+            self.critic.execute_all("load_checkpoint", str(path / "critic"))
+        state = checkpoint.load_trainer_state(path)
+        self.step = state["step"]
+        self.loader.load_state_dict(state["loader"])
+        self.kl_ctrl.value = state["kl_coef"]
+        self.tracker.truncate_after(self.step)
+        self.sync_weights()
+
+    # ------------------------------------------------------------------ helpers
+    def _batch_stream(self) -> Iterator[Batch]:
+        while True:
+            yield from self.loader
+
+    def _due(self, freq: int) -> bool:
+        return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)
+
+    def _train_sampling(self) -> SamplingParams:
+        r = self.cfg.actor_rollout_ref.rollout
+        # A per-step seed makes a resumed run sample exactly what the uninterrupted run sampled.
+        return SamplingParams(max_tokens=self.cfg.data.max_response_length, temperature=r.temperature, top_p=r.top_p,
+                              top_k=r.top_k, seed=self.cfg.trainer.seed * 100_003 + self.step)
+
+    def _data_metrics(self, batch: Batch) -> dict[str, float]:
+        mask, rmask = batch["loss_mask"].float(), batch["response_mask"].float()
+        metrics = {
+            "critic/score/mean": float(np.mean(batch["score"])),
+            "critic/rewards/mean": float(batch["token_level_rewards"].sum(-1).mean()),
+            "critic/advantages/mean": _mean(batch["advantages"], mask),
+            "critic/returns/mean": _mean(batch["returns"], mask),
+            "response_length/mean": float(rmask.sum(-1).mean()),
+            "response_length/trained_mean": float(mask.sum(-1).mean()),
+            **batch.meta.get("gen_metrics", {}),
+        }
+        if "values" in batch:
+            metrics["critic/values/mean"] = _mean(batch["values"], mask)
+        return metrics
+
+    def _throughput(self, batch: Batch, timing: dict[str, float]) -> dict[str, float]:
+        tokens = float(batch["attention_mask"].sum())
+        return {"perf/tokens_per_s": tokens / max(timing["timing/step"], 1e-9),
+                "perf/gen_tokens_per_s": float(batch["response_mask"].sum()) / max(timing["timing/gen"], 1e-9)}

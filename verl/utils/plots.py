@@ -1,0 +1,43 @@
+"""PNG curves of a run (reward, validation EM, KL, entropy, searches) from its metrics.jsonl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from verl.utils.tracking import read_metrics  # noqa: E402
+
+PANELS = (
+    ("train reward", ["critic/score/mean"]),
+    ("validation EM", ["val/em", "val/em/demo_single", "val/em/demo_multi"]),
+    ("KL to reference / old policy", ["actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty"]),
+    ("entropy", ["actor/entropy"]),
+    ("searches per trajectory", ["agent/searches_per_traj", "val/searches/demo_single", "val/searches/demo_multi"]),
+    ("response length", ["agent/mean_response_len"]),
+)
+
+
+def plot_curves(metrics_path: str | Path, out_png: str | Path, title: str = "") -> Path:
+    """Draw one panel per quantity; keys missing from the run are skipped."""
+    records = read_metrics(metrics_path)
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    for ax, (name, keys) in zip(axes.flat, PANELS):
+        for key in keys:
+            points = [(r["step"], r[key]) for r in records if key in r]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="." if len(points) < 30 else None, label=key)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out_png)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

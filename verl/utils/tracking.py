@@ -1,0 +1,86 @@
+"""One logging path for metrics: console table, JSONL file, W&B and TensorBoard when asked for.
+
+Choices: JSONL is the source of truth (one object per step, appended and flushed, so nothing is
+lost on a crash and a resumed run continues the same file); the console shows a compact table of
+the metrics people watch; W&B / TensorBoard are optional and fail with a clear message when asked
+for but not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+logger = logging.getLogger(__name__)
+
+# Metrics shown in the console table (all metrics go to JSONL / W&B / TensorBoard).
+CONSOLE_KEYS = ("critic/score/mean", "val/em", "actor/pg_loss", "actor/entropy", "actor/ppo_kl", "critic/vf_loss",
+                "agent/searches_per_traj", "agent/mean_turns", "agent/finish_ratio", "timing/step")
+
+
+class Tracker:
+    def __init__(self, loggers: list[str], out_dir: str | Path, project: str, experiment: str, config_dict: dict):
+        self.loggers = loggers
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.out_dir / "metrics.jsonl"
+        self.console = Console(stderr=True)
+        self._wandb = self._tb = None
+        if "wandb" in loggers:
+            try:
+                import wandb
+            except ImportError as err:
+                raise RuntimeError("trainer.logger includes wandb but wandb is not installed (pip install wandb)") from err
+            self._wandb = wandb.init(project=project, name=experiment, config=config_dict, resume="allow")
+        if "tensorboard" in loggers:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise RuntimeError("trainer.logger includes tensorboard but tensorboard is not installed") from err
+            self._tb = SummaryWriter(str(self.out_dir / "tensorboard"))
+
+    def truncate_after(self, step: int) -> None:
+        """Drop JSONL records of steps after ``step`` (a resumed run re-does them)."""
+        if not self.jsonl_path.exists():
+            return
+        kept = [line for line in self.jsonl_path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        self.jsonl_path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        metrics = {k: float(v) for k, v in metrics.items()}
+        if "jsonl" in self.loggers:
+            with self.jsonl_path.open("a") as f:
+                f.write(json.dumps({"step": step, **metrics}) + "\n")
+        if "console" in self.loggers:
+            self._console_table(metrics, step)
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        if self._tb is not None:
+            for k, v in metrics.items():
+                self._tb.add_scalar(k, v, step)
+
+    def _console_table(self, metrics: dict[str, float], step: int) -> None:
+        shown = {k: metrics[k] for k in CONSOLE_KEYS if k in metrics}
+        shown.update({k: v for k, v in metrics.items() if k.startswith("val/em")})
+        if not shown:
+            return
+        table = Table(title=f"step {step}", show_header=False, box=None, pad_edge=False)
+        for k, v in shown.items():
+            table.add_row(k, f"{v:.4g}")
+        self.console.print(table)
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """All records of a metrics.jsonl file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
