@@ -172,6 +172,7 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     test_freq: int = 10
     val_before_train: bool = True
+    val_only: bool = False
     save_freq: int = -1
     resume_mode: str = "auto"
     default_local_dir: str = "outputs"
@@ -280,7 +281,7 @@ def load_config(overrides: list[str] | None = None, path: str | Path = DEFAULT_C
     except ConfigKeyError as err:
         raise ConfigError(f"unknown config key {err.full_key!r} (see configs/ppo_trainer.yaml for all keys)") from err
     except OmegaConfBaseException as err:
-        raise ConfigError(f"config key {err.full_key!r}: {err.msg}") from err
+        raise ConfigError(f"config key {err.full_key!r}: {err.msg.splitlines()[0]}") from err
     return validate(cfg)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
+from transformers import AutoModelForCausalLM
 
 from verl.config import Config, to_yaml, uses_critic, uses_reference
 from verl.protocol import Batch
@@ -89,9 +90,11 @@ class PPOTrainer:
         """Train for ``total_steps`` steps (continuing a checkpoint if one is resumed); returns the last validation."""
         self.resume()
         val_metrics: dict[str, float] = {}
-        if self.cfg.trainer.val_before_train and self.step == 0:
+        if self.cfg.trainer.val_only or (self.cfg.trainer.val_before_train and self.step == 0):
             val_metrics = self.validate()
-            self.tracker.log(val_metrics, step=0)
+            self.tracker.log(val_metrics, step=self.step)
+            if self.cfg.trainer.val_only:
+                return val_metrics
         batches = self._batch_stream()
         with tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step") as progress:
             while self.step < self.total_steps:
@@ -114,6 +117,7 @@ class PPOTrainer:
                 self.tracker.log({**metrics, **timing, **self._throughput(batch, timing)}, step=self.step)
                 progress.update()
         self.tracker.close()
+        self.export_hf(self.out_dir / "hf_model")
         plot_curves(self.tracker.jsonl_path, self.out_dir / "curves.png", self.cfg.trainer.experiment_name)
         return val_metrics
 
@@ -180,6 +184,15 @@ class PPOTrainer:
         """Push the actor's full weights into the rollout engine (in memory, no disk)."""
         state = self.actor.execute_all("full_state_dict")[0]
         self.engine.sync_weights(state.items())
+
+    def export_hf(self, out: Path) -> None:
+        """Save the trained actor as a Hugging Face model directory (for inference and evaluation)."""
+        model_cfg = self.cfg.actor_rollout_ref.model
+        model = AutoModelForCausalLM.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+        model.load_state_dict(self.actor.execute_all("full_state_dict")[0])
+        model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        logger.info("saved the trained policy to %s", out)
 
     def validate(self) -> dict[str, float]:
         """Generate with val_kwargs over the validation set; mean score / extra metrics overall and per data_source."""
