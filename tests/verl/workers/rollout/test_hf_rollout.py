@@ -1,0 +1,124 @@
+"""Tests of ``verl.workers.rollout.hf_rollout``: batched ``generate`` against plain loops on the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rollout_helpers import greedy_loop, perturbed, raw_logprobs
+
+from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.hf_rollout import HFRollout, truncate_at_stop
+
+STOPS = ["</search>", "</answer>"]
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir) -> HFRollout:
+    """Micro-batches of 2 rows, so a call spans several ``generate`` calls with different paddings."""
+    return HFRollout(str(model_dir), micro_batch_size=2, seed=0)
+
+
+def test_batched_greedy_equals_unbatched_loop(engine, hf_model, tokenizer, prompts):
+    """Guards against left padding shifting positions or leaking into attention, and against
+    micro-batches coming back out of order: batched greedy must equal a one-prompt, no-cache loop."""
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0))
+    assert len(outputs) == len(prompts)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        expected = greedy_loop(hf_model, prompt, 24, tokenizer.eos_token_id)
+        assert out.token_ids == expected
+        ended_by_eos = expected[-1] == tokenizer.eos_token_id
+        assert out.finish_reason == ("stop" if ended_by_eos else "length")
+        assert out.stop_str is None
+
+
+def test_logprobs_are_raw_logprobs_of_sampled_tokens(engine, hf_model, prompts):
+    """Guards against returning log-probs after temperature/top-k (or of the wrong step): they must be
+    the raw log-softmax of each sampled token, recomputed here one forward pass per token."""
+    params = SamplingParams(max_tokens=12, temperature=0.7, top_k=20, top_p=0.9, logprobs=True, seed=3)
+    outputs = engine.generate(prompts[:3], params)
+    for prompt, out in zip(prompts[:3], outputs, strict=True):
+        assert len(out.logprobs) == len(out.token_ids)
+        expected = raw_logprobs(hf_model, prompt, out.token_ids)
+        assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_stop_string_ends_its_row_only(engine, tokenizer, prompts):
+    """Guards against one row's stop string ending (or truncating) the other rows of its micro-batch,
+    and against tokens after the stop string (padding or further samples) leaking into token_ids."""
+    outputs = engine.generate(prompts[:2], SamplingParams(max_tokens=40, temperature=0, stop=["</search>"]))
+    stopped, other = outputs
+    assert stopped.finish_reason == "stop" and stopped.stop_str == "</search>"
+    assert tokenizer.decode(stopped.token_ids).endswith("</search>")
+    assert stopped.token_ids[-1] == tokenizer.convert_tokens_to_ids("</search>")
+    unstopped = engine.generate(prompts[1:2], SamplingParams(max_tokens=40, temperature=0))[0]
+    assert other.token_ids == unstopped.token_ids  # its own stop: eos (no </search> in an <information> turn)
+    assert "</search>" not in tokenizer.decode(other.token_ids)
+
+
+def test_truncate_at_stop_matches_token_by_token_scan(tokenizer):
+    """Guards the binary search of ``truncate_at_stop`` (off-by-one, multi-token stop strings, eos
+    before/after a stop) against a plain scan that decodes every prefix."""
+    gen = torch.Generator().manual_seed(0)
+    eos = tokenizer.eos_token_id
+    stops = ["</search>", "capital of", "e c"]
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    vocab = len(tokenizer)
+    for _ in range(200):
+        ids = torch.randint(vocab, (30,), generator=gen).tolist()
+        expected = (ids, "length", None)
+        for t in range(len(ids)):
+            if ids[t] == eos:
+                expected = (ids[:t + 1], "stop", None)
+                break
+            hits = [stop for stop in stops if stop in decode(ids[:t + 1])]
+            if hits:
+                expected = (ids[:t + 1], "stop", hits[0])
+                break
+        assert truncate_at_stop(ids, [eos], stops, decode) == expected
+
+
+def test_n_samples_grouped_by_prompt(engine, prompts):
+    """Guards against samples being interleaved across prompts (prompt-major order is the contract)
+    and against max_tokens being exceeded."""
+    greedy = engine.generate(prompts[:3], SamplingParams(max_tokens=6, temperature=0, n=3))
+    singles = engine.generate(prompts[:3], SamplingParams(max_tokens=6, temperature=0))
+    assert [o.token_ids for o in greedy] == [s.token_ids for s in singles for _ in range(3)]
+    sampled = engine.generate(prompts[2:4], SamplingParams(max_tokens=5, temperature=1.0, n=4, seed=1))
+    assert len(sampled) == 8
+    for out in sampled:
+        if out.finish_reason == "length":
+            assert len(out.token_ids) == 5
+        else:
+            assert out.token_ids[-1] in engine.eos_ids and len(out.token_ids) <= 5
+
+
+def test_seeds_reproduce_and_leave_global_rng_alone(engine, prompts):
+    """Guards against per-call seeds being ignored, and against the engine reseeding the global torch
+    RNG (which would silently correlate the trainer's own random draws with the rollout seed)."""
+    params = SamplingParams(max_tokens=8, temperature=1.0, n=2, seed=7)
+    torch.manual_seed(123)
+    first = engine.generate(prompts, params)
+    after_call = torch.rand(3)
+    torch.manual_seed(123)
+    expected_draw = torch.rand(3)
+    assert torch.equal(after_call, expected_draw)
+    assert [o.token_ids for o in engine.generate(prompts, params)] == [o.token_ids for o in first]
+    other = engine.generate(prompts, SamplingParams(max_tokens=8, temperature=1.0, n=2, seed=8))
+    assert [o.token_ids for o in other] != [o.token_ids for o in first]
+    unseeded = [engine.generate(prompts, SamplingParams(max_tokens=8, temperature=1.0)) for _ in range(2)]
+    assert [o.token_ids for o in unseeded[0]] != [o.token_ids for o in unseeded[1]]
+
+
+def test_sync_weights_in_place(engine, state_dict, prompts):
+    """Guards against sync_weights not reaching the generating model (e.g. loading into a copy) and
+    against silently ignoring misspelt names."""
+    params = SamplingParams(max_tokens=16, temperature=0)
+    before = [o.token_ids for o in engine.generate(prompts, params)]
+    try:
+        engine.sync_weights(perturbed(state_dict).items())
+        assert [o.token_ids for o in engine.generate(prompts, params)] != before
+        with pytest.raises(KeyError, match="no_such"):
+            engine.sync_weights([("model.no_such.weight", torch.zeros(1))])
+    finally:
+        engine.sync_weights(state_dict.items())
+    assert [o.token_ids for o in engine.generate(prompts, params)] == before

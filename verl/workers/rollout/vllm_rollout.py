@@ -1,0 +1,126 @@
+"""Rollout engine on an in-process ``vllm.LLM``: token ids in, sampled token ids (+ log-probs) out.
+
+Choices:
+- In-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here before vLLM is imported) so that
+  ``sync_weights`` can hand the actor's tensors to the model runner through ``LLM.collective_rpc``
+  with a plain function: the weights are copied in memory by vLLM's own in-place reloader
+  (``model_runner.reload_weights(weights_iterator=...)``), no checkpoint is written. After a sync
+  the prefix cache is reset, since its KV entries were computed with the old weights.
+- Prompts are ``TokensPrompt`` (never text); stop strings are kept in the output
+  (``include_stop_str_in_output``); ``token_ids`` are exactly the ids vLLM sampled, eos included.
+- Log-probs are vLLM's default ``raw_logprobs``: log-softmax of the model's logits before
+  temperature / top-k / top-p, for the sampled token (``SamplingParams.logprobs=0``).
+- Seeds: with ``SamplingParams.seed = s``, prompt i gets seed ``s + i * n`` and vLLM gives its
+  j-th sample ``s + i * n + j``, so identical prompts in one call still get distinct samples and a
+  call is reproducible. With ``seed=None`` the engine's generator (seeded once by ``seed``) is used.
+- Memory: on CPU the KV cache is ``cpu_kv_cache_gb`` GiB (engine arg ``kv_cache_memory_bytes``,
+  the same knob ``VLLM_CPU_KVCACHE_SPACE`` sets, but fractional); on GPU weights + KV cache take
+  ``gpu_memory_utilization`` of the device. ``enforce_eager=True`` everywhere (as Search-R1/verl):
+  no torch.compile on CPU and no CUDA-graph capture, so the engine loads in seconds.
+- ``free_cache_engine`` on GPU uses sleep mode: after each ``generate`` the engine sleeps
+  (level 1: weights offloaded to host memory, KV cache freed, so the trainer gets the memory back)
+  and it wakes up before the next ``generate`` or ``sync_weights``. vLLM has no sleep mode on CPU,
+  where the flag is a no-op.
+- vLLM's CPU worker replaces ``torch.set_num_threads`` process-wide with a no-op; since the
+  engine shares the trainer's process, the original function is put back after the engine loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+import torch  # noqa: E402
+import vllm  # noqa: E402
+from vllm.inputs import TokensPrompt  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
+
+from verl.workers.rollout.base import GenerationOutput, SamplingParams  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+
+
+def _reload_weights_on_worker(worker, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside vLLM's worker (in-process): copy HF-named tensors into the loaded model."""
+    worker.model_runner.reload_weights(weights_iterator=iter(named_tensors))
+
+
+class VLLMRollout:
+    """``RolloutEngine`` backed by ``vllm.LLM`` in this process (see the module docstring)."""
+
+    def __init__(self, model_path: str, max_model_len: int, dtype: str = "float32", seed: int = 0,
+                 cpu_kv_cache_gb: float = 1, gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256,
+                 free_cache_engine: bool = False) -> None:
+        on_cpu = current_platform.is_cpu()
+        self.sleep_mode = free_cache_engine and current_platform.is_sleep_mode_available()
+        if free_cache_engine and not self.sleep_mode:
+            logger.info("free_cache_engine has no effect on %s (vLLM has no sleep mode there)",
+                        current_platform.device_type)
+        memory_kwargs = ({"kv_cache_memory_bytes": int(cpu_kv_cache_gb * GIB)} if on_cpu
+                         else {"gpu_memory_utilization": gpu_memory_utilization})
+        set_num_threads = torch.set_num_threads
+        start = time.perf_counter()
+        self.llm = vllm.LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                            max_num_seqs=max_num_seqs, enforce_eager=True, enable_sleep_mode=self.sleep_mode,
+                            disable_log_stats=True, **memory_kwargs)
+        torch.set_num_threads = set_num_threads
+        logger.info("vLLM engine for %s loaded in %.1f s", model_path, time.perf_counter() - start)
+        self.asleep = False
+        if self.sleep_mode:
+            self._sleep()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+        """Continue each prompt; ``len(prompts) * params.n`` outputs grouped by prompt."""
+        self._wake_up()
+        requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompts]
+        per_prompt = [self._vllm_params(params, i) for i in range(len(prompts))]
+        results = self.llm.generate(requests, per_prompt, use_tqdm=False)
+        outputs = [_to_output(sample, params.logprobs) for result in results for sample in result.outputs]
+        if self.sleep_mode:
+            self._sleep()
+        return outputs
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the actor's weights into vLLM in memory: HF names, full (unsharded) tensors, and every
+        weight of the model (e.g. ``state_dict().items()``): vLLM's in-place reloader rebuilds a layer
+        once all of its weights arrived, so a partial set would leave layers half-loaded."""
+        self._wake_up()
+        start = time.perf_counter()
+        tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
+        self.llm.collective_rpc(_reload_weights_on_worker, args=(tensors,))
+        self.llm.reset_prefix_cache()
+        logger.info("synced %d tensors into vLLM in %.3f s", len(tensors), time.perf_counter() - start)
+
+    def _vllm_params(self, params: SamplingParams, prompt_index: int) -> vllm.SamplingParams:
+        seed = None if params.seed is None else params.seed + prompt_index * params.n
+        return vllm.SamplingParams(
+            n=params.n, max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+            top_k=params.top_k, stop=list(params.stop), include_stop_str_in_output=True,
+            logprobs=0 if params.logprobs else None, seed=seed,
+        )
+
+    def _sleep(self) -> None:
+        self.llm.sleep(level=1)
+        self.asleep = True
+
+    def _wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+
+def _to_output(sample, with_logprobs: bool) -> GenerationOutput:
+    """One ``vllm.CompletionOutput`` -> ``GenerationOutput`` (stop_str only for stop strings)."""
+    token_ids = list(sample.token_ids)
+    logprobs = None
+    if with_logprobs:
+        logprobs = [position[token].logprob for token, position in zip(token_ids, sample.logprobs, strict=True)]
+    stop_str = sample.stop_reason if isinstance(sample.stop_reason, str) else None
+    return GenerationOutput(token_ids=token_ids, finish_reason=sample.finish_reason, stop_str=stop_str,
+                            logprobs=logprobs)
