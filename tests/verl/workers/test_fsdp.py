@@ -1,0 +1,85 @@
+"""Data-parallel training with FSDP2 over gloo: 2 processes must make the single-process update."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from worker_test_utils import add_targets, make_config, random_batch
+
+from verl.workers.actor import ActorWorker
+from verl.workers.critic import CriticWorker
+from verl.workers.reference import RefWorker
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# Token-budget micro-batches give the two ranks different local micro-batch counts (they must agree).
+OVERRIDES = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.entropy_coeff=0.01",
+             "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40", "critic.ppo_micro_batch_size=2",
+             "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def train_one_step(cfg, batch) -> dict:
+    """Log-probs (actor, sharded reference) and values, then one actor and one critic update."""
+    actor, critic, ref = ActorWorker(cfg, total_steps=1), CriticWorker(cfg, total_steps=1), RefWorker(cfg, 1)
+    log_probs = actor.compute_log_prob(batch)["old_log_probs"]
+    ref_log_probs = ref.compute_ref_log_prob(batch)["ref_log_prob"]
+    values = critic.compute_values(batch)["values"]
+    metrics = {**actor.update_actor(batch), **critic.update_critic(batch)}
+    critic_state = {name: t.full_tensor() if isinstance(t, dist.tensor.DTensor) else t.detach().clone()
+                    for name, t in critic.model.state_dict().items()}
+    return {"actor": actor, "log_probs": log_probs, "ref_log_probs": ref_log_probs, "values": values,
+            "metrics": metrics, "actor_state": actor.full_state_dict(), "critic_state": critic_state}
+
+
+def fsdp_rank(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
+    """One spawned rank: join the gloo group, train on its half of the batch, save what rank 0 sees."""
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        batch = add_targets(random_batch(seed=20), seed=20).chunk(world_size)[rank]
+        result = train_one_step(make_config(model_dir, *OVERRIDES), batch)
+        result.pop("actor").save_checkpoint(os.path.join(out_dir, "actor_ckpt"))
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+def test_two_process_fsdp_update_equals_single_process_update(tiny_model_dir, tmp_path):
+    """Guards against wrong gradient scaling over ranks (FSDP averages, the loss must not), per-rank
+    instead of global token counts, ranks disagreeing on micro-batch counts (a hang), metrics that
+    are rank 0's instead of all ranks', and a sharded checkpoint that cannot be loaded elsewhere."""
+    mp.spawn(fsdp_rank, args=(2, free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
+    single = train_one_step(make_config(tiny_model_dir, *OVERRIDES), add_targets(random_batch(seed=20), seed=20))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+    torch.testing.assert_close(torch.cat([r["log_probs"] for r in ranks]), single["log_probs"], atol=1e-6, rtol=0)
+    for key in ("ref_log_probs", "values"):
+        torch.testing.assert_close(torch.cat([r[key] for r in ranks]), single[key], atol=1e-6, rtol=0)
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]
+    for key, value in single["metrics"].items():
+        if key != "critic/vf_clipfrac":  # counts float ties of equal errors; see the report of this module
+            assert ranks[0]["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert ranks[1]["actor_state"] == {}  # the full state is gathered on rank 0 only
+    for role in ("actor_state", "critic_state"):
+        assert ranks[0][role].keys() == single[role].keys()
+        for name, value in single[role].items():
+            torch.testing.assert_close(ranks[0][role][name], value, atol=3e-5, rtol=1e-5)
+
+    resumed = ActorWorker(make_config(tiny_model_dir, *OVERRIDES), total_steps=1)
+    resumed.load_checkpoint(str(tmp_path / "actor_ckpt"))  # written by 2 ranks, read by 1
+    for name, value in resumed.full_state_dict().items():
+        assert torch.equal(value, ranks[0]["actor_state"][name]), name

@@ -1,0 +1,79 @@
+"""Shared worker machinery: the LR schedule, non-finite gradients, token-budget micro-batches, padding cuts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from worker_test_utils import random_batch
+
+from verl.protocol import Batch
+from verl.workers.model_utils import micro_batches
+from verl.workers.train_utils import TrainState, global_counts, optimizer_steps_per_training_step
+
+
+def one_step(state: TrainState, grad_value: float) -> tuple[float, float]:
+    for p in state.model.parameters():
+        p.grad = torch.full_like(p, grad_value)
+    return state._optimizer_step()
+
+
+def test_lr_warmup_matches_the_plain_formula():
+    """Guards against a first step at lr 0, warmup counted in training instead of optimiser steps,
+    and an LR that keeps changing after warmup."""
+    total = optimizer_steps_per_training_step(rows=32, mini_batch_size=8, epochs=2) * 3  # 3 training steps
+    assert total == 24
+    state = TrainState(nn.Linear(2, 2), lr=0.1, weight_decay=0.0, warmup_ratio=0.25, total_optimizer_steps=total,
+                       grad_clip=1.0)
+    warmup = 6
+    expected = [0.1 * min(1.0, (s + 1) / warmup) for s in range(total)]
+    assert [one_step(state, 0.01)[1] for _ in range(total)] == pytest.approx(expected)
+    no_warmup = TrainState(nn.Linear(2, 2), 0.1, 0.0, 0.0, total, None)
+    assert [one_step(no_warmup, 0.01)[1] for _ in range(3)] == [0.1, 0.1, 0.1]
+
+
+def test_grad_norm_is_reported_before_clipping_and_non_finite_steps_are_skipped():
+    """Guards against logging the clipped norm (always <= grad_clip) and against one inf gradient
+    writing NaN into every weight."""
+    model = nn.Linear(3, 1, bias=False)
+    state = TrainState(model, lr=0.1, weight_decay=0.0, warmup_ratio=0.0, total_optimizer_steps=4, grad_clip=0.5)
+    grad_norm, _ = one_step(state, 2.0)
+    assert grad_norm == pytest.approx(2.0 * math.sqrt(3))
+    before = model.weight.detach().clone()
+    grad_norm, _ = one_step(state, math.inf)
+    assert not math.isfinite(grad_norm)
+    assert torch.equal(model.weight, before)
+
+
+def test_token_budget_micro_batches_keep_order_and_respect_the_budget():
+    """Guards against rows dropped, duplicated or reordered by dynamic batching, and against
+    micro-batches whose padded size exceeds the token budget."""
+    batch = random_batch(seed=40, rows=16)
+    budget = 48
+    micros = micro_batches(batch, rows=4, max_tokens=budget)
+    assert torch.equal(torch.cat([m["input_ids"] for m in micros]), batch["input_ids"])
+    assert [u for m in micros for u in m["uid"]] == list(batch["uid"])
+    for micro in micros:
+        real_cols = micro["attention_mask"].any(dim=0).nonzero().flatten()
+        width = int(real_cols[-1] - real_cols[0] + 1)
+        assert len(micro) == 1 or len(micro) * width <= budget
+    assert [len(m) for m in micro_batches(batch, rows=5)] == [5, 5, 5, 1]
+
+
+def test_global_counts_count_tokens_and_non_empty_rows():
+    """Guards against counting padding rows (no policy token) as sequences in seq-mean aggregation,
+    and against a NaN loss for a mini-batch without policy tokens."""
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 1, 0]])
+    counts = global_counts(mask)
+    assert (counts.tokens, counts.seqs) == (3.0, 2.0)
+    empty = global_counts(torch.zeros(2, 3))
+    assert (empty.tokens, empty.seqs) == (1.0, 1.0)  # a loss over no tokens is 0, not 0 / 0
+
+
+def test_micro_batches_share_the_batch_meta():
+    """Guards against losing batch-level meta (e.g. the step) when splitting."""
+    batch = random_batch(seed=41, rows=4)
+    batch = Batch(batch.tensors, batch.non_tensors, {"step": 3})
+    assert all(m.meta == {"step": 3} for m in micro_batches(batch, rows=2, max_tokens=30))

@@ -1,0 +1,123 @@
+"""Shared by the worker and worker-group tests: the tiny real model, a small config, random trajectories.
+
+The fixtures are defined here and imported by the ``conftest.py`` of ``tests/verl/workers`` and
+``tests/verl/single_controller`` (nothing is autouse, so other tests are not affected).
+
+Trajectories look like the search agent's: left-padded prompts, right-padded responses of varying
+length, and in most responses a hole of tokens inserted by the environment (info_mask = 0).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_prep.tiny_model import save_tiny_model
+from verl.config import Config, load_config
+from verl.protocol import Batch
+from verl.utils.seq import pack_trajectories
+
+TEXTS = ["<think> which city is the capital </think> <search> capital of France </search> "
+         "<information> Paris is the capital of France. </information> <answer> Paris </answer>"] * 20
+PAD_ID = 0
+
+
+def build_tiny_model(out_dir: Path) -> Path:
+    """The project's tiny Qwen2 model (hidden 128, 2 layers) with a small BPE vocabulary."""
+    return save_tiny_model(out_dir, TEXTS, vocab_size=320)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A saved tiny Qwen2 model + tokenizer (real weights, random init)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture
+def one_torch_thread():
+    """The tiny model gains nothing from threads, and on a shared 2-core machine OpenMP threads
+    spinning against other processes make each update ~100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_config(model_dir: Path, *overrides: str) -> Config:
+    """A validated config for 8-row batches on CPU; ``overrides`` are ``key=value`` strings."""
+    base = [
+        f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cpu", "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+        "critic.ppo_mini_batch_size=8", "critic.ppo_micro_batch_size=8", "actor_rollout_ref.actor.lr=1e-3",
+        "critic.lr=1e-3", "actor_rollout_ref.rollout.log_prob_micro_batch_size=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
+    ]
+    return load_config(base + list(overrides))
+
+
+def random_batch(seed: int, rows: int = 8, vocab: int = 300) -> Batch:
+    """Packed random trajectories with inserted holes; ``loss_mask = response_mask * info_mask`` (state masking)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(2, 9))] for _ in range(rows)]
+    responses = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 14))] for _ in range(rows)]
+    info_masks = []
+    for response in responses:
+        start = rng.randrange(len(response))
+        hole = range(start, start + rng.randint(0, 4))  # tokens inserted by the environment
+        info_masks.append([0 if j in hole else 1 for j in range(len(response))])
+    tensors = pack_trajectories(prompts, responses, info_masks, PAD_ID)
+    tensors["loss_mask"] = tensors["response_mask"] * tensors["info_mask"]  # 1 = sampled by the policy (trained)
+    return Batch(tensors, {"uid": [f"u{i}" for i in range(rows)]})
+
+
+def add_targets(batch: Batch, seed: int) -> Batch:
+    """Random ``advantages``, ``returns``, ``values``, ``old_log_probs``, ``ref_log_prob`` [B, R] where absent."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = batch["responses"].shape
+    randoms = {"advantages": torch.randn(shape, generator=gen), "returns": torch.randn(shape, generator=gen),
+               "values": 0.3 * torch.randn(shape, generator=gen),
+               "old_log_probs": -6.0 + 0.1 * torch.randn(shape, generator=gen)}
+    out = Batch({**randoms, **batch.tensors}, dict(batch.non_tensors), dict(batch.meta))
+    if "ref_log_prob" not in out:
+        out.tensors["ref_log_prob"] = out["old_log_probs"] + 0.05 * torch.randn(shape, generator=gen)
+    return out
+
+
+def perturb_masked(batch: Batch, seed: int) -> Batch:
+    """The same batch with every per-token target replaced by large noise where loss_mask = 0."""
+    gen = torch.Generator().manual_seed(seed)
+    out = Batch(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta))
+    hidden = batch["loss_mask"] == 0
+    for key in ("advantages", "old_log_probs", "ref_log_prob", "returns", "values"):
+        noise = 50 * torch.randn(batch[key].shape, generator=gen)
+        out.tensors[key] = torch.where(hidden, noise, batch[key])
+    return out
+
+
+def parameters(worker) -> dict[str, torch.Tensor]:
+    """A detached copy of a worker's (unsharded) parameters."""
+    return {name: p.detach().clone() for name, p in worker.model.named_parameters()}
+
+
+def gradients(worker) -> dict[str, torch.Tensor]:
+    """A copy of the gradients of a worker's last optimiser step (after clipping)."""
+    return {name: p.grad.detach().clone() for name, p in worker.model.named_parameters()}
+
+
+def assert_same_update(a: tuple[dict, dict, dict], b: tuple[dict, dict, dict]) -> None:
+    """(metrics, parameters, gradients) of two workers agree up to float rounding.
+
+    Gradients are compared tightly; weights loosely (Adam divides by sqrt(v): on near-zero gradients
+    it turns rounding into differences of ~1% of lr); metrics (pg_loss, grad_norm) catch a wrong
+    overall scale, which Adam's weights alone would hide.
+    """
+    assert a[0].keys() == b[0].keys()
+    for key, value in a[0].items():
+        assert value == pytest.approx(b[0][key], rel=1e-4, abs=1e-6), key
+    for key, value in a[2].items():
+        torch.testing.assert_close(value, b[2][key], atol=1e-6, rtol=1e-4)
+    for key, value in a[1].items():
+        torch.testing.assert_close(value, b[1][key], atol=3e-5, rtol=1e-5)

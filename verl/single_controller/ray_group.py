@@ -1,0 +1,122 @@
+"""Ray backend: one Ray actor per rank, placed on a shared placement-group resource pool.
+
+Choices:
+
+* **Resource pool**: one placement group per (Ray job, world size) with ``world_size`` bundles of
+  ``{"CPU": 1, "GPU": 1}`` (``{"CPU": 1}`` when the cluster has no GPU), strategy PACK, so
+  ``trainer.nnodes x trainer.n_gpus_per_node`` bundles fill the nodes in order. Every worker group
+  of that size (actor, critic, reference) puts rank i in bundle i and asks for a
+  ``1 / MAX_COLOCATED`` share of it: the roles share each GPU (colocated, as in verl) instead of
+  needing three times the devices, and rank i of every role lands on the same device.
+* **Process group**: the driver asks rank 0 for its node address and a free port; every actor
+  sets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``/``LOCAL_RANK`` and joins
+  torch.distributed (nccl with a GPU, gloo on CPU) *before* building its worker, so the worker's
+  FSDP2 sharding sees the group. Each worker group is its own process group.
+* **Ray itself** is started only if nobody has: a local instance with this machine's CPUs (at
+  least one per worker) and no dashboard, to keep startup light.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from verl.config import Config
+from verl.protocol import Batch
+from verl.single_controller.base import combine, split_for_ranks
+
+logger = logging.getLogger(__name__)
+
+MAX_COLOCATED = 4  # worker groups that can share one resource pool (actor, critic, reference + 1)
+PLACEMENT_TIMEOUT_S = 120
+_POOLS: dict[tuple[str, int], PlacementGroup] = {}
+
+
+def ensure_ray(min_cpus: int) -> None:
+    """Start a local Ray instance unless one is already initialised."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False)
+
+
+def resource_pool(world_size: int) -> tuple[PlacementGroup, bool]:
+    """The shared placement group of ``world_size`` bundles (created on first use); and whether it has GPUs."""
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    key = (ray.get_runtime_context().get_job_id(), world_size)
+    if key not in _POOLS:
+        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
+        pool = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+        try:
+            ray.get(pool.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError as err:
+            remove_placement_group(pool)
+            raise RuntimeError(f"could not place {world_size} bundles of {bundle} (trainer.nnodes x "
+                               f"trainer.n_gpus_per_node) within {PLACEMENT_TIMEOUT_S}s; the cluster has "
+                               f"{ray.cluster_resources()}") from err
+        _POOLS[key] = pool
+    return _POOLS[key], use_gpu
+
+
+class WorkerProcess:
+    """The Ray actor hosting one rank: joins the process group, then builds and serves the worker."""
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free TCP port on it (rank 0 serves the process-group rendezvous)."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init_distributed(self, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
+                          MASTER_PORT=str(master_port), LOCAL_RANK="0")  # Ray shows each actor only its GPU
+        if torch.cuda.is_available():
+            torch.cuda.set_device(0)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank, world_size=world_size)
+
+    def build(self, worker_cls: type, cfg: Config, init_kwargs: dict[str, Any]) -> None:
+        self.worker = worker_cls(cfg, **init_kwargs)
+
+    def execute(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+
+class RayWorkerGroup:
+    """``world_size`` Ray actors, each one data-parallel rank of ``worker_cls``."""
+
+    def __init__(self, worker_cls: type, cfg: Config, world_size: int, **init_kwargs: Any):
+        ensure_ray(world_size)
+        pool, use_gpu = resource_pool(world_size)
+        share = 1.0 / MAX_COLOCATED
+        actor_cls = ray.remote(WorkerProcess)
+        self.world_size = world_size
+        self.workers = [
+            actor_cls.options(num_cpus=share, num_gpus=share if use_gpu else 0,
+                              scheduling_strategy=PlacementGroupSchedulingStrategy(pool, rank)).remote()
+            for rank in range(world_size)
+        ]
+        master_addr, master_port = ray.get(self.workers[0].address.remote())
+        ray.get([w.init_distributed.remote(rank, world_size, master_addr, master_port)
+                 for rank, w in enumerate(self.workers)])
+        ray.get([w.build.remote(worker_cls, cfg, init_kwargs) for w in self.workers])
+        logger.info("%s: %d Ray workers on %s", worker_cls.__name__, world_size, "GPUs" if use_gpu else "CPUs")
+
+    def execute_split(self, method: str, batch: Batch) -> Batch | dict:
+        chunks = split_for_ranks(method, batch, self.world_size)
+        refs = [w.execute.remote(method, chunk) for w, chunk in zip(self.workers, chunks, strict=True)]
+        return combine(method, ray.get(refs))
+
+    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
+        return ray.get([w.execute.remote(method, *args, **kwargs) for w in self.workers])
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []

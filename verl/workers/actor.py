@@ -1,0 +1,121 @@
+"""The actor: the policy's response log-probs and its PPO update.
+
+Choices:
+
+* Log-probs are those of the model's own distribution (logits not divided by the sampling
+  temperature): old, new and reference log-probs all use the same definition, so the PPO ratio
+  and the KL terms are consistent whatever temperature the rollout sampled at.
+* Loss of a micro-batch = PPO clipped surrogate (``core_algos.compute_policy_loss``, low/high and
+  dual clip) - ``entropy_coeff`` x entropy + ``kl_loss_coef`` x KL(actor || reference) when
+  ``use_kl_loss`` (GRPO style, ``kl_loss_type`` estimator). All three aggregate with
+  ``loss_agg_mode`` over ``loss_mask`` only, normalised by the mini-batch's global counts
+  (``train_utils``). The entropy is computed without gradient when ``entropy_coeff`` is 0.
+* Mini-batches are consecutive rows in batch order (no shuffling), identical on every run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM
+
+from verl.config import Config
+from verl.protocol import Batch
+from verl.trainer.core_algos import agg_loss, compute_policy_loss, kl_penalty, masked_mean
+from verl.workers.model_utils import (
+    DTYPES,
+    gather_full_state_dict,
+    load_model,
+    micro_batches,
+    resolve_device,
+    response_log_probs,
+)
+from verl.workers.train_utils import (
+    GlobalCounts,
+    TrainState,
+    optimizer_steps_per_training_step,
+    token_weight,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ActorWorker:
+    """The trained policy (HF causal LM), one per data-parallel rank."""
+
+    def __init__(self, cfg: Config, total_steps: int):
+        self.cfg = cfg
+        self.actor_cfg = cfg.actor_rollout_ref.actor
+        model_cfg = cfg.actor_rollout_ref.model
+        self.device = resolve_device(cfg.trainer.device)
+        self.dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
+        self.model = load_model(AutoModelForCausalLM, model_cfg.path, device=self.device, dtype=torch.float32,
+                                seed=cfg.trainer.seed, trainable=True,
+                                gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+                                trust_remote_code=model_cfg.trust_remote_code)
+        a = self.actor_cfg
+        rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+        steps = total_steps * optimizer_steps_per_training_step(rows, a.ppo_mini_batch_size, a.ppo_epochs)
+        self.state = TrainState(self.model, a.lr, a.weight_decay, a.lr_warmup_steps_ratio, steps, a.grad_clip)
+        self.max_tokens = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
+
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """``old_log_probs`` and ``entropy`` [B, R] of ``responses`` under the current weights (no grad)."""
+        log_probs, entropies = [], []
+        rows = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size
+        with torch.no_grad():
+            for micro in micro_batches(batch, rows, self.max_tokens):
+                log_prob, entropy = response_log_probs(self.model, micro, self.device, self.dtype, with_entropy=True)
+                log_probs.append(log_prob.cpu())
+                entropies.append(entropy.cpu())
+        return Batch({"old_log_probs": torch.cat(log_probs), "entropy": torch.cat(entropies)})
+
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs x mini-batches x micro-batches over this rank's rows; metrics ``actor/*`` over all ranks.
+
+        Needs ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``, ``loss_mask``,
+        ``old_log_probs``, ``advantages`` (and ``ref_log_prob`` with ``use_kl_loss``).
+        """
+        a = self.actor_cfg
+        metrics = self.state.update(batch, a.ppo_mini_batch_size, a.ppo_epochs,
+                                    lambda mini: micro_batches(mini, a.ppo_micro_batch_size, self.max_tokens),
+                                    self._micro_batch_loss)
+        return {f"actor/{name}": value for name, value in metrics.items()}
+
+    def _micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[Tensor, dict[str, float]]:
+        a = self.actor_cfg
+        to_device = lambda key: micro[key].to(self.device)
+        mask = to_device("loss_mask").float()  # [b, R], 1 = sampled by the policy (trained)
+        log_prob, entropy = response_log_probs(self.model, micro, self.device, self.dtype, with_entropy=True,
+                                               entropy_grad=a.entropy_coeff != 0)
+        low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
+        high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
+        agg = {"mask": mask, "mode": a.loss_agg_mode, "global_tokens": counts.tokens, "global_seqs": counts.seqs}
+        pg_loss, pg_metrics = compute_policy_loss(to_device("old_log_probs"), log_prob, to_device("advantages"),
+                                                  mask, low, high, a.clip_ratio_c, a.loss_agg_mode,
+                                                  counts.tokens, counts.seqs)
+        share = token_weight(mask, counts)
+        metrics = {"pg_loss": pg_loss.item(), "entropy": masked_mean(entropy, mask).item() * share,
+                   **{name: value.item() * share for name, value in pg_metrics.items()}}
+        loss = pg_loss
+        if a.entropy_coeff != 0:
+            loss = loss - a.entropy_coeff * agg_loss(entropy, **agg)
+        if a.use_kl_loss:
+            kl_loss = agg_loss(kl_penalty(log_prob, to_device("ref_log_prob"), a.kl_loss_type), **agg)
+            loss = loss + a.kl_loss_coef * kl_loss
+            metrics["kl_loss"] = kl_loss.item()
+        return loss, metrics
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """HF-named CPU weights for the rollout engine (complete on rank 0, ``{}`` on other ranks)."""
+        return gather_full_state_dict(self.model)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Model, optimiser and scheduler under ``path`` (call on every rank)."""
+        self.state.save(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore ``save_checkpoint``'s state (call on every rank)."""
+        self.state.load(path)

@@ -1,0 +1,102 @@
+"""The critic: a value per response token and its clipped value-loss update.
+
+Choices:
+
+* **Model**: ``AutoModelForTokenClassification`` with ``num_labels=1`` loaded from
+  ``critic.model_path`` (null = the actor's ``model.path``): the same backbone type as the policy
+  with a scalar linear head per position, freshly initialised (seeded by ``trainer.seed``) when
+  the checkpoint is a causal LM. Any architecture transformers offers a token-classification
+  head for (Qwen2, Llama, Mistral, ...) works without code of our own.
+* **Which value**: ``values[:, t]`` is V of the state *before* response token t is emitted, the
+  head's output at column P-1+t (the same columns that predict token t in the actor), so GAE
+  bootstraps from the state the policy acted in.
+* **Loss**: ``value_loss_coef`` x clipped value loss (``core_algos.compute_value_loss``,
+  ``cliprange_value`` around the values of the rollout), token-mean over ``loss_mask``, normalised
+  by the mini-batch's global token count (``train_utils``). ``critic/vf_loss`` reports the loss
+  before the coefficient.
+* Micro-batches are ``critic.ppo_micro_batch_size`` rows for both the value pass and the update
+  (the token-budget batching of ``actor.use_dynamic_bsz`` is the actor's and reference's).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForTokenClassification
+
+from verl.config import Config
+from verl.protocol import Batch
+from verl.trainer.core_algos import compute_value_loss, masked_mean
+from verl.workers.model_utils import DTYPES, load_model, resolve_device, response_outputs
+from verl.workers.train_utils import (
+    GlobalCounts,
+    TrainState,
+    optimizer_steps_per_training_step,
+    token_weight,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class CriticWorker:
+    """The value model, one per data-parallel rank."""
+
+    def __init__(self, cfg: Config, total_steps: int):
+        self.cfg = cfg
+        self.critic_cfg = c = cfg.critic
+        model_cfg = cfg.actor_rollout_ref.model
+        self.device = resolve_device(cfg.trainer.device)
+        self.dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
+        self.model = load_model(AutoModelForTokenClassification, c.model_path or model_cfg.path, device=self.device,
+                                dtype=torch.float32, seed=cfg.trainer.seed, trainable=True,
+                                gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+                                trust_remote_code=model_cfg.trust_remote_code, num_labels=1)
+        rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+        steps = total_steps * optimizer_steps_per_training_step(rows, c.ppo_mini_batch_size, c.ppo_epochs)
+        self.state = TrainState(self.model, c.lr, c.weight_decay, c.lr_warmup_steps_ratio, steps, c.grad_clip)
+
+    def _values(self, micro: Batch) -> Tensor:
+        """Values [b, R] at columns P-1 .. P+R-2 (padding columns 0), in the autograd graph if enabled."""
+        (values,) = response_outputs(self.model, micro, self.device, self.dtype, causal_lm=False,
+                                     head=lambda out, _: out[..., 0].float())
+        return values
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """``values`` [B, R] (no grad), 0 where ``loss_mask`` is 0."""
+        with torch.no_grad():
+            micros = batch.split(self.critic_cfg.ppo_micro_batch_size)
+            values = torch.cat([self._values(micro).cpu() for micro in micros])  # [B, R]
+        return Batch({"values": values * batch["loss_mask"]})
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Epochs x mini-batches x micro-batches of the value loss; metrics ``critic/*`` over all ranks.
+
+        Needs ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``, ``loss_mask``,
+        ``values`` (from the rollout's ``compute_values``) and ``returns``.
+        """
+        c = self.critic_cfg
+        metrics = self.state.update(batch, c.ppo_mini_batch_size, c.ppo_epochs,
+                                    lambda mini: mini.split(c.ppo_micro_batch_size), self._micro_batch_loss)
+        return {f"critic/{name}": value for name, value in metrics.items()}
+
+    def _micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[Tensor, dict[str, float]]:
+        c = self.critic_cfg
+        mask = micro["loss_mask"].to(self.device).float()  # [b, R], 1 = a policy token (value is trained)
+        vpreds = self._values(micro)  # [b, R]
+        values_old, returns = micro["values"].to(self.device), micro["returns"].to(self.device)
+        vf_loss, clipfrac = compute_value_loss(vpreds, values_old, returns, mask, c.cliprange_value, "token-mean",
+                                               counts.tokens, counts.seqs)
+        share = token_weight(mask, counts)
+        metrics = {"vf_loss": vf_loss.item(), "vf_clipfrac": clipfrac.item() * share,
+                   "vpred_mean": masked_mean(vpreds.detach(), mask).item() * share}
+        return c.value_loss_coef * vf_loss, metrics
+
+    def save_checkpoint(self, path: str) -> None:
+        """Model, optimiser and scheduler under ``path`` (call on every rank)."""
+        self.state.save(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore ``save_checkpoint``'s state (call on every rank)."""
+        self.state.load(path)

@@ -1,0 +1,238 @@
+"""Model code shared by the actor, critic and reference workers: loading, sharding, forward, micro-batching.
+
+Choices:
+
+* **Any Hugging Face model** loaded with an ``AutoModel*`` class; the actor and the reference use
+  ``AutoModelForCausalLM``, the critic ``AutoModelForTokenClassification`` (see ``critic.py``).
+* **Dropout off.** Every ``nn.Dropout`` gets ``p = 0``: the log-probs of ``compute_log_prob`` and of
+  the update must be the same function of the weights (PPO ratio exactly 1 before the first step),
+  and data-parallel ranks must agree. Trainable models stay in train mode so gradient checkpointing
+  (which transformers runs only in train mode) works.
+* **Precision.** Trainable weights (and so AdamW's state) stay float32; ``rollout.dtype`` bfloat16 /
+  float16 runs the forward under ``torch.autocast``. The frozen reference is loaded in that dtype.
+* **Sharding.** With ``torch.distributed`` initialised and world size > 1, each decoder layer (the
+  classes the model lists in ``_no_split_modules``) and then the root are wrapped with FSDP2
+  ``fully_shard`` on a 1-D mesh (gloo on CPU, nccl on GPU). Every rank seeds identically before
+  building, so the shards come from one initialisation.
+* **Response slice.** Rows are ``[left-padded prompt | right-padded response]`` (``verl.utils.seq``);
+  token t of the response is predicted by the output at column P-1+t, so a forward returns the
+  outputs at columns P-1 .. P+R-2. Before the forward, columns that are padding in every row of the
+  micro-batch are cut (leading prompt padding, trailing response padding) and outputs are padded
+  back to R with zeros; the cut columns are masked anyway, so this changes cost, not results.
+* **Dynamic batching** (``use_dynamic_bsz``): consecutive rows are grouped so that rows x cut width
+  stays under a token budget; all ranks then use the same number of micro-batches (FSDP runs one
+  collective per forward, so a rank with fewer would hang).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from verl.protocol import Batch
+from verl.trainer.core_algos import entropy_from_logits, logprobs_from_logits
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ----------------------------------------------------------------------------------------------
+# Devices and processes
+# ----------------------------------------------------------------------------------------------
+
+
+def resolve_device(name: str) -> torch.device:
+    """``trainer.device`` -> a torch device: auto = this process's CUDA device if there is one, else CPU."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def world() -> tuple[int, int]:
+    """(rank, world_size) of the default process group; (0, 1) when torch.distributed is not initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_reduce_(x: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
+    """In-place all-reduce over the default group (through the GPU under nccl); a no-op in a single
+    process. Returns ``x``."""
+    if world()[1] > 1:
+        on_gpu = dist.get_backend() == "nccl"
+        y = x.to(torch.device("cuda", torch.cuda.current_device())) if on_gpu else x
+        dist.all_reduce(y, op=op)
+        x.copy_(y)
+    return x
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and sharding
+# ----------------------------------------------------------------------------------------------
+
+
+def load_model(auto_cls: type, path: str, *, device: torch.device, dtype: torch.dtype, seed: int,
+               trainable: bool, gradient_checkpointing: bool = False, trust_remote_code: bool = False,
+               **model_kwargs) -> nn.Module:
+    """Load ``auto_cls.from_pretrained(path)`` ready for a worker: dropout off, on ``device``, sharded if distributed.
+
+    Args:
+        dtype: parameter dtype (float32 for trainable models; see the module docstring).
+        seed: seeds the initialisation of weights absent from the checkpoint (e.g. a value head),
+            identical on every rank.
+        trainable: train mode with gradients, else eval mode with ``requires_grad=False``.
+        model_kwargs: passed to ``from_pretrained`` (e.g. ``num_labels=1``).
+    """
+    torch.manual_seed(seed)
+    model = auto_cls.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, **model_kwargs)
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    if trainable:
+        model.train()
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.eval()
+        model.requires_grad_(False)
+    model.to(device)
+    if world()[1] > 1:
+        shard_model(model, device)
+    return model
+
+
+def shard_model(model: nn.Module, device: torch.device) -> None:
+    """FSDP2: ``fully_shard`` every decoder layer, then the root (embeddings, head, tied weights)."""
+    mesh = init_device_mesh(device.type, (world()[1],))
+    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} lists no decoder layer classes in _no_split_modules; "
+                         "cannot shard it layer by layer")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def gather_full_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """HF-named full weights as CPU tensors. Sharded models gather them (a collective: call on every
+    rank); the full dict is returned on rank 0 and ``{}`` on other ranks."""
+    if isinstance(model, FSDPModule):
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)
+    return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> torch.autocast:
+    """Mixed-precision context for a float32 model computing in ``dtype`` (disabled for float32)."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward over the response
+# ----------------------------------------------------------------------------------------------
+
+
+def _cut_padding(batch: Batch) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Drop columns that are padding in every row; returns (input_ids, attention_mask, position_ids, kept R).
+
+    The prompt column P-1 is always kept: it predicts the first response token.
+    """
+    attention_mask = batch["attention_mask"]  # [b, P+R]
+    R = batch["responses"].shape[1]
+    P = attention_mask.shape[1] - R
+    real = attention_mask.any(dim=0)  # [P+R]
+    real_cols = real.nonzero().flatten()
+    first = min(int(real_cols[0]), P - 1) if len(real_cols) else P - 1
+    last = max(int(real_cols[-1]), P - 1) if len(real_cols) else P - 1
+    cols = slice(first, last + 1)
+    return batch["input_ids"][:, cols], attention_mask[:, cols], batch["position_ids"][:, cols], last - P + 1
+
+
+def response_outputs(model: nn.Module, batch: Batch, device: torch.device, dtype: torch.dtype, causal_lm: bool,
+                     head: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    """Run ``model`` on a micro-batch and apply ``head`` to its outputs at the response columns.
+
+    Args:
+        batch: ``input_ids``, ``attention_mask``, ``position_ids`` [b, P+R], ``responses`` [b, R].
+        causal_lm: the model takes ``logits_to_keep`` (the LM head then runs on the response only).
+        head: ``head(outputs [b, r, ...], responses [b, r]) -> [b, r]`` tensor(s), r <= R the kept
+            response columns; ``outputs`` are the model's logits at columns P-1 .. P+r-2.
+    Returns the head's tensors [b, R] on ``device``, 0 at response padding (whatever the micro-batch).
+    """
+    input_ids, attention_mask, position_ids, r = _cut_padding(batch)
+    responses = batch["responses"]
+    R = responses.shape[1]
+    kwargs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
+              "position_ids": position_ids.to(device), "use_cache": False}
+    with autocast(device, dtype):
+        if causal_lm:
+            logits = model(**kwargs, logits_to_keep=r + 1).logits[:, :-1]  # [b, r, V]
+        else:
+            logits = model(**kwargs).logits[:, -r - 1:-1]  # [b, r, ...]
+    out = head(logits, responses[:, :r].to(device))
+    out = out if isinstance(out, tuple) else (out,)
+    real = attention_mask[:, attention_mask.shape[1] - r:].to(device)  # [b, r], 1 = a real response token
+    return tuple(torch.nn.functional.pad(t * real, (0, R - r)) for t in out)  # each [b, R]
+
+
+def response_log_probs(model: nn.Module, batch: Batch, device: torch.device, dtype: torch.dtype,
+                       with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Log-probs [b, R] of ``responses`` under a causal LM, and the policy entropy [b, R] if asked.
+
+    ``entropy_grad`` keeps the entropy in the autograd graph (an entropy bonus); otherwise it is
+    computed without gradient (a metric). Padding columns hold 0.
+    """
+
+    def head(logits: Tensor, labels: Tensor) -> tuple[Tensor, ...]:
+        log_prob = logprobs_from_logits(logits, labels)  # [b, r]
+        if not with_entropy:
+            return (log_prob,)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits.float())  # [b, r]
+        return log_prob, entropy
+
+    out = response_outputs(model, batch, device, dtype, causal_lm=True, head=head)
+    return out[0], (out[1] if with_entropy else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Micro-batching
+# ----------------------------------------------------------------------------------------------
+
+
+def micro_batches(batch: Batch, rows: int, max_tokens: int | None = None) -> list[Batch]:
+    """Split ``batch`` into micro-batches of ``rows`` rows, or by token budget when ``max_tokens`` is set.
+
+    With a budget, consecutive rows are grouped while (rows in group) x (group width without
+    all-padding columns) <= max_tokens (a row wider than the budget goes alone); every rank then
+    splits its largest groups until all ranks have the same count.
+    """
+    if max_tokens is None:
+        return batch.split(rows)
+    attention_mask = batch["attention_mask"]  # [B, T]
+    cols = torch.arange(attention_mask.shape[1])
+    first = torch.where(attention_mask.bool(), cols, attention_mask.shape[1]).min(dim=1).values.tolist()  # [B]
+    last = torch.where(attention_mask.bool(), cols, -1).max(dim=1).values.tolist()  # [B]
+    groups: list[list[int]] = []
+    for i in range(len(batch)):
+        group = groups[-1] + [i] if groups else [i]
+        width = max(last[j] for j in group) - min(first[j] for j in group) + 1
+        if groups and len(group) * width <= max_tokens:
+            groups[-1] = group
+        else:
+            groups.append([i])
+    count = all_reduce_(torch.tensor([len(groups)]), dist.ReduceOp.MAX).item()
+    while len(groups) < count:
+        k = max(range(len(groups)), key=lambda g: len(groups[g]))
+        big = groups.pop(k)
+        groups[k:k] = [big[: len(big) // 2], big[len(big) // 2:]]
+    return [batch.index(g) for g in groups]

@@ -1,0 +1,169 @@
+"""Optimisation shared by the trainable workers (actor, critic): AdamW + warmup, the PPO update loop, checkpoints.
+
+Choices:
+
+* **Optimiser**: AdamW; the LR rises linearly over the first ``lr_warmup_steps_ratio`` of all
+  optimiser steps (step s of W warmup steps uses lr * (s + 1) / W, so the first step already
+  moves) and is constant after. The scheduler steps once per optimiser step; the number of
+  optimiser steps of a run is training steps x epochs x mini-batches per step.
+* **Exact loss normalisation** (the mini-batch is the unit): every micro-batch loss divides by the
+  mini-batch's global counts (``loss_mask`` tokens / non-empty rows, summed over micro-batches and
+  data-parallel ranks, see ``core_algos.agg_loss``), so summing micro-batch gradients gives the
+  full mini-batch gradient. FSDP averages gradients over ranks, so each rank backpropagates
+  ``world_size x`` its loss. Result: micro-batch size and world size change only float rounding.
+* **Metrics** are sums that add up across micro-batches and ranks to mini-batch values (token
+  means are weighted by the micro-batch's share of the global tokens); one all-reduce per
+  mini-batch, then the mean over mini-batches and epochs. ``grad_norm`` is the global L2 norm
+  before clipping.
+* **A non-finite gradient norm skips the optimiser step** (logged); the scheduler still steps.
+* **Checkpoints**: ``torch.distributed.checkpoint`` for model + optimiser (each rank writes its
+  own shard; loads into any world size), the scheduler state in ``extra_state.pt`` from rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from verl.protocol import Batch
+from verl.workers.model_utils import all_reduce_, world
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GlobalCounts:
+    """What a mini-batch's loss divides by, summed over its micro-batches and all ranks."""
+
+    tokens: float  # counted tokens (loss_mask = 1)
+    seqs: float  # rows with at least one counted token
+
+
+def global_counts(loss_mask: Tensor) -> GlobalCounts:
+    """Counts of this rank's mini-batch ``loss_mask`` [b, R], all-reduced over ranks; at least 1 each,
+    so a mini-batch without policy tokens gives a zero loss, not 0 / 0."""
+    local = torch.stack([(loss_mask != 0).sum(), (loss_mask != 0).any(dim=-1).sum()]).double()
+    tokens, seqs = all_reduce_(local).clamp(min=1.0).tolist()
+    return GlobalCounts(tokens=tokens, seqs=seqs)
+
+
+def token_weight(mask: Tensor, counts: GlobalCounts) -> float:
+    """Share of the mini-batch's counted tokens held by this micro-batch's ``mask`` [b, R]."""
+    return float((mask != 0).sum()) / max(counts.tokens, 1.0)
+
+
+# A micro-batch loss: (micro-batch, global counts) -> (loss scalar, metric sums that add up to mini-batch values).
+LossFn = Callable[[Batch, GlobalCounts], tuple[Tensor, dict[str, float]]]
+
+
+def optimizer_steps_per_training_step(rows: int, mini_batch_size: int, epochs: int) -> int:
+    """Optimiser steps one ``update`` call makes for a batch of ``rows`` rows (all ranks together)."""
+    return epochs * math.ceil(rows / mini_batch_size)
+
+
+class TrainState:
+    """A trainable model with its AdamW optimiser, warmup scheduler and checkpoint I/O."""
+
+    def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_ratio: float,
+                 total_optimizer_steps: int, grad_clip: float | None):
+        self.model = model
+        self.grad_clip = grad_clip
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        warmup = int(warmup_ratio * total_optimizer_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+
+    def update(self, batch: Batch, mini_batch_size: int, epochs: int,
+               split_micro: Callable[[Batch], list[Batch]], loss_fn: LossFn) -> dict[str, float]:
+        """``epochs`` passes over ``batch`` (this rank's rows) in mini-batches, one optimiser step each.
+
+        Args:
+            mini_batch_size: rows per optimiser step over all ranks; each rank takes its share.
+            split_micro: splits a mini-batch into micro-batches (gradients are accumulated).
+            loss_fn: the role's micro-batch loss.
+        Returns metrics averaged over mini-batches: the loss_fn's sums plus ``grad_norm`` and ``lr``.
+        """
+        world_size = world()[1]
+        if mini_batch_size % world_size:
+            raise ValueError(f"ppo_mini_batch_size={mini_batch_size} does not divide over world_size={world_size}")
+        history: dict[str, list[float]] = defaultdict(list)
+        for _ in range(epochs):
+            for mini in batch.split(mini_batch_size // world_size):
+                for name, value in self._update_mini_batch(mini, split_micro, loss_fn).items():
+                    history[name].append(value)
+        return {name: sum(values) / len(values) for name, values in history.items()}
+
+    def _update_mini_batch(self, mini: Batch, split_micro: Callable[[Batch], list[Batch]],
+                           loss_fn: LossFn) -> dict[str, float]:
+        world_size = world()[1]
+        counts = global_counts(mini["loss_mask"])
+        self.optimizer.zero_grad(set_to_none=True)
+        micros = split_micro(mini)
+        sums: dict[str, float] = defaultdict(float)
+        for i, micro in enumerate(micros):
+            if isinstance(self.model, FSDPModule):
+                self.model.set_requires_gradient_sync(i == len(micros) - 1)  # reduce-scatter once per step
+            loss, metrics = loss_fn(micro, counts)
+            (loss * world_size).backward()
+            for name, value in metrics.items():
+                sums[name] += value
+        names = sorted(sums)
+        reduced = all_reduce_(torch.tensor([sums[n] for n in names], dtype=torch.float64)).tolist()
+        grad_norm, lr = self._optimizer_step()
+        return {**dict(zip(names, reduced, strict=True)), "grad_norm": grad_norm, "lr": lr}
+
+    def _optimizer_step(self) -> tuple[float, float]:
+        """Clip (global L2 norm), step optimiser and scheduler; returns (grad norm before clipping, lr used)."""
+        max_norm = self.grad_clip if self.grad_clip is not None else math.inf
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        lr = self.scheduler.get_last_lr()[0]
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            logger.warning("non-finite gradient norm %s: optimiser step skipped", grad_norm.item())
+        self.scheduler.step()
+        return float(grad_norm), lr
+
+    def save(self, path: str) -> None:
+        """Write model, optimiser (sharded, every rank) and scheduler (rank 0) under ``path``."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        with _single_process_dcp():
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path, no_dist=world()[1] == 1)
+        if world()[0] == 0:
+            torch.save({"scheduler": self.scheduler.state_dict()}, Path(path) / "extra_state.pt")
+        if world()[1] > 1:
+            dist.barrier()
+
+    def load(self, path: str) -> None:
+        """Restore what ``save`` wrote (any world size); the next update continues exactly."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        with _single_process_dcp():
+            dcp.load(state, checkpoint_id=path, no_dist=world()[1] == 1)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = torch.load(Path(path) / "extra_state.pt", weights_only=True)
+        self.scheduler.load_state_dict(extra["scheduler"])
+
+
+@contextlib.contextmanager
+def _single_process_dcp() -> Iterator[None]:
+    """Silence torch.distributed.checkpoint's warning that it runs in one process (we ask it to)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
