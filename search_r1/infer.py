@@ -1,0 +1,94 @@
+"""Answer one question with a policy and the search loop, printing the trajectory.
+
+    python -m search_r1.infer --model data/demo/tiny_policy --question "Who founded the Guild of X?"
+
+Runs exactly the training loop (``LLMGenerationManager``) for one row: the prompt is
+``search_r1.prompts.make_prompt`` under the model's chat template, the engine is built by the
+trainer's ``build_rollout`` and the lengths come from ``configs/ppo_trainer.yaml``. The printout
+shows the policy's text and, marked, every block the environment inserted (info_mask 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from itertools import groupby
+
+from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, Trajectory
+from search_r1.prompts import make_prompt
+from search_r1.reward.qa_em import extract_answer
+from search_r1.search.client import RetrievalClient, RetrievalError
+from verl.config import ConfigError, load_config
+from verl.workers.rollout.base import SamplingParams
+
+INSERTED_OPEN = "\n[[inserted by the environment >>>"
+INSERTED_CLOSE = "<<< end of inserted]]\n"
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="Hugging Face model directory (weights + tokenizer)")
+    p.add_argument("--question", required=True)
+    p.add_argument("--retriever-url", default="http://127.0.0.1:8000", help="base URL of the retrieval service")
+    p.add_argument("--topk", type=int, default=3, help="passages per search")
+    p.add_argument("--max-turns", type=int, default=3, help="search turns before the final answer turn")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def render(tokenizer, traj: Trajectory) -> str:
+    """The response as text; each run of inserted tokens (info_mask 0) is wrapped in visible markers."""
+    parts = []
+    pos = 0
+    for sampled, run in groupby(traj.info_mask):
+        n = len(list(run))
+        text = tokenizer.decode(traj.response_ids[pos:pos + n], skip_special_tokens=True)
+        parts.append(text if sampled else INSERTED_OPEN + text + INSERTED_CLOSE)
+        pos += n
+    return "".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config([f"actor_rollout_ref.model.path={args.model}",
+                           f"actor_rollout_ref.rollout.name={args.engine}",
+                           f"retriever.url={args.retriever_url}", f"retriever.topk={args.topk}",
+                           f"max_turns={args.max_turns}", f"trainer.seed={args.seed}"])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    client = RetrievalClient(cfg.retriever.url, cfg.retriever.topk, timeout=cfg.retriever.timeout,
+                             max_retries=cfg.retriever.max_retries)
+    try:
+        client.check_health()
+    except RetrievalError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    from transformers import AutoTokenizer  # heavy imports, only once the service is up
+
+    from verl.workers.rollout import build_rollout
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    messages = [{"role": "user", "content": make_prompt(args.question)}]
+    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    agent = LLMGenerationManager(tokenizer, build_rollout(cfg), client, AgentConfig.from_config(cfg))
+    params = SamplingParams(max_tokens=cfg.data.max_response_length, temperature=args.temperature, seed=args.seed)
+    traj = agent.run([list(prompt_ids)], params).trajectories[0]
+
+    print(tokenizer.decode(traj.prompt_ids, skip_special_tokens=False), end="")
+    print(render(tokenizer, traj))
+    answer = extract_answer(tokenizer.decode(traj.response_ids, skip_special_tokens=True))
+    print(f"\n--- stop: {traj.stop_reason.value} | turns: {traj.num_turns} | searches: {traj.num_searches} | "
+          f"invalid actions: {traj.num_invalid} | response tokens: {len(traj.response_ids)} "
+          f"({len(traj.info_mask) - sum(traj.info_mask)} inserted) | answer: {answer!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

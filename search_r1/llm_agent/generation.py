@@ -1,0 +1,314 @@
+"""The multi-turn search loop (Search-R1): think, then search or answer, until done.
+
+Each turn generates for the still-active rows in ONE ``engine.generate`` call that stops at
+``</search>`` or ``</answer>``. Rows that searched get their passages from ONE batched retrieval
+request per turn, rendered as an ``<information>`` block; a turn with no well-formed action gets a
+feedback text; a turn that answered ends the row. After ``max_turns`` turns that may search, one
+final turn runs in which a search is no longer executed: the row ends after it whatever it wrote.
+
+Choices, and where they differ from Search-R1:
+
+- Token-in/token-out. A row's response is exactly the ids the engine sampled plus the ids of the
+  inserted blocks, in order; sampled ids are decoded only to parse the action. (Search-R1 decodes
+  and re-tokenises the whole rollout, which can change the tokens the loss is computed on.)
+- ``info_mask`` is built while the response grows: 1 = sampled by the policy (trained),
+  0 = inserted by the environment (context only). The trainer's ``loss_mask`` is
+  ``response_mask * info_mask`` (DESIGN.md, Masks).
+- The rolling context is never cut. The engine always continues ``prompt + response so far``, the
+  exact sequence the actor later scores; the prompt is capped once, at the start, to its last
+  ``max_start_length`` tokens (counted), and the response to ``max_response_length`` tokens.
+  (Search-R1 left-cuts the rolling context to ``max_prompt_length``, so the engine samples under a
+  context the actor never sees.) A prompt longer than ``max_prompt_length`` is an error: the
+  dataset drops such rows.
+- Length budget. One call per turn means one ``max_tokens`` for all rows: it is the largest
+  remaining budget, and a row's output is cut to its own remaining budget (that row then ends with
+  ``MAX_LENGTH``). An observation is truncated to ``max_obs_length`` tokens by cutting the passages
+  and then closing the block (counted); an inserted block that would leave the policy no token of
+  budget ends the row with ``MAX_LENGTH`` instead of being appended.
+- Invalid actions (a stop tag without its opening tag, an empty query) get feedback and cost a
+  turn. The feedback never contains literal tags (see ``formatting``). EOS without an answer ends
+  the row: the policy said it is done, and text appended after its EOS would be off-distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, INVALID_ACTION_FEEDBACK, format_passages
+from verl.config import Config
+from verl.protocol import Batch
+from verl.utils.seq import pack_trajectories
+from verl.workers.rollout.base import RolloutEngine, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from search_r1.search.client import RetrievalClient
+
+logger = logging.getLogger(__name__)
+
+STOP_STRINGS = ["</search>", "</answer>"]
+
+
+class StopReason(enum.Enum):
+    """Why a trajectory ended."""
+
+    ANSWERED = "answered"
+    """The last turn ended with a well-formed ``<answer> ... </answer>``."""
+    MAX_TURNS = "max_turns"
+    """The final turn (after ``max_turns`` search turns) ended without an answer: it searched
+    (not executed) or wrote no well-formed action."""
+    MAX_LENGTH = "max_length"
+    """The response budget ran out: a turn reached the row's remaining ``max_response_length``
+    tokens, or the next inserted block would have left the policy no token of budget."""
+    EOS_WITHOUT_ANSWER = "eos_without_answer"
+    """The policy emitted its end-of-sequence token without having answered."""
+
+
+@dataclass
+class AgentConfig:
+    """Settings of the loop; lengths are in tokens."""
+
+    max_turns: int  # turns whose searches are executed; one final answer turn follows
+    max_start_length: int  # prompts are cut to their last max_start_length tokens
+    max_prompt_length: int  # a longer prompt is an error (the dataset drops such rows)
+    max_response_length: int  # all turns of a response: sampled + inserted tokens
+    max_obs_length: int  # one inserted <information> block, tags included
+    do_search: bool  # false = every search gets an empty <information> block, no request
+    topk: int  # passages per search; must equal the client's topk
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> AgentConfig:
+        return cls(max_turns=cfg.max_turns, max_start_length=cfg.data.max_start_length,
+                   max_prompt_length=cfg.data.max_prompt_length, max_response_length=cfg.data.max_response_length,
+                   max_obs_length=cfg.data.max_obs_length, do_search=cfg.do_search, topk=cfg.retriever.topk)
+
+
+@dataclass
+class Trajectory:
+    """One row's rollout. ``stop_reason`` is None only while the loop is running."""
+
+    prompt_ids: list[int]  # the prompt the engine saw (after the max_start_length cap)
+    response_ids: list[int] = field(default_factory=list)  # sampled + inserted ids, in order
+    # 1 = sampled by the policy (trained), 0 = inserted by the environment (context only)
+    info_mask: list[int] = field(default_factory=list)
+    stop_reason: StopReason | None = None
+    num_turns: int = 0  # generation turns (engine calls that included this row)
+    num_searches: int = 0  # searches answered with an <information> block
+    num_invalid: int = 0  # turns that ended in no well-formed action (feedback or EOS)
+    truncated_obs: int = 0  # <information> blocks cut to max_obs_length
+    prompt_truncated: bool = False  # the prompt was cut to max_start_length
+
+    def append(self, ids: list[int], sampled: bool) -> None:
+        self.response_ids.extend(ids)
+        self.info_mask.extend([1 if sampled else 0] * len(ids))
+
+
+@dataclass
+class AgentResult:
+    trajectories: list[Trajectory]
+
+    def metrics(self) -> dict[str, float]:
+        """Per-step rollout metrics, computed from the trajectories' typed fields."""
+        trajs = self.trajectories
+        rows = max(len(trajs), 1)
+        turns = sum(t.num_turns for t in trajs)
+        tokens = sum(len(t.response_ids) for t in trajs)
+        inserted = sum(len(t.info_mask) - sum(t.info_mask) for t in trajs)
+        metrics = {
+            "agent/mean_turns": turns / rows,
+            "agent/searches_per_traj": sum(t.num_searches for t in trajs) / rows,
+            # turns that ended in a well-formed search or answer (or were cut by the length budget)
+            "agent/valid_action_ratio": 1.0 - sum(t.num_invalid for t in trajs) / max(turns, 1),
+            "agent/finish_ratio": sum(t.stop_reason is StopReason.ANSWERED for t in trajs) / rows,
+            "agent/truncated_obs": float(sum(t.truncated_obs for t in trajs)),
+            "agent/truncated_prompts": float(sum(t.prompt_truncated for t in trajs)),
+            "agent/inserted_token_frac": inserted / max(tokens, 1),
+            "agent/mean_response_len": tokens / rows,
+        }
+        for reason in StopReason:
+            metrics[f"agent/stop/{reason.value}"] = float(sum(t.stop_reason is reason for t in trajs))
+        return metrics
+
+
+class ActionKind(enum.Enum):
+    """What one turn's output amounts to."""
+
+    SEARCH = "search"
+    ANSWER = "answer"
+    INVALID = "invalid"  # stopped at a stop tag, but no well-formed action
+    EOS = "eos"
+    LENGTH = "length"
+
+
+def parse_action(text: str, finish_reason: str, stop_str: str | None, cut: bool) -> tuple[ActionKind, str]:
+    """The action of one turn from its decoded text -> (kind, query or answer text).
+
+    ``stop_str``: the stop string the engine reports; the text is read up to its last occurrence
+    (a real tokenizer's last token may carry characters past the tag). ``cut``: the loop cut the
+    output to the row's remaining budget (the engine's stop, if any, came later).
+    """
+    end = text.rfind(stop_str) if stop_str and not cut else -1
+    stripped = text[:end + len(stop_str)] if end >= 0 else text.rstrip()
+    for kind, tag in ((ActionKind.ANSWER, "answer"), (ActionKind.SEARCH, "search")):
+        if stripped.endswith(f"</{tag}>"):
+            start = stripped.rfind(f"<{tag}>")
+            content = stripped[start + len(tag) + 2:-len(tag) - 3].strip() if start >= 0 else ""
+            if start < 0 or (kind is ActionKind.SEARCH and not content):
+                return ActionKind.INVALID, ""
+            return kind, content
+    if cut or finish_reason == "length":
+        return ActionKind.LENGTH, ""
+    if finish_reason != "stop":
+        raise ValueError(f"engine returned finish_reason={finish_reason!r}; expected 'stop' or 'length'")
+    return ActionKind.EOS, ""
+
+
+class LLMGenerationManager:
+    """Runs the search loop for a batch of prompts with any ``RolloutEngine``."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, engine: RolloutEngine, client: RetrievalClient | None,
+                 cfg: AgentConfig) -> None:
+        if cfg.do_search and client is None:
+            raise ValueError("do_search=true needs a RetrievalClient (or set do_search=false)")
+        if client is not None and client.topk != cfg.topk:
+            raise ValueError(f"client topk={client.topk} differs from retriever.topk={cfg.topk}")
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.client = client
+        self.cfg = cfg
+        self._open_ids = self._encode([INFO_OPEN])[0]
+        self._close_ids = self._encode([INFO_CLOSE])[0]
+        self._feedback_ids = self._encode([INVALID_ACTION_FEEDBACK])[0]
+        self._passage_room = cfg.max_obs_length - len(self._open_ids) - len(self._close_ids)
+        if self._passage_room < 1:
+            raise ValueError(f"data.max_obs_length={cfg.max_obs_length} leaves no room for passages between "
+                             f"the {len(self._open_ids) + len(self._close_ids)} tokens of the information tags")
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def run(self, prompt_ids: list[list[int]], params: SamplingParams) -> AgentResult:
+        """Roll out every prompt until it answers or runs out of turns or budget.
+
+        ``params`` sets the sampling (temperature, top-p, ...); the loop sets ``max_tokens`` and
+        ``stop`` per turn, and needs ``params.n == 1`` (the trainer repeats rows for n samples).
+        """
+        if params.n != 1:
+            raise ValueError(f"the search loop samples one trajectory per row; got n={params.n} "
+                             "(repeat the rows instead)")
+        rows = [self._start(list(p), i) for i, p in enumerate(prompt_ids)]
+        for turn in range(self.cfg.max_turns + 1):
+            active = [r for r in rows if r.stop_reason is None]
+            if not active:
+                break
+            self._turn(active, params, final=turn == self.cfg.max_turns)
+        truncated = sum(r.prompt_truncated for r in rows)
+        if truncated:
+            logger.warning("%d of %d prompts were cut to data.max_start_length=%d tokens", truncated, len(rows),
+                           self.cfg.max_start_length)
+        return AgentResult(rows)
+
+    def _start(self, prompt: list[int], index: int) -> Trajectory:
+        if len(prompt) > self.cfg.max_prompt_length:
+            raise ValueError(f"prompt {index} has {len(prompt)} tokens > data.max_prompt_length="
+                             f"{self.cfg.max_prompt_length}; the dataset should have dropped it")
+        if not prompt:
+            raise ValueError(f"prompt {index} is empty")
+        cut = len(prompt) > self.cfg.max_start_length
+        return Trajectory(prompt_ids=prompt[-self.cfg.max_start_length:], prompt_truncated=cut)
+
+    def _turn(self, rows: list[Trajectory], params: SamplingParams, final: bool) -> None:
+        """One generation turn for ``rows`` (all active), then the environment's replies."""
+        budgets = [self.cfg.max_response_length - len(r.response_ids) for r in rows]
+        turn_params = dataclasses.replace(params, max_tokens=max(budgets), stop=list(STOP_STRINGS))
+        outputs = self.engine.generate([r.prompt_ids + r.response_ids for r in rows], turn_params)
+        if len(outputs) != len(rows):
+            raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(rows)} prompts")
+        sampled = [out.token_ids[:budget] for out, budget in zip(outputs, budgets, strict=True)]
+        texts = self.tokenizer.batch_decode(sampled, skip_special_tokens=True)
+        searchers: list[Trajectory] = []
+        queries: list[str] = []
+        for row, ids, text, out in zip(rows, sampled, texts, outputs, strict=True):
+            row.num_turns += 1
+            row.append(ids, sampled=True)
+            kind, content = parse_action(text, out.finish_reason, out.stop_str, cut=len(ids) < len(out.token_ids))
+            if kind is ActionKind.SEARCH and not final:
+                if self._insert_fits(row, len(self._open_ids) + len(self._close_ids)):
+                    searchers.append(row)
+                    queries.append(content)
+                else:  # not even an empty block fits: no request
+                    row.stop_reason = StopReason.MAX_LENGTH
+            else:
+                self._settle(row, kind, final)
+        if searchers:
+            self._answer_searches(searchers, queries)
+
+    def _settle(self, row: Trajectory, kind: ActionKind, final: bool) -> None:
+        """Apply a turn's action other than an executed search to ``row``."""
+        if kind is ActionKind.INVALID or kind is ActionKind.EOS:
+            row.num_invalid += 1
+        if kind is ActionKind.ANSWER:
+            row.stop_reason = StopReason.ANSWERED
+        elif kind is ActionKind.LENGTH:
+            row.stop_reason = StopReason.MAX_LENGTH
+        elif kind is ActionKind.EOS:
+            row.stop_reason = StopReason.EOS_WITHOUT_ANSWER
+        elif final:  # a search or an invalid action in the final turn
+            row.stop_reason = StopReason.MAX_TURNS
+        else:
+            self._insert(row, self._feedback_ids)
+
+    def _insert_fits(self, row: Trajectory, num_ids: int) -> bool:
+        """Whether ``num_ids`` inserted ids leave the policy at least one token of budget."""
+        return len(row.response_ids) + num_ids < self.cfg.max_response_length
+
+    def _insert(self, row: Trajectory, ids: list[int]) -> bool:
+        """Append environment ids if the policy keeps at least one token of budget; else end the row."""
+        if not self._insert_fits(row, len(ids)):
+            row.stop_reason = StopReason.MAX_LENGTH
+            return False
+        row.append(ids, sampled=False)
+        return True
+
+    def _answer_searches(self, rows: list[Trajectory], queries: list[str]) -> None:
+        """One batched retrieval for all searching rows, then an <information> block for each."""
+        if self.cfg.do_search:
+            docs_per_row = self.client.search(queries)
+            if len(docs_per_row) != len(queries):
+                raise RuntimeError(f"retrieval returned {len(docs_per_row)} results for {len(queries)} queries")
+        else:
+            docs_per_row = [[] for _ in queries]
+        bodies = self._encode([format_passages(docs) for docs in docs_per_row])
+        for row, body in zip(rows, bodies, strict=True):
+            truncated = len(body) > self._passage_room
+            if self._insert(row, self._open_ids + body[:self._passage_room] + self._close_ids):
+                row.num_searches += 1
+                row.truncated_obs += truncated
+
+    def __call__(self, batch: Batch, params: SamplingParams) -> Batch:
+        """The trainer's generation function.
+
+        Reads ``batch.non_tensors["raw_prompt_ids"]`` (token ids per row, chat template applied).
+        Returns the tensors of ``pack_trajectories`` ([B, P], [B, R], [B, P + R] ...), every input
+        non-tensor column, the non-tensors ``stop_reason`` (str), ``num_turns`` and ``num_searches``
+        (int), the input meta and ``meta["gen_metrics"]``.
+        """
+        prompts = [[int(t) for t in ids] for ids in batch.non_tensors["raw_prompt_ids"]]
+        result = self.run(prompts, params)
+        trajs = result.trajectories
+        pad_id = self.tokenizer.pad_token_id
+        if pad_id is None:
+            pad_id = self.tokenizer.eos_token_id
+        tensors = pack_trajectories([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
+                                    [t.info_mask for t in trajs], pad_id)
+        non_tensors = dict(batch.non_tensors)
+        non_tensors["stop_reason"] = [t.stop_reason.value for t in trajs]
+        non_tensors["num_turns"] = [t.num_turns for t in trajs]
+        non_tensors["num_searches"] = [t.num_searches for t in trajs]
+        return Batch(tensors, non_tensors, {**batch.meta, "gen_metrics": result.metrics()})
+

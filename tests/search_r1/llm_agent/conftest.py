@@ -1,0 +1,160 @@
+"""Fixtures of the agent-loop tests: the real tiny tokenizer, a scripted engine, the real retrieval service.
+
+The scripted engine is a real implementation of ``RolloutEngine`` whose "policy" is a fixed list of
+texts per row and turn (tokenised with the real tokenizer); it honours ``max_tokens``, the stop
+strings and EOS the way an engine must, and records every call. The retrieval service is the
+project's own FastAPI service over a BM25 index of a small corpus, started on a free loopback port
+(``retrieval_server.launcher``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from data_prep.tiny_model import train_tokenizer
+from retrieval_server.launcher import ServerProcess, free_port
+from verl.workers.rollout.base import GenerationOutput, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[3]
+
+CORPUS = [
+    ("paris", "Paris", "Paris is the capital and largest city of France, on the river Seine."),
+    ("berlin", "Berlin", "Berlin is the capital of Germany and its largest city by population."),
+    ("everest", "Mount Everest", "Mount Everest is the highest mountain above sea level, in the Himalayas."),
+    ("nile", "Nile", "The Nile is a major river in Africa flowing north into the Mediterranean Sea."),
+    ("curie", "Marie Curie", "Marie Curie was a physicist and chemist who won two Nobel prizes for radioactivity. "
+                             "She was born in Warsaw and worked in Paris, where she discovered polonium and radium "
+                             "with Pierre Curie; she was the first woman to win a Nobel prize."),
+    ("tokyo", "Tokyo", "Tokyo is the capital of Japan and one of the most populous cities in the world."),
+]
+
+
+def _corpus_texts() -> list[str]:
+    return [f"{title}. {text}" for _, title, text in CORPUS]
+
+
+@pytest.fixture(scope="session")
+def corpus_texts() -> list[str]:
+    """The texts of the corpus the test service indexes (to train tokenizers on)."""
+    return _corpus_texts()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real tiny BPE tokenizer (tags and chat tokens are single tokens)."""
+    texts = _corpus_texts() + ["Answer the question. <think> I should search. </think> <search> capital of France "
+                              "</search> <answer> Paris </answer> Question: What is the capital of Germany?"] * 5
+    return train_tokenizer(texts, vocab_size=600)
+
+
+class ScriptedEngine:
+    """A ``RolloutEngine`` that plays fixed texts: ``scripts[prompt][turn]`` is what that row writes.
+
+    A text ending in ``<|im_end|>`` emits the EOS id. Generation stops after the first stop string
+    (included), at EOS, or after ``max_tokens`` tokens, like vLLM. ``calls`` records
+    ``(contexts, params)`` of every ``generate`` call.
+    """
+
+    def __init__(self, tokenizer, scripts: dict[tuple[int, ...], list[str]]):
+        self.tokenizer = tokenizer
+        self.scripts = scripts
+        self.turn_of = dict.fromkeys(scripts, 0)
+        self.calls: list[tuple[list[list[int]], SamplingParams]] = []
+        self.emitted: dict[tuple[int, ...], list[list[int]]] = {p: [] for p in scripts}  # full output per turn
+        self.before_call = None  # optional hook(call_index) run before each generate
+
+    def expect_prompts_cut(self, n: int) -> None:
+        """The loop will drop the first ``n`` tokens of every prompt: key the scripts by what is left."""
+        self.scripts = {p[n:]: turns for p, turns in self.scripts.items()}
+        self.turn_of = dict.fromkeys(self.scripts, 0)
+        self.emitted = {p: [] for p in self.scripts}
+
+    def row_of(self, context: list[int]) -> tuple[int, ...]:
+        matches = [p for p in self.scripts if tuple(context[:len(p)]) == p]
+        assert len(matches) == 1, "context does not start with exactly one scripted prompt"
+        return matches[0]
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+        if self.before_call is not None:
+            self.before_call(len(self.calls))
+        self.calls.append(([list(p) for p in prompts], params))
+        outputs = []
+        for context in prompts:
+            key = self.row_of(context)
+            text = self.scripts[key][self.turn_of[key]]
+            self.turn_of[key] += 1
+            outputs.append(self._play(text, params))
+            self.emitted[key].append(outputs[-1].token_ids)
+        return outputs
+
+    def _play(self, text: str, params: SamplingParams) -> GenerationOutput:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        out: list[int] = []
+        for tid in ids:
+            if len(out) == params.max_tokens:
+                return GenerationOutput(out, "length")
+            out.append(tid)
+            if tid == self.tokenizer.eos_token_id:
+                return GenerationOutput(out, "stop")
+            decoded = self.tokenizer.decode(out)
+            for stop in params.stop:
+                if stop in decoded:
+                    return GenerationOutput(out, "stop", stop)
+        raise AssertionError(f"script text ended without a stop, EOS or length: {text!r}")
+
+    def sync_weights(self, named_tensors) -> None:
+        raise NotImplementedError("a scripted policy has no weights")
+
+
+@pytest.fixture
+def make_engine(tokenizer):
+    """``make_engine({prompt_text: [turn texts]})`` -> (engine, prompt ids in the order given)."""
+    def make(scripts: dict[str, list[str]]) -> tuple[ScriptedEngine, list[list[int]]]:
+        prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in scripts]
+        by_prompt = {tuple(p): turns for p, turns in zip(prompts, scripts.values(), strict=True)}
+        engine = ScriptedEngine(tokenizer, by_prompt)
+        return engine, prompts
+    return make
+
+
+@pytest.fixture
+def unused_url() -> str:
+    """A loopback URL on which nothing listens."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="session")
+def retrieval_index(tmp_path_factory) -> tuple[Path, Path]:
+    """A BM25 index of ``CORPUS`` built by the project's index builder -> (corpus path, index dir)."""
+    root = tmp_path_factory.mktemp("retrieval")
+    corpus = root / "corpus.jsonl"
+    with corpus.open("w") as f:
+        for doc_id, title, text in CORPUS:
+            f.write(json.dumps({"id": doc_id, "contents": f'"{title}"\n{text}'}) + "\n")
+    index = root / "index"
+    subprocess.run([sys.executable, "-m", "retrieval_server.build_index", "--corpus", str(corpus), "--out",
+                    str(index), "--retriever", "bm25"], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    return corpus, index
+
+
+@pytest.fixture(scope="session")
+def service_url(retrieval_index):
+    """URL of a retrieval service shared by the tests that do not stop it."""
+    corpus, index = retrieval_index
+    with ServerProcess(index, corpus) as server:
+        server.wait_ready()
+        yield server.url
+
+
+@pytest.fixture
+def own_service(retrieval_index):
+    """A service only this test uses (it may ``stop()`` it); stopped at teardown in any case."""
+    corpus, index = retrieval_index
+    with ServerProcess(index, corpus) as server:
+        server.wait_ready()
+        yield server

@@ -1,0 +1,114 @@
+"""The search loop with a real engine (transformers) and a tiny real policy that memorised two trajectories."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from data_prep.tiny_model import build_model, train_tokenizer
+from search_r1.llm_agent.formatting import information_block
+from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, StopReason
+from search_r1.prompts import INSTRUCTION, make_prompt
+from search_r1.search.client import RetrievalClient
+from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.hf_rollout import HFRollout
+
+TOPK = 2
+# question -> (query, answer); prompts of different lengths, so the engine left-pads one of them.
+QUESTIONS = {"What is the capital of France": ("capital of France", "Paris"),
+             "Which country has Tokyo as its capital city, the largest in the world": ("capital of Japan", "Japan")}
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _memorise(model, examples: list[tuple[list[int], list[int]]], steps: int = 400) -> None:
+    """Train until greedy decoding reproduces every labelled token (labels -100 are free)."""
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        correct = True
+        for ids, labels in examples:
+            logits = model(torch.tensor([ids])).logits[0, :-1]  # [T-1, V]
+            target = torch.tensor(labels[1:])  # [T-1]
+            loss = torch.nn.functional.cross_entropy(logits, target, ignore_index=-100)
+            loss.backward()
+            keep = target != -100
+            correct &= bool((logits.argmax(-1)[keep] == target[keep]).all())
+        optimiser.step()
+        optimiser.zero_grad()
+        if correct:
+            return
+    raise AssertionError("the tiny policy did not memorise its trajectories")
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory, service_url, corpus_texts):
+    """A tiny Qwen2 policy saved to disk that, greedily, searches once and then answers each question.
+
+    Returns (model dir, tokenizer, prompts, expected responses, expected info masks).
+    """
+    tokenizer = train_tokenizer(corpus_texts + [INSTRUCTION] * 3 + list(QUESTIONS) * 3, vocab_size=700)
+    client = RetrievalClient(service_url, TOPK)
+    prompts, responses, masks, examples = [], [], [], []
+    for question, (query, answer) in QUESTIONS.items():
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": make_prompt(question)}],
+                                               add_generation_prompt=True, tokenize=True, return_dict=False)
+        search = _encode(tokenizer, f"<think> I need to search </think><search> {query} </search>")
+        info = _encode(tokenizer, information_block(client.search([query])[0]))
+        assert len(info) <= 96, "keep the block under the default data.max_obs_length (used by infer)"
+        final = _encode(tokenizer, f"<think> found it </think><answer> {answer} </answer>")
+        prompts.append(prompt)
+        responses.append(search + info + final)
+        masks.append([1] * len(search) + [0] * len(info) + [1] * len(final))
+        ids = prompt + search + info + final
+        labels = [-100] * len(prompt) + search + [-100] * len(info) + final
+        examples.append((ids, labels))
+    torch.manual_seed(0)
+    model = build_model(tokenizer, max_positions=512)
+    _memorise(model, examples)
+    out = tmp_path_factory.mktemp("policy")
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out, tokenizer, prompts, responses, masks
+
+
+def test_hf_engine_reproduces_the_memorised_search_trajectories(policy, service_url):
+    """Guards against loop/engine mismatches a scripted engine cannot show (real stop strings, left padding,
+    multi-turn continuation of the exact context): greedy rollouts must equal the memorised ids token for token."""
+    model_dir, tokenizer, prompts, responses, masks = policy
+    engine = HFRollout(str(model_dir), dtype="float32", device="cpu", micro_batch_size=64, seed=0)
+    cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=256, max_response_length=320,
+                      max_obs_length=96, do_search=True, topk=TOPK)
+    agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, TOPK), cfg)
+    result = agent.run(prompts, SamplingParams(max_tokens=1, temperature=0.0))
+    for traj, response, mask in zip(result.trajectories, responses, masks, strict=True):
+        assert traj.response_ids == response
+        assert traj.info_mask == mask
+        assert traj.stop_reason is StopReason.ANSWERED and traj.num_searches == 1 and traj.num_turns == 2
+
+
+def test_infer_cli_prints_the_trajectory(policy, service_url):
+    """Guards against the inference CLI running a different loop or prompt than training, or hiding inserted text."""
+    model_dir, *_ = policy
+    question = next(iter(QUESTIONS))
+    done = subprocess.run([sys.executable, "-m", "search_r1.infer", "--model", str(model_dir), "--question", question,
+                           "--retriever-url", service_url, "--topk", str(TOPK), "--engine", "hf", "--temperature", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "[[inserted by the environment >>>" in done.stdout and "<information>Doc 1(Title: Paris)" in done.stdout
+    assert "stop: answered" in done.stdout and "answer: 'Paris'" in done.stdout
+
+
+def test_infer_cli_names_the_url_when_the_service_is_down(policy, unused_url):
+    """Guards against inference hanging or failing obscurely when the retrieval service is not running."""
+    model_dir, *_ = policy
+    url = unused_url
+    done = subprocess.run([sys.executable, "-m", "search_r1.infer", "--model", str(model_dir), "--question", "x",
+                           "--retriever-url", url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert url in done.stderr and "retrieval_launch.sh" in done.stderr
