@@ -58,7 +58,8 @@ def build_trainer(cfg: Config) -> PPOTrainer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("LOGLEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=os.environ.get("LOGLEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
     except ConfigError as err:

@@ -68,7 +68,8 @@ class PPOTrainer:
         self.val_set = PromptDataset(data.val_files, tokenizer, data.max_prompt_length, data.prompt_key,
                                      data.val_max_samples)
         self.loader = StatefulLoader(self.train_set, data.train_batch_size, data.shuffle, data.seed)
-        self.total_steps = cfg.trainer.total_training_steps or self.loader.batches_per_epoch() * cfg.trainer.total_epochs
+        per_epoch = self.loader.batches_per_epoch()
+        self.total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs
         self.out_dir = Path(cfg.trainer.default_local_dir)
         self.step = 0
         kl = cfg.algorithm.kl_ctrl
@@ -202,7 +203,8 @@ class PPOTrainer:
         per_row: dict[str, list] = defaultdict(list)
         for start in range(0, len(self.val_set), size):
             batch = self.val_set.batch(range(start, min(start + size, len(self.val_set))))
-            params = SamplingParams(max_tokens=self.cfg.data.max_response_length, seed=self.cfg.trainer.seed, **params_kw)
+            params = SamplingParams(max_tokens=self.cfg.data.max_response_length, seed=self.cfg.trainer.seed,
+                                    **params_kw)
             out = self.score(self.generate(batch, params, n=vk.n))
             per_row["data_source"].extend(out["data_source"])
             per_row["score"].extend(out["score"])

@@ -82,7 +82,8 @@ class StatefulLoader:
     def __init__(self, dataset: PromptDataset, batch_size: int, shuffle: bool, seed: int, drop_last: bool = True):
         if batch_size > len(dataset) and drop_last:
             raise ValueError(f"data.train_batch_size={batch_size} is larger than the {len(dataset)} usable rows")
-        self.dataset, self.batch_size, self.shuffle, self.seed, self.drop_last = dataset, batch_size, shuffle, seed, drop_last
+        self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle
+        self.seed, self.drop_last = seed, drop_last
         self.epoch, self.position = 0, 0  # position = index of the next batch within the epoch
 
     def batches_per_epoch(self) -> int:

@@ -34,7 +34,8 @@ class Tracker:
             try:
                 import wandb
             except ImportError as err:
-                raise RuntimeError("trainer.logger includes wandb but wandb is not installed (pip install wandb)") from err
+                raise RuntimeError("trainer.logger includes wandb but wandb is not installed "
+                                   "(pip install wandb)") from err
             self._wandb = wandb.init(project=project, name=experiment, config=config_dict, resume="allow")
         if "tensorboard" in loggers:
             try:

@@ -36,7 +36,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def workspace(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("trainer")
     questions = [f"Who founded the guild number {i} of Vuzaholm" for i in range(16)]
-    texts = [make_prompt(q) for q in questions] + ["the answer is <answer> here </answer> and <search> q </search>"] * 20
+    texts = [make_prompt(q) for q in questions]
+    texts += ["the answer is <answer> here </answer> and <search> q </search>"] * 20
     save_tiny_model(root / "model", texts, vocab_size=600)
     rows = [make_row("toy", q, [f"name {i}"], "train", i) for i, q in enumerate(questions)]
     rows_to_parquet(rows, root / "train.parquet")
