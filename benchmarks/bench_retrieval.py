@@ -1,0 +1,304 @@
+"""Throughput and latency of the retrieval service against the same encode + search called in-process.
+
+    python benchmarks/bench_retrieval.py                      # 100k passages, dense-flat, dense-hnsw, bm25
+    python benchmarks/bench_retrieval.py --retrievers bm25    # one of them
+
+Builds (once, cached under ``data/bench/``) a synthetic corpus of text-like passages about fictional
+entities and its indexes: BM25, dense flat (encoding the corpus with the default MiniLM encoder, the
+slow step), and dense HNSW (from the flat index's vectors, no re-encoding). Then, per retriever and
+per batch size (1, 16, 128, 512): the in-process ``retriever.search`` (encode + search), the service
+with one client sending requests back to back, and the service with 8 concurrent clients. Prints
+queries/s and p50/p99 latency per request, and the goals: service overhead < 20% over in-process at
+batch 512 (one client), BM25 > 500 queries/s on one core. BM25 runs on one core: the server is pinned
+to CPU 0 (taskset) with one search thread, and the in-process run is pinned to CPU 0 as well.
+Figures, not pass/fail: on a shared machine they move with the load (printed with the results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from retrieval_server.build_index import build_index  # noqa: E402
+from retrieval_server.launcher import ServerProcess  # noqa: E402
+from retrieval_server.manifest import Manifest, ManifestError  # noqa: E402
+from retrieval_server.service import load_retriever  # noqa: E402
+
+BATCH_SIZES = (1, 16, 128, 512)
+CONCURRENT_CLIENTS = 8
+TOPK = 3
+
+# ---------------------------------------------------------------------------------------------------------------
+# Synthetic corpus: fictional entities, two sentences each, ~30 words (~45 MiniLM tokens) per passage.
+
+SYLLABLES = ("ar bel cor dan el fen gar hal in jor kel lun mar nor ol pen quin ros sal tor ul vel wen yar zan "
+             "bra cle dro fia gri hel isk jun kra lia mor nia opa pra rei sto tha uvi vra wyn xel yor zel").split()
+OCCUPATIONS = ("glassmaker weaver astronomer bridge-builder poet cartographer physician merchant sailor painter "
+               "composer botanist mason judge teacher brewer clockmaker printer").split()
+PRODUCTS = "wool cheese salt timber glass wine copper linen pottery honey iron silk".split()
+LANDMARKS = ("old lighthouse", "stone bridge", "market hall", "clock tower", "ruined abbey", "harbour wall",
+             "copper mine", "great library", "winter fair", "botanical garden")
+ORG_KINDS = "Guild Society Company Academy Brotherhood Trust Observatory Press".split()
+WORK_KINDS = ("novel", "atlas", "symphony", "treatise", "ballad", "chronicle", "map", "painting")
+EVENTS = ("a great flood", "a long famine", "the comet year", "a border war", "a plague winter", "the salt riots")
+
+
+def _name(rng: random.Random, syllables: int) -> str:
+    return "".join(rng.choice(SYLLABLES) for _ in range(syllables)).capitalize()
+
+
+def _passage(i: int, rng: random.Random) -> dict:
+    kind = i % 5
+    town, province, river = _name(rng, 2), _name(rng, 3), _name(rng, 2)
+    year = rng.randint(1400, 1950)
+    if kind == 0:
+        title = f"{_name(rng, 2)} {_name(rng, 2)}"
+        job = rng.choice(OCCUPATIONS)
+        text = (f"{title} was a {job} born in {town} in {year}. {title.split()[0]} settled on the {river} river "
+                f"and wrote a {rng.choice(WORK_KINDS)} about {rng.choice(EVENTS)} in {province}.")
+    elif kind == 1:
+        title = town
+        text = (f"{town} is a town in {province} on the {river} river, known for its {rng.choice(PRODUCTS)} "
+                f"and its {rng.choice(LANDMARKS)}. It was founded in {year} and suffered {rng.choice(EVENTS)}.")
+    elif kind == 2:
+        title = f"{river} River"
+        text = (f"The {river} is a river of {province} that flows {rng.randint(20, 900)} km from {town} into the "
+                f"{_name(rng, 2)} Sea. Its valley is known for {rng.choice(PRODUCTS)} since {year}.")
+    elif kind == 3:
+        title = f"{_name(rng, 2)} {rng.choice(ORG_KINDS)}"
+        text = (f"The {title} is based in {town}, {province}, and was founded in {year} by a "
+                f"{rng.choice(OCCUPATIONS)} named {_name(rng, 2)} {_name(rng, 2)} to trade {rng.choice(PRODUCTS)}.")
+    else:
+        title = f"The {_name(rng, 3)} {rng.choice(WORK_KINDS).capitalize()}"
+        text = (f"{title} is a {rng.choice(WORK_KINDS)} completed in {year} by a {rng.choice(OCCUPATIONS)} "
+                f"from {town}. It describes {rng.choice(EVENTS)} along the {river} river.")
+    return {"id": str(i), "contents": f'"{title}"\n{text}'}
+
+
+def write_corpus(path: Path, n: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps(_passage(i, rng)) + "\n")
+    tmp.replace(path)
+
+
+def make_queries(corpus: Path, n: int, seed: int = 1) -> list[str]:
+    """Questions about random passages (title + a question pattern), like a policy's searches."""
+    rng = random.Random(seed)
+    lines = corpus.read_text().splitlines()
+    patterns = ("where was {t} born?", "what is {t} known for?", "who founded {t}?", "which river flows past {t}?",
+                "when was {t} completed", "{t} history and trade")
+    queries = []
+    for _ in range(n):
+        title = json.loads(rng.choice(lines))["contents"].split("\n")[0].strip('"')
+        queries.append(rng.choice(patterns).format(t=title))
+    return queries
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Index cache
+
+
+def ensure_indexes(data: Path, n_passages: int, names: list[str]) -> Path:
+    data.mkdir(parents=True, exist_ok=True)
+    corpus = data / "corpus.jsonl"
+    if not corpus.exists() or _count_lines(corpus) != n_passages:
+        print(f"writing a synthetic corpus of {n_passages} passages to {corpus}", flush=True)
+        write_corpus(corpus, n_passages)
+        for stale in data.glob("index_*"):
+            shutil.rmtree(stale)
+    builds = {"bm25": dict(retriever="bm25"), "dense-flat": dict(retriever="dense", index="flat"),
+              "dense-hnsw": dict(retriever="dense", index="hnsw", from_flat=data / "index_dense-flat")}
+    needed = set(names) | ({"dense-flat"} if "dense-hnsw" in names else set())
+    for name in ("bm25", "dense-flat", "dense-hnsw"):
+        if name in needed and not _index_ok(data / f"index_{name}", n_passages):
+            print(f"building {name} index (cached in {data}/index_{name})", flush=True)
+            start = time.perf_counter()
+            build_index(corpus, data / f"index_{name}", **builds[name])
+            print(f"  built in {time.perf_counter() - start:.0f}s", flush=True)
+    return corpus
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
+
+
+def _index_ok(index_dir: Path, n_passages: int) -> bool:
+    try:
+        return Manifest.load(index_dir).count == n_passages
+    except ManifestError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measurement
+
+
+@dataclass
+class Figures:
+    retriever: str
+    mode: str
+    batch: int
+    requests: int
+    queries_per_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def _figures(name: str, mode: str, batch: int, latencies: list[float], n_queries: int, wall: float) -> Figures:
+    return Figures(name, mode, batch, len(latencies), n_queries / wall, 1000 * statistics.median(latencies),
+                   1000 * _percentile(latencies, 0.99))
+
+
+def requests_for(batch: int, scale: float) -> int:
+    """Requests per measurement: ~2048 queries, between 4 and 50 requests (scaled by --scale)."""
+    return max(2, round(scale * min(50, max(4, 2048 // batch))))
+
+
+def bench_in_process(name: str, index_dir: Path, threads: int, queries: list[str], scale: float) -> list[Figures]:
+    retriever = load_retriever(index_dir, Manifest.load(index_dir), threads=threads)
+    out = []
+    for batch in BATCH_SIZES:
+        retriever.search(queries[:batch], TOPK)  # warm-up
+        latencies = []
+        for r in range(requests_for(batch, scale)):
+            chunk = _chunk(queries, r, batch)
+            start = time.perf_counter()
+            retriever.search(chunk, TOPK)
+            latencies.append(time.perf_counter() - start)
+        out.append(_figures(name, "in-process", batch, latencies, batch * len(latencies), sum(latencies)))
+        print(_row(out[-1]), flush=True)
+    return out
+
+
+def _chunk(queries: list[str], r: int, batch: int) -> list[str]:
+    start = (r * batch) % (len(queries) - batch + 1)
+    return queries[start:start + batch]
+
+
+def _client_loop(url: str, queries: list[str], batch: int, n: int, offset: int, latencies: list[float]) -> None:
+    with httpx.Client(timeout=600) as client:
+        for r in range(n):
+            chunk = _chunk(queries, offset + r, batch)
+            start = time.perf_counter()
+            response = client.post(url + "/retrieve", json={"queries": chunk, "topk": TOPK})
+            response.raise_for_status()
+            assert len(response.json()["result"]) == batch
+            latencies.append(time.perf_counter() - start)
+
+
+def bench_service(name: str, server: ServerProcess, queries: list[str], scale: float) -> list[Figures]:
+    out = []
+    for batch in BATCH_SIZES:
+        _client_loop(server.url, queries, batch, 1, 0, [])  # warm-up
+        for clients in (1, CONCURRENT_CLIENTS):
+            n = requests_for(batch, scale) if clients == 1 else max(2, requests_for(batch, scale) // 4)
+            per_client: list[list[float]] = [[] for _ in range(clients)]
+            threads = [threading.Thread(target=_client_loop,
+                                        args=(server.url, queries, batch, n, 97 * c, per_client[c]))
+                       for c in range(clients)]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - start
+            latencies = [x for lat in per_client for x in lat]
+            out.append(_figures(name, f"service x{clients}", batch, latencies, batch * len(latencies), wall))
+            print(_row(out[-1]), flush=True)
+    return out
+
+
+HEADER = f"{'retriever':<11} {'mode':<12} {'batch':>5} {'req':>4} {'queries/s':>10} {'p50 ms':>9} {'p99 ms':>9}"
+
+
+def _row(f: Figures) -> str:
+    return (f"{f.retriever:<11} {f.mode:<12} {f.batch:>5} {f.requests:>4} {f.queries_per_s:>10.1f} "
+            f"{f.p50_ms:>9.1f} {f.p99_ms:>9.1f}")
+
+
+def run_retriever(name: str, data: Path, corpus: Path, queries: list[str], scale: float) -> list[Figures]:
+    index_dir = data / f"index_{name}"
+    one_core = name == "bm25"
+    threads = 1 if one_core else 0
+    affinity = os.sched_getaffinity(0)
+    if one_core:
+        os.sched_setaffinity(0, {0})
+    try:
+        figures = bench_in_process(name, index_dir, threads, queries, scale)
+    finally:
+        os.sched_setaffinity(0, affinity)
+    prefix = ["taskset", "-c", "0"] if one_core and shutil.which("taskset") else None
+    args = ["--threads", str(threads), "--topk", str(TOPK), "--max-queries", "1024"]
+    with ServerProcess(index_dir, corpus, args, command_prefix=prefix) as server:
+        server.wait_ready(timeout=900)
+        if one_core:  # the clients run on the other core(s)
+            os.sched_setaffinity(0, affinity - {0} or affinity)
+        try:
+            figures += bench_service(name, server, queries, scale)
+        finally:
+            os.sched_setaffinity(0, affinity)
+    return figures
+
+
+def summarise(figures: list[Figures]) -> None:
+    print("\nGoals")
+    by_key = {(f.retriever, f.mode, f.batch): f for f in figures}
+    for name in dict.fromkeys(f.retriever for f in figures):
+        local, served = by_key.get((name, "in-process", 512)), by_key.get((name, "service x1", 512))
+        if local and served:
+            overhead = 100 * (local.queries_per_s / served.queries_per_s - 1)
+            print(f"  {name}: service overhead at batch 512 = {overhead:+.1f}% of in-process time "
+                  f"({served.queries_per_s:.0f} vs {local.queries_per_s:.0f} queries/s; goal < 20%)")
+    bm25 = [f for f in figures if f.retriever == "bm25" and f.mode != "in-process"]
+    if bm25:
+        best = max(bm25, key=lambda f: f.queries_per_s)
+        print(f"  bm25 on one core: best {best.queries_per_s:.0f} queries/s through the service ({best.mode}, "
+              f"batch {best.batch}); goal > 500")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--passages", type=int, default=100_000)
+    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "bench")
+    p.add_argument("--retrievers", default="dense-flat,dense-hnsw,bm25")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply the number of requests per measurement")
+    args = p.parse_args()
+    names = args.retrievers.split(",")
+    corpus = ensure_indexes(args.data, args.passages, names)
+    queries = make_queries(corpus, 4096)
+    print(f"\n{args.passages} passages, top-{TOPK}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f} at start\n{HEADER}", flush=True)
+    figures = []
+    for name in names:
+        figures += run_retriever(name, args.data, corpus, queries, args.scale)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end\n{HEADER}")
+    for f in figures:
+        print(_row(f))
+    summarise(figures)
+
+
+if __name__ == "__main__":
+    main()

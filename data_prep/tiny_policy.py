@@ -1,0 +1,294 @@
+"""The tiny demo policy: tokenizer + small Qwen2 model + a short supervised warm start on scripted trajectories.
+
+``python -m data_prep.tiny_policy --data data/demo --out data/demo/tiny_policy --retriever-url URL`` needs the
+demo knowledge base (``data_prep.demo_kb``) and the retrieval service running over its corpus.
+
+Choices:
+
+- Trajectories are written by an IMPERFECT scripted agent, in exactly the token layout of the agent loop
+  (``search_r1/llm_agent/generation.py``): the chat-templated prompt, then policy turns
+  ``<think> ... </think>\\n<search> q </search>`` / ``<think> ... </think>\\n<answer> a </answer>``, each
+  tokenised on its own, and after each search the REAL passages of the retrieval service as the loop inserts
+  them (``INFO_OPEN`` + passages cut to ``max_obs_length`` + ``INFO_CLOSE``, three separate encodings). The final
+  turn ends with the eos token. The loss is on policy tokens only (inserted blocks and the prompt are masked).
+- The scripted agent searches correctly only part of the time: with ``p_guess`` it answers at once with a wrong
+  entity of the right kind (from another training question), and on two-hop questions with ``p_stop_early`` it
+  answers with the intermediate entity after the first search. When it searches it copies the entity name into
+  the query and restates the fact it read (``Found it: X was founded by Y.`` / ``One more hop: ...``) before
+  answering or searching the next entity, so the policy learns to copy the answer span out of the passages.
+  Every decision is the first word of a ``<think>`` block (``Let`` = search / ``I`` = guess at the start;
+  ``One`` = search again / ``Found`` = answer after a search), which gives RL one token per decision to move.
+- Sizes: vocabulary 2048 (BPE on corpus, prompts and trajectories), Qwen2 with hidden 128 = 2 heads x 64 (vLLM's
+  CPU attention needs head_dim 64), ``num_layers`` layers; AdamW with linear warmup and cosine decay; batches of
+  similar-length trajectories to waste little compute on padding; ``torch.set_num_threads(2)``, seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+from data_prep.demo_kb import Question, load_questions
+from data_prep.tiny_model import build_model, train_tokenizer
+from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, format_passages
+from search_r1.prompts import make_prompt
+
+logger = logging.getLogger(__name__)
+
+SearchFn = Callable[[list[str]], list[list[dict]]]  # queries -> per query, docs {"id", "contents"}
+IGNORE = -100  # label of tokens without loss (prompt, inserted blocks, padding)
+
+# First words of the <think> blocks: each is the policy's decision at that point.
+THINK_SEARCH = "<think> Let me search for {q}. </think>\n<search> {q} </search>"
+THINK_GUESS = "<think> I already know this. </think>\n<answer> {a} </answer>"
+THINK_NEXT_HOP = "<think> One more hop: {fact} </think>\n<search> {q} </search>"
+THINK_ANSWER = "<think> Found it: {fact} </think>\n<answer> {a} </answer>"
+
+
+@dataclass
+class WarmStartConfig:
+    """Knobs of the scripted agent, the model and the supervised warm start."""
+
+    p_guess: float = 0.55  # answer at once with a wrong guess
+    p_stop_early: float = 0.4  # two-hop: answer with the intermediate entity after one search
+    trajectories_per_question: int = 2
+    vocab_size: int = 2048
+    num_layers: int = 3
+    intermediate_size: int = 512
+    steps: int = 600
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup_ratio: float = 0.05
+    max_obs_length: int = 96  # tokens of one inserted block, tags included (data.max_obs_length)
+    seed: int = 0
+
+
+@dataclass
+class Segment:
+    """A piece of a scripted response: policy text (trained) or retrieved docs (inserted, context only)."""
+
+    text: str = ""
+    docs: list[dict] | None = None
+    eos: bool = False  # policy text followed by the eos token (the final answer)
+
+
+@dataclass
+class ScriptedTrajectory:
+    question: Question
+    segments: list[Segment]
+
+
+def script_trajectories(questions: list[Question], search: SearchFn, cfg: WarmStartConfig,
+                        rng: random.Random) -> list[ScriptedTrajectory]:
+    """``trajectories_per_question`` scripted trajectories per question; one batched search call per turn."""
+    guesses: dict[str, list[str]] = {}
+    for q in questions:
+        guesses.setdefault(q.answer_kind, []).append(q.answers[0])
+    plans = []  # (question, hops to search: 0 = guess, 1..len(chain))
+    for q in questions:
+        for _ in range(cfg.trajectories_per_question):
+            if rng.random() < cfg.p_guess:
+                plans.append((q, 0))
+            elif len(q.chain) > 1 and rng.random() < cfg.p_stop_early:
+                plans.append((q, 1))
+            else:
+                plans.append((q, len(q.chain)))
+    docs_per_plan: list[list[list[dict]]] = [[] for _ in plans]
+    for turn in range(max(n for _, n in plans)):
+        idx = [i for i, (_, n) in enumerate(plans) if n > turn]
+        results = search([plans[i][0].chain[turn].query for i in idx])
+        if len(results) != len(idx):
+            raise RuntimeError(f"search returned {len(results)} results for {len(idx)} queries")
+        for i, docs in zip(idx, results, strict=True):
+            docs_per_plan[i].append(docs)
+    out = []
+    for (q, n_hops), docs_per_hop in zip(plans, docs_per_plan, strict=True):
+        if n_hops == 0:
+            wrong = [a for a in guesses[q.answer_kind] if a not in q.answers]
+            segments = [Segment(THINK_GUESS.format(a=rng.choice(wrong)), eos=True)]
+        else:
+            segments = [Segment(THINK_SEARCH.format(q=q.chain[0].query)), Segment(docs=docs_per_hop[0])]
+            for hop in range(1, n_hops):
+                fact = q.chain[hop - 1].statement
+                segments += [Segment(THINK_NEXT_HOP.format(fact=fact, q=q.chain[hop].query)),
+                             Segment(docs=docs_per_hop[hop])]
+            last = q.chain[n_hops - 1]
+            segments.append(Segment(THINK_ANSWER.format(fact=last.statement, a=last.answer), eos=True))
+        out.append(ScriptedTrajectory(q, segments))
+    return out
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerFast, question: str) -> list[int]:
+    """Token ids of the chat-templated prompt, as the dataset builds them."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": make_prompt(question)}],
+                                         add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def observation_ids(tokenizer: PreTrainedTokenizerFast, docs: list[dict], max_obs_length: int) -> list[int]:
+    """The inserted block as the agent loop builds it: open tag, passages cut to fit, close tag."""
+    open_ids = tokenizer.encode(INFO_OPEN, add_special_tokens=False)
+    close_ids = tokenizer.encode(INFO_CLOSE, add_special_tokens=False)
+    body = tokenizer.encode(format_passages(docs), add_special_tokens=False)
+    return open_ids + body[:max_obs_length - len(open_ids) - len(close_ids)] + close_ids
+
+
+def encode_trajectory(tokenizer: PreTrainedTokenizerFast, traj: ScriptedTrajectory,
+                      max_obs_length: int) -> tuple[list[int], list[int], int]:
+    """(input ids [T], labels [T] with IGNORE off the policy's tokens, number of prompt tokens)."""
+    ids = prompt_ids(tokenizer, traj.question.question)
+    n_prompt = len(ids)
+    labels = [IGNORE] * n_prompt
+    for seg in traj.segments:
+        if seg.docs is not None:
+            obs = observation_ids(tokenizer, seg.docs, max_obs_length)
+            ids += obs
+            labels += [IGNORE] * len(obs)
+        else:
+            part = tokenizer.encode(seg.text, add_special_tokens=False)
+            if seg.eos:
+                part.append(tokenizer.eos_token_id)
+            ids += part
+            labels += part
+    return ids, labels, n_prompt
+
+
+def trajectory_texts(trajs: list[ScriptedTrajectory]) -> list[str]:
+    """Plain text of each trajectory's response (tokenizer training data)."""
+    return ["".join(seg.text if seg.docs is None else INFO_OPEN + format_passages(seg.docs) + INFO_CLOSE
+                    for seg in t.segments) for t in trajs]
+
+
+def _length_batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Indices grouped into batches of similar length (sorted with a random tie-break), batches shuffled."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a batch: input_ids / labels / attention_mask [B, T]."""
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, (ids, lab) in enumerate(examples):
+        input_ids[i, :len(ids)] = torch.tensor(ids)
+        labels[i, :len(lab)] = torch.tensor(lab)
+        attention[i, :len(ids)] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention}
+
+
+def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int], list[int]]], pad_id: int,
+                          cfg: WarmStartConfig, rng: random.Random) -> list[float]:
+    """Train on (ids, labels) pairs for ``cfg.steps`` steps; returns the loss of each step.
+
+    Loss: mean cross-entropy over the labelled (policy) tokens of the batch.
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, int(cfg.warmup_ratio * cfg.steps))
+
+    def lr_factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, cfg.steps - warmup)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    lengths = [len(ids) for ids, _ in examples]
+    batches: list[list[int]] = []
+    losses = []
+    model.train()
+    bar = tqdm(range(cfg.steps), desc="warm start", unit="step")
+    for _ in bar:
+        if not batches:
+            batches = _length_batches(lengths, cfg.batch_size, rng)
+        batch = _collate([examples[i] for i in batches.pop()], pad_id)
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+    model.eval()
+    return losses
+
+
+def build_tiny_policy(data_dir: str | Path, out_dir: str | Path, search: SearchFn,
+                      cfg: WarmStartConfig) -> dict[str, float]:
+    """Script trajectories, train the tokenizer, build and warm-start the model, save it to ``out_dir``.
+
+    Returns figures of the run (trajectory counts, token counts, final loss, seconds).
+    """
+    torch.set_num_threads(2)
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    start = time.time()
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    questions = load_questions(data_dir, "train")
+    trajs = script_trajectories(questions, search, cfg, rng)
+    logger.info("scripted %d trajectories for %d questions in %.1fs", len(trajs), len(questions), time.time() - start)
+    with (data_dir / "corpus.jsonl").open() as f:
+        corpus = [json.loads(line)["contents"] for line in f]
+    texts = corpus + [make_prompt(q.question) for q in questions] + trajectory_texts(trajs)
+    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    encoded = [encode_trajectory(tokenizer, t, cfg.max_obs_length) for t in trajs]
+    examples = [(ids, labels) for ids, labels, _ in encoded]
+    model = build_model(tokenizer, num_layers=cfg.num_layers, intermediate_size=cfg.intermediate_size, seed=cfg.seed)
+    train_start = time.time()
+    losses = supervised_warm_start(model, examples, tokenizer.pad_token_id, cfg, rng)
+    train_seconds = time.time() - train_start
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    figures = {
+        "trajectories": len(trajs),
+        "guess_fraction": sum(len(t.segments) == 1 for t in trajs) / len(trajs),
+        "mean_tokens": sum(len(ids) for ids, _ in examples) / len(examples),
+        "max_prompt_tokens": max(n for _, _, n in encoded),
+        "max_response_tokens": max(len(ids) - n for ids, _, n in encoded),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "train_seconds": train_seconds,
+        "total_seconds": time.time() - start,
+    }
+    (out_dir / "warm_start.json").write_text(json.dumps({"config": vars(cfg), "figures": figures}, indent=1))
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point."""
+    defaults = WarmStartConfig()
+    parser = argparse.ArgumentParser(prog="python -m data_prep.tiny_policy", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="demo data directory (data_prep.demo_kb --out)")
+    parser.add_argument("--out", type=Path, required=True, help="model directory to write")
+    parser.add_argument("--retriever-url", required=True, help="base URL of the retrieval service over the corpus")
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="optimiser steps of the warm start")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from search_r1.search.client import RetrievalClient
+
+    client = RetrievalClient(args.retriever_url, topk=3)
+    cfg = WarmStartConfig(steps=args.steps, seed=args.seed)
+    figures = build_tiny_policy(args.data, args.out, client.search, cfg)
+    print(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

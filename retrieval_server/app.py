@@ -1,0 +1,210 @@
+"""The HTTP API: ``POST /retrieve`` (Search-R1 request/response shape) and ``GET /health``.
+
+Choices:
+- The port is bound before the index is loaded: ``/health`` answers 503 ``{"status": "loading"}``
+  until the index is ready, then 200 with what is served. A load failure (corpus or encoder
+  mismatch) is logged and handed to ``on_failure``, which stops the server.
+- The request body is read and validated by hand, not by a pydantic model, so each bad input gets
+  its own status and a message naming the field: 400 body is not JSON; 413 body, query count or
+  query length over the limits; 422 wrong types, empty query strings, ``topk`` outside
+  ``1..max_topk``. An empty ``queries`` list is valid and answers ``{"result": []}``.
+- The body is read incrementally and abandoned at the size limit, so an oversized request costs at
+  most ``max_body_bytes`` of memory.
+- Search runs through the ``Coalescer`` (worker thread, concurrent requests merged); the JSON answer
+  is rendered in a thread too, so the event loop only does I/O and validation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from retrieval_server.batcher import Coalescer
+from retrieval_server.service import Hit, SearchService
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; anything beyond gets a 4xx."""
+
+    default_topk: int = 3  # used when a request's topk is missing or null
+    max_topk: int = 50
+    max_queries: int = 1024  # per request
+    max_query_chars: int = 2048  # per query
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest body a valid request can need: every character JSON-escaped as a surrogate pair (12 bytes)."""
+        return self.max_queries * (12 * self.max_query_chars + 8) + 4096
+
+
+@dataclass(frozen=True)
+class RetrieveRequest:
+    queries: list[str]
+    topk: int
+    return_scores: bool
+
+
+class RequestError(Exception):
+    """A client error: answered with ``status`` and ``{"detail": message}``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def parse_retrieve_request(body: bytes, limits: Limits) -> RetrieveRequest:
+    """Validate a ``/retrieve`` body; raises ``RequestError`` with the status to answer."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RequestError(400, "request body is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise RequestError(422, "request body must be a JSON object with a 'queries' list")
+    if "queries" not in payload:
+        raise RequestError(422, "'queries' is missing: send {\"queries\": [str, ...], \"topk\": int}")
+    queries = payload["queries"]
+    if not isinstance(queries, list):
+        raise RequestError(422, f"'queries' must be a list of strings, got {type(queries).__name__}")
+    if len(queries) > limits.max_queries:
+        raise RequestError(413, f"{len(queries)} queries in one request; the limit is {limits.max_queries}")
+    for i, query in enumerate(queries):
+        if not isinstance(query, str):
+            raise RequestError(422, f"queries[{i}] must be a string, got {type(query).__name__}")
+        if len(query) > limits.max_query_chars:
+            raise RequestError(413, f"queries[{i}] has {len(query)} characters; the limit is {limits.max_query_chars}")
+        if not query.strip():
+            raise RequestError(422, f"queries[{i}] is empty")
+    topk = payload.get("topk")
+    if topk is None:
+        topk = limits.default_topk
+    elif isinstance(topk, bool) or not isinstance(topk, int):
+        raise RequestError(422, f"'topk' must be an integer, got {json.dumps(topk)}")
+    elif not 1 <= topk <= limits.max_topk:
+        raise RequestError(422, f"'topk' must be between 1 and {limits.max_topk}, got {topk}")
+    return_scores = payload.get("return_scores", False)
+    if not isinstance(return_scores, bool):
+        raise RequestError(422, f"'return_scores' must be true or false, got {json.dumps(return_scores)}")
+    return RetrieveRequest(queries, topk, return_scores)
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, or a 413 as soon as it is known to exceed ``max_bytes``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise RequestError(413, f"request body of {declared} bytes; the limit is {max_bytes}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise RequestError(413, f"request body over {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def render_result(hits_per_query: list[list[Hit]], return_scores: bool) -> bytes:
+    """``{"result": [[doc, ...], ...]}``, or with scores ``[[{"document": doc, "score": s}, ...], ...]``."""
+    if return_scores:
+        result = [[{"document": doc, "score": score} for doc, score in hits] for hits in hits_per_query]
+    else:
+        result = [[doc for doc, _ in hits] for hits in hits_per_query]
+    return json.dumps({"result": result}, ensure_ascii=False).encode()
+
+
+async def _run_in_daemon_thread(fn: Callable[[], SearchService]) -> SearchService:
+    """``fn()`` in a daemon thread, so that stopping the server during a long load does not wait for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def deliver(setter: Callable, value: object) -> None:
+        if not future.done():
+            setter(value)
+
+    def work() -> None:
+        try:
+            result = fn()
+        except Exception as exc:
+            loop.call_soon_threadsafe(deliver, future.set_exception, exc)
+        else:
+            loop.call_soon_threadsafe(deliver, future.set_result, result)
+
+    threading.Thread(target=work, name="index-loader", daemon=True).start()
+    return await future
+
+
+class _State:
+    """What the app serves; ``service`` is None until the index is loaded."""
+
+    def __init__(self) -> None:
+        self.service: SearchService | None = None
+        self.coalescer: Coalescer | None = None
+        self.error: str | None = None
+
+
+def create_app(load: Callable[[], SearchService], limits: Limits,
+               on_failure: Callable[[BaseException], None]) -> FastAPI:
+    """The FastAPI app; ``load`` runs in a thread after startup and its result is served."""
+    state = _State()
+
+    async def load_in_background() -> None:
+        try:
+            service = await _run_in_daemon_thread(load)
+        except Exception as exc:
+            state.error = str(exc)
+            logger.error("could not load the index: %s", exc)
+            on_failure(exc)
+            return
+        state.coalescer = Coalescer(service.search, max_batch=limits.max_queries)
+        state.service = service
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loader = asyncio.create_task(load_in_background())
+        yield
+        loader.cancel()
+        if state.coalescer is not None:
+            await state.coalescer.close()
+        if state.service is not None:
+            state.service.close()
+
+    app = FastAPI(title="retrieval service", lifespan=lifespan)
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, exc: RequestError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.service is None:
+            status = {"status": "failed", "detail": state.error} if state.error else {"status": "loading"}
+            return JSONResponse(status, status_code=503)
+        manifest = state.service.manifest
+        return JSONResponse({"status": "ok", "retriever": manifest.retriever, "index": manifest.index,
+                             "model": manifest.model, "passages": state.service.num_passages,
+                             "default_topk": limits.default_topk, "max_topk": limits.max_topk,
+                             "max_queries": limits.max_queries, "max_query_chars": limits.max_query_chars})
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> Response:
+        if state.service is None:
+            return JSONResponse({"detail": "the index is still loading; poll GET /health"}, status_code=503)
+        body = await read_body(request, limits.max_body_bytes)
+        req = parse_retrieve_request(body, limits)
+        if not req.queries:
+            return Response(b'{"result": []}', media_type="application/json")
+        hits_per_query = await state.coalescer.submit(req.queries, req.topk)
+        content = await asyncio.to_thread(render_result, hits_per_query, req.return_scores)
+        return Response(content, media_type="application/json")
+
+    return app

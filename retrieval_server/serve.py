@@ -1,0 +1,81 @@
+"""Serve an index: ``python -m retrieval_server.serve --index DIR --corpus C.jsonl --topk 3 --port 8000``.
+
+Choices:
+- Binds 127.0.0.1 unless ``--host`` says otherwise: the service has no authentication.
+- The retriever kind (dense / BM25), the encoder and its prefixes come from the index manifest.
+- Cheap checks (manifest present, corpus file size) run before the port is bound and exit with
+  status 2; the full checks (corpus checksum, encoder fingerprint) run while loading, and a failure
+  stops the server with status 1. Either way the message says which part does not match.
+- One process, one event loop: the index is held once in memory and all search work goes through
+  one worker thread (see ``batcher.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from retrieval_server.app import Limits, create_app
+from retrieval_server.corpus import CorpusError
+from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size
+from retrieval_server.service import load_service
+
+logger = logging.getLogger("retrieval_server.serve")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m retrieval_server.serve", description=__doc__.split("\n")[0])
+    p.add_argument("--index", required=True, help="index directory written by retrieval_server.build_index")
+    p.add_argument("--corpus", required=True, help="the JSONL corpus the index was built from")
+    p.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default=None,
+                   help="encoder path for a dense index (default: the one in the manifest; must embed identically)")
+    p.add_argument("--max-topk", type=int, default=50, help="largest topk a request may ask for")
+    p.add_argument("--max-queries", type=int, default=1024, help="most queries in one request")
+    p.add_argument("--max-query-chars", type=int, default=2048, help="longest query, in characters")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for encode + search (0: library default)")
+    args = p.parse_args(argv)
+    if not 1 <= args.topk <= args.max_topk:
+        p.error(f"--topk must be between 1 and --max-topk ({args.max_topk}), got {args.topk}")
+    for name in ("max_queries", "max_query_chars"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        manifest = Manifest.load(args.index)
+        check_corpus_size(manifest, args.index, args.corpus)
+    except FileNotFoundError:
+        logger.error("corpus file not found: %s", args.corpus)
+        return 2
+    except (ManifestError, CorpusError) as e:
+        logger.error("%s", e)
+        return 2
+    limits = Limits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
+                    max_query_chars=args.max_query_chars)
+    failures: list[BaseException] = []
+
+    def on_failure(exc: BaseException) -> None:
+        failures.append(exc)
+        server.should_exit = True
+
+    app = create_app(lambda: load_service(args.index, args.corpus, args.model, args.threads), limits, on_failure)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
+                                           timeout_graceful_shutdown=5))
+    logger.info("serving %s index %s on http://%s:%d (loading in the background; GET /health)",
+                manifest.retriever, args.index, args.host, args.port)
+    server.run()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Client of the retrieval service (``retrieval_server``), used by the multi-turn agent loop.
+
+Choices:
+- One persistent ``httpx.Client`` (keep-alive connection reused across turns).
+- One ``POST /retrieve`` per call for all queries of the batch; the server batches them together.
+- Transient failures (connection errors, timeouts, 5xx, including 503 while the index loads) are
+  retried with exponential backoff: ``backoff * 2**i`` seconds before retry ``i + 1``, at most
+  ``max_retries`` retries (``max_retries + 1`` attempts). A 4xx means the request itself is wrong
+  and is raised at once. Every error names the URL.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+LAUNCH_HINT = "start it with retrieval_launch.sh"
+
+
+class RetrievalError(RuntimeError):
+    """The retrieval service could not answer; the message always names the URL."""
+
+
+class RetrievalClient:
+    """Batched search against ``<url>/retrieve``; ``topk`` passages per query."""
+
+    def __init__(self, url: str, topk: int, timeout: float = 30.0, max_retries: int = 4, backoff: float = 0.5):
+        if topk < 1:
+            raise ValueError(f"topk must be at least 1, got {topk}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.url = url.rstrip("/")
+        self.topk = topk
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self._http = httpx.Client(timeout=timeout)
+
+    def search(self, queries: list[str]) -> list[list[dict]]:
+        """One POST /retrieve for all queries; per query `topk` docs as {"id": str, "contents": str}.
+
+        Retries with exponential backoff on connection errors, timeouts and 5xx; 4xx -> RetrievalError at once;
+        after max_retries -> RetrievalError naming the URL and saying to start it with retrieval_launch.sh.
+        """
+        if not queries:
+            return []
+        endpoint = self.url + "/retrieve"
+        payload = {"queries": queries, "topk": self.topk, "return_scores": False}
+        problem = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                delay = self.backoff * 2 ** (attempt - 1)
+                logger.warning("retrieval at %s failed (%s); retry %d/%d in %.2fs",
+                               endpoint, problem, attempt, self.max_retries, delay)
+                time.sleep(delay)
+            try:
+                response = self._http.post(endpoint, json=payload)
+            except httpx.TransportError as e:  # connection refused/reset, timeouts
+                problem = f"{type(e).__name__}: {e}"
+                continue
+            if response.status_code >= 500:
+                problem = f"HTTP {response.status_code}: {_detail(response)}"
+                continue
+            if response.status_code != 200:
+                raise RetrievalError(f"retrieval service at {endpoint} rejected the request "
+                                     f"(HTTP {response.status_code}): {_detail(response)}")
+            return self._parse(response, endpoint, len(queries))
+        raise RetrievalError(f"retrieval service at {endpoint} failed after {self.max_retries + 1} attempts "
+                             f"(last error: {problem}); is it running? {LAUNCH_HINT}")
+
+    @staticmethod
+    def _parse(response: httpx.Response, endpoint: str, n_queries: int) -> list[list[dict]]:
+        try:
+            result = response.json()["result"]
+        except (ValueError, KeyError, TypeError):
+            raise RetrievalError(f"retrieval service at {endpoint} sent a malformed answer: "
+                                 f"{response.text[:200]!r}") from None
+        if not isinstance(result, list) or len(result) != n_queries:
+            raise RetrievalError(f"retrieval service at {endpoint} answered {len(result)} result lists "
+                                 f"for {n_queries} queries")
+        return [[{"id": doc["id"], "contents": doc["contents"]} for doc in docs] for docs in result]
+
+    def check_health(self, wait_s: float = 0.0) -> None:
+        """GET /health, polling up to wait_s seconds; raise RetrievalError('... not answering at URL; start it with
+        retrieval_launch.sh') if it never answers."""
+        endpoint = self.url + "/health"
+        deadline = time.monotonic() + wait_s
+        last = "no answer"
+        while True:
+            try:
+                response = self._http.get(endpoint)
+                if response.status_code == 200:
+                    return
+                last = f"HTTP {response.status_code}: {_detail(response)}"
+            except httpx.TransportError as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+        if last.startswith("HTTP 503") and "loading" in last:
+            raise RetrievalError(f"retrieval service at {self.url} is still loading its index after {wait_s:.0f}s "
+                                 f"({last}); wait longer")
+        raise RetrievalError(f"retrieval service not answering at {self.url} ({last}); {LAUNCH_HINT}")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RetrievalClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _detail(response: httpx.Response) -> str:
+    """The server's ``detail`` message when it sent one, else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])
+    return str(body)[:200]

@@ -1,0 +1,54 @@
+"""Fixtures of the retrieval-service tests: a small hand-written corpus, its real indexes, real servers.
+
+Servers are the project's own ``python -m retrieval_server.serve`` started on a free loopback port
+(``ServerProcess``), with small request limits so the 4xx tests stay small, and one search thread
+(numba compiles its serial kernel faster than the parallel one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from retrieval_test_corpus import corpus_lines
+
+from retrieval_server.build_index import build_index
+from retrieval_server.launcher import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def corpus_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    path.write_text("\n".join(corpus_lines()) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def bm25_index(corpus_path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("index_bm25")
+    build_index(corpus_path, out, retriever="bm25", progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def flat_index(corpus_path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("index_flat")
+    build_index(corpus_path, out, retriever="dense", index="flat", progress=False)
+    return out
+
+
+SERVER_ARGS = ["--threads", "1", "--topk", "3", "--max-topk", "10", "--max-queries", "8", "--max-query-chars", "64"]
+
+
+@pytest.fixture(scope="module")
+def bm25_server(bm25_index, corpus_path):
+    with ServerProcess(bm25_index, corpus_path, SERVER_ARGS) as server:
+        server.wait_ready()
+        yield server
+
+
+@pytest.fixture(scope="module")
+def flat_server(flat_index, corpus_path):
+    with ServerProcess(flat_index, corpus_path, SERVER_ARGS) as server:
+        server.wait_ready()
+        yield server
