@@ -2,7 +2,9 @@
 
 Choices:
 - One persistent ``httpx.Client`` (keep-alive connection reused across turns).
-- One ``POST /retrieve`` per call for all queries of the batch; the server batches them together.
+- One ``POST /retrieve`` per call for all queries of the batch (the server batches them together),
+  split into requests of at most ``max_batch`` queries so a large rollout never exceeds the
+  server's per-request limit (``--max-queries``, default 1024).
 - Transient failures (connection errors, timeouts, 5xx, including 503 while the index loads) are
   retried with exponential backoff: ``backoff * 2**i`` seconds before retry ``i + 1``, at most
   ``max_retries`` retries (``max_retries + 1`` attempts). A 4xx means the request itself is wrong
@@ -28,7 +30,8 @@ class RetrievalError(RuntimeError):
 class RetrievalClient:
     """Batched search against ``<url>/retrieve``; ``topk`` passages per query."""
 
-    def __init__(self, url: str, topk: int, timeout: float = 30.0, max_retries: int = 4, backoff: float = 0.5):
+    def __init__(self, url: str, topk: int, timeout: float = 30.0, max_retries: int = 4, backoff: float = 0.5,
+                 max_batch: int = 512):
         if topk < 1:
             raise ValueError(f"topk must be at least 1, got {topk}")
         if max_retries < 0:
@@ -37,6 +40,7 @@ class RetrievalClient:
         self.topk = topk
         self.max_retries = max_retries
         self.backoff = backoff
+        self.max_batch = max_batch
         self._http = httpx.Client(timeout=timeout)
 
     def search(self, queries: list[str]) -> list[list[dict]]:
@@ -45,8 +49,13 @@ class RetrievalClient:
         Retries with exponential backoff on connection errors, timeouts and 5xx; 4xx -> RetrievalError at once;
         after max_retries -> RetrievalError naming the URL and saying to start it with retrieval_launch.sh.
         """
-        if not queries:
-            return []
+        results: list[list[dict]] = []
+        for start in range(0, len(queries), self.max_batch):
+            results.extend(self._post(queries[start:start + self.max_batch]))
+        return results
+
+    def _post(self, queries: list[str]) -> list[list[dict]]:
+        """One request with retries (see ``search``)."""
         endpoint = self.url + "/retrieve"
         payload = {"queries": queries, "topk": self.topk, "return_scores": False}
         problem = ""

@@ -50,6 +50,15 @@ def test_check_health_waits_for_the_index_then_search_matches_the_server(server)
         assert all(set(doc) == {"id", "contents"} for row in docs for doc in row)
 
 
+def test_more_queries_than_the_server_accepts_are_split_into_requests(server):
+    """Guards against a large rollout (more searching rows than the server's --max-queries) failing with
+    HTTP 413: the client splits the batch, and the answers keep the queries' order."""
+    queries = ["capital of Germany", "highest mountain", "river in Africa"] * 5
+    with _client(server) as whole, _client(server, max_batch=4) as split:
+        assert split.search(queries) == whole.search(queries)
+        assert [d[0]["id"] for d in split.search(queries)] == ["berlin", "everest", "nile"] * 5
+
+
 def test_empty_query_list_sends_no_request():
     """Guards against an empty search batch failing (or waiting for a service that is not needed)."""
     with RetrievalClient(f"http://127.0.0.1:{free_port()}", topk=3, max_retries=0) as client:
@@ -84,3 +93,4 @@ def test_service_killed_mid_use_retries_then_fails_clearly(server, caplog):
                                                      "retrieval_launch.sh"):
                 client.search(["capital of Japan"])
     assert len([r for r in caplog.records if "retry" in r.getMessage()]) == 2
+
