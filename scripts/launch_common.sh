@@ -5,7 +5,7 @@
 set -euo pipefail
 PYTHON=${PYTHON:-.venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=python
-DEMO_DIR=${DEMO_DIR:-data/demo}
+DEMO_DIR=data/demo  # the config's default data and model paths point here
 
 arg_value() {  # arg_value KEY ARGS... -> value of the last KEY=value argument, or empty
   local key=$1 value="" a; shift

@@ -72,6 +72,7 @@ class PPOTrainer:
         self.total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs
         self.out_dir = Path(cfg.trainer.default_local_dir)
         self.step = 0
+        self.initial_validation: dict[str, float] = {}  # validation before the first step of this run
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         self._build_workers()
@@ -92,7 +93,7 @@ class PPOTrainer:
         self.resume()
         val_metrics: dict[str, float] = {}
         if self.cfg.trainer.val_only or (self.cfg.trainer.val_before_train and self.step == 0):
-            val_metrics = self.validate()
+            val_metrics = self.initial_validation = self.validate()
             self.tracker.log(val_metrics, step=self.step)
             if self.cfg.trainer.val_only:
                 return val_metrics
