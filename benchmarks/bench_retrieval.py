@@ -6,11 +6,12 @@
 Builds (once, cached under ``data/bench/``) a synthetic corpus of text-like passages about fictional
 entities and its indexes: BM25, dense flat (encoding the corpus with the default MiniLM encoder, the
 slow step), and dense HNSW (from the flat index's vectors, no re-encoding). Then, per retriever and
-per batch size (1, 16, 128, 512): the in-process ``retriever.search`` (encode + search), the service
-with one client sending requests back to back, and the service with 8 concurrent clients. Prints
-queries/s and p50/p99 latency per request, and the goals: service overhead < 20% over in-process at
-batch 512 (one client), BM25 > 500 queries/s on one core. BM25 runs on one core: the server is pinned
-to CPU 0 (taskset) with one search thread, and the in-process run is pinned to CPU 0 as well.
+per batch size (1, 16, 128, 512), back to back so that all three see the same machine load: the
+in-process ``retriever.search`` (encode + search), the service with one client sending requests back
+to back, and the service with 8 concurrent clients. Prints queries/s and p50/p99 latency per request,
+and the goals: service overhead < 20% over in-process at batch 512 (one client), BM25 > 500
+queries/s on one core. BM25 runs on one core: the server is pinned to CPU 0 (taskset) with one
+search thread, the in-process calls run on CPU 0 too, and the clients on the other CPU(s).
 Figures, not pass/fail: on a shared machine they move with the load (printed with the results).
 """
 
@@ -22,6 +23,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import statistics
 import sys
 import threading
@@ -177,25 +179,20 @@ def requests_for(batch: int, scale: float) -> int:
     return max(2, round(scale * min(50, max(4, 2048 // batch))))
 
 
-def bench_in_process(name: str, index_dir: Path, threads: int, queries: list[str], scale: float) -> list[Figures]:
-    retriever = load_retriever(index_dir, Manifest.load(index_dir), threads=threads)
-    out = []
-    for batch in BATCH_SIZES:
-        retriever.search(queries[:batch], TOPK)  # warm-up
-        latencies = []
-        for r in range(requests_for(batch, scale)):
-            chunk = _chunk(queries, r, batch)
-            start = time.perf_counter()
-            retriever.search(chunk, TOPK)
-            latencies.append(time.perf_counter() - start)
-        out.append(_figures(name, "in-process", batch, latencies, batch * len(latencies), sum(latencies)))
-        print(_row(out[-1]), flush=True)
-    return out
-
-
 def _chunk(queries: list[str], r: int, batch: int) -> list[str]:
     start = (r * batch) % (len(queries) - batch + 1)
     return queries[start:start + batch]
+
+
+def measure_in_process(retriever, queries: list[str], batch: int, n: int) -> tuple[list[float], float]:
+    """``n`` calls of ``retriever.search`` (encode + search) back to back: per-call latencies and wall time."""
+    latencies = []
+    for r in range(n):
+        chunk = _chunk(queries, r, batch)
+        start = time.perf_counter()
+        retriever.search(chunk, TOPK)
+        latencies.append(time.perf_counter() - start)
+    return latencies, sum(latencies)
 
 
 def _client_loop(url: str, queries: list[str], batch: int, n: int, offset: int, latencies: list[float]) -> None:
@@ -209,23 +206,34 @@ def _client_loop(url: str, queries: list[str], batch: int, n: int, offset: int, 
             latencies.append(time.perf_counter() - start)
 
 
-def bench_service(name: str, server: ServerProcess, queries: list[str], scale: float) -> list[Figures]:
+def measure_service(url: str, queries: list[str], batch: int, n: int, clients: int) -> tuple[list[float], float]:
+    """``clients`` threads, each sending ``n`` requests back to back: all latencies and the wall time."""
+    per_client: list[list[float]] = [[] for _ in range(clients)]
+    threads = [threading.Thread(target=_client_loop, args=(url, queries, batch, n, 97 * c, per_client[c]))
+               for c in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [x for lat in per_client for x in lat], time.perf_counter() - start
+
+
+def bench_retriever(name: str, retriever, server: ServerProcess, queries: list[str], scale: float,
+                    in_process_cpus: set[int], client_cpus: set[int]) -> list[Figures]:
+    """Per batch size, in-process then service (1 and 8 clients) back to back, so all three see the same load."""
     out = []
     for batch in BATCH_SIZES:
+        n = requests_for(batch, scale)
+        os.sched_setaffinity(0, in_process_cpus)
+        retriever.search(queries[:batch], TOPK)  # warm-up
+        latencies, wall = measure_in_process(retriever, queries, batch, n)
+        out.append(_figures(name, "in-process", batch, latencies, batch * len(latencies), wall))
+        print(_row(out[-1]), flush=True)
+        os.sched_setaffinity(0, client_cpus)
         _client_loop(server.url, queries, batch, 1, 0, [])  # warm-up
-        for clients in (1, CONCURRENT_CLIENTS):
-            n = requests_for(batch, scale) if clients == 1 else max(2, requests_for(batch, scale) // 4)
-            per_client: list[list[float]] = [[] for _ in range(clients)]
-            threads = [threading.Thread(target=_client_loop,
-                                        args=(server.url, queries, batch, n, 97 * c, per_client[c]))
-                       for c in range(clients)]
-            start = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - start
-            latencies = [x for lat in per_client for x in lat]
+        for clients, per_client in ((1, n), (CONCURRENT_CLIENTS, max(2, n // 4))):
+            latencies, wall = measure_service(server.url, queries, batch, per_client, clients)
             out.append(_figures(name, f"service x{clients}", batch, latencies, batch * len(latencies), wall))
             print(_row(out[-1]), flush=True)
     return out
@@ -239,28 +247,24 @@ def _row(f: Figures) -> str:
             f"{f.p50_ms:>9.1f} {f.p99_ms:>9.1f}")
 
 
-def run_retriever(name: str, data: Path, corpus: Path, queries: list[str], scale: float) -> list[Figures]:
+def run_retriever(name: str, data: Path, corpus: Path, queries: list[str], scale: float,
+                  dense_threads: int) -> list[Figures]:
+    """BM25 runs on one core: server pinned to CPU 0, in-process calls on CPU 0, clients on the other CPUs."""
     index_dir = data / f"index_{name}"
     one_core = name == "bm25"
-    threads = 1 if one_core else 0
-    affinity = os.sched_getaffinity(0)
-    if one_core:
-        os.sched_setaffinity(0, {0})
-    try:
-        figures = bench_in_process(name, index_dir, threads, queries, scale)
-    finally:
-        os.sched_setaffinity(0, affinity)
-    prefix = ["taskset", "-c", "0"] if one_core and shutil.which("taskset") else None
+    threads = 1 if one_core else dense_threads
+    all_cpus = os.sched_getaffinity(0)
+    prefix = ["taskset", "-c", "0"] if one_core else None
     args = ["--threads", str(threads), "--topk", str(TOPK), "--max-queries", "1024"]
+    retriever = load_retriever(index_dir, Manifest.load(index_dir), threads=threads)
     with ServerProcess(index_dir, corpus, args, command_prefix=prefix) as server:
         server.wait_ready(timeout=900)
-        if one_core:  # the clients run on the other core(s)
-            os.sched_setaffinity(0, affinity - {0} or affinity)
         try:
-            figures += bench_service(name, server, queries, scale)
+            return bench_retriever(name, retriever, server, queries, scale,
+                                   in_process_cpus={0} if one_core else all_cpus,
+                                   client_cpus=(all_cpus - {0} or all_cpus) if one_core else all_cpus)
         finally:
-            os.sched_setaffinity(0, affinity)
-    return figures
+            os.sched_setaffinity(0, all_cpus)
 
 
 def summarise(figures: list[Figures]) -> None:
@@ -285,15 +289,18 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "bench")
     p.add_argument("--retrievers", default="dense-flat,dense-hnsw,bm25")
     p.add_argument("--scale", type=float, default=1.0, help="multiply the number of requests per measurement")
+    p.add_argument("--dense-threads", type=int, default=0,
+                   help="CPU threads of the dense retrievers, in-process and served (0: torch/FAISS default)")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the server subprocess on kill, too
     names = args.retrievers.split(",")
     corpus = ensure_indexes(args.data, args.passages, names)
     queries = make_queries(corpus, 4096)
-    print(f"\n{args.passages} passages, top-{TOPK}, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f} at start\n{HEADER}", flush=True)
+    print(f"\n{args.passages} passages, top-{TOPK}, {os.cpu_count()} CPUs, dense threads "
+          f"{args.dense_threads or 'default'}, load average {os.getloadavg()[0]:.1f} at start\n{HEADER}", flush=True)
     figures = []
     for name in names:
-        figures += run_retriever(name, args.data, corpus, queries, args.scale)
+        figures += run_retriever(name, args.data, corpus, queries, args.scale, args.dense_threads)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end\n{HEADER}")
     for f in figures:
         print(_row(f))

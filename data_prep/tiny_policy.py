@@ -29,6 +29,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +48,7 @@ from search_r1.prompts import make_prompt
 logger = logging.getLogger(__name__)
 
 SearchFn = Callable[[list[str]], list[list[dict]]]  # queries -> per query, docs {"id", "contents"}
+SEARCH_BATCH = 1024  # queries per retrieval request (the service's default --max-queries)
 IGNORE = -100  # label of tokens without loss (prompt, inserted blocks, padding)
 
 # First words of the <think> blocks: each is the policy's decision at that point.
@@ -67,7 +69,7 @@ class WarmStartConfig:
     num_layers: int = 3
     intermediate_size: int = 512
     steps: int = 600
-    batch_size: int = 16
+    tokens_per_batch: int = 2400  # padded tokens per optimiser step (after the shared prefix)
     lr: float = 2e-3
     warmup_ratio: float = 0.05
     max_obs_length: int = 96  # tokens of one inserted block, tags included (data.max_obs_length)
@@ -89,9 +91,22 @@ class ScriptedTrajectory:
     segments: list[Segment]
 
 
+def search_unique(search: SearchFn, queries: list[str], max_queries: int = SEARCH_BATCH) -> list[list[dict]]:
+    """Docs per query: each distinct query is searched once, in requests of at most ``max_queries``."""
+    unique = list(dict.fromkeys(queries))
+    found: dict[str, list[dict]] = {}
+    for start in range(0, len(unique), max_queries):
+        part = unique[start:start + max_queries]
+        results = search(part)
+        if len(results) != len(part):
+            raise RuntimeError(f"search returned {len(results)} results for {len(part)} queries")
+        found.update(zip(part, results, strict=True))
+    return [found[q] for q in queries]
+
+
 def script_trajectories(questions: list[Question], search: SearchFn, cfg: WarmStartConfig,
                         rng: random.Random) -> list[ScriptedTrajectory]:
-    """``trajectories_per_question`` scripted trajectories per question; one batched search call per turn."""
+    """``trajectories_per_question`` scripted trajectories per question; the searches of one turn are batched."""
     guesses: dict[str, list[str]] = {}
     for q in questions:
         guesses.setdefault(q.answer_kind, []).append(q.answers[0])
@@ -107,9 +122,7 @@ def script_trajectories(questions: list[Question], search: SearchFn, cfg: WarmSt
     docs_per_plan: list[list[list[dict]]] = [[] for _ in plans]
     for turn in range(max(n for _, n in plans)):
         idx = [i for i, (_, n) in enumerate(plans) if n > turn]
-        results = search([plans[i][0].chain[turn].query for i in idx])
-        if len(results) != len(idx):
-            raise RuntimeError(f"search returned {len(results)} results for {len(idx)} queries")
+        results = search_unique(search, [plans[i][0].chain[turn].query for i in idx])
         for i, docs in zip(idx, results, strict=True):
             docs_per_plan[i].append(docs)
     out = []
@@ -169,12 +182,31 @@ def trajectory_texts(trajs: list[ScriptedTrajectory]) -> list[str]:
                     for seg in t.segments) for t in trajs]
 
 
-def _length_batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
-    """Indices grouped into batches of similar length (sorted with a random tie-break), batches shuffled."""
+def token_budget_batches(lengths: list[int], tokens_per_batch: int, rng: random.Random) -> list[list[int]]:
+    """Indices grouped into batches of similar length whose padded size (rows x longest) fits
+    ``tokens_per_batch`` (a longer row gets a batch of its own); batch order shuffled.
+
+    Short trajectories (immediate guesses) go many to a batch, so optimiser steps are spent in proportion to
+    tokens, not rows, and little compute goes to padding.
+    """
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:  # ascending length: the row being added is the longest so far
+        if current and (len(current) + 1) * lengths[i] > tokens_per_batch:
+            batches.append(current)
+            current = []
+        current.append(i)
+    batches.append(current)
     rng.shuffle(batches)
     return batches
+
+
+def shared_prefix_length(examples: list[tuple[list[int], list[int]]]) -> int:
+    """Length of the token prefix all examples share (the instruction), ending before any labelled token's
+    predecessor, so that no label is predicted from inside the prefix."""
+    first_labelled = min(next(i for i, label in enumerate(labels) if label != IGNORE) for _, labels in examples)
+    return len(os.path.commonprefix([ids[:first_labelled - 1] for ids, _ in examples]))
 
 
 def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -190,12 +222,34 @@ def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[s
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention}
 
 
+def batch_loss(model: Qwen2ForCausalLM, prefix: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy over the labelled tokens of ``prefix + batch`` rows.
+
+    The prefix shared by every row ([1, P], the instruction) is run once and its keys/values repeated for
+    the batch; gradients flow through them, so this equals running each full row (to float rounding) at
+    about half the cost. ``batch`` holds the rows' remainders, right-padded: [B, T].
+    """
+    rows, width = batch["input_ids"].shape
+    cache = model.model(input_ids=prefix, use_cache=True).past_key_values
+    cache.batch_repeat_interleave(rows)
+    attention = torch.cat([torch.ones(rows, prefix.shape[1], dtype=torch.long), batch["attention_mask"]], dim=1)
+    positions = torch.arange(prefix.shape[1], prefix.shape[1] + width).expand(rows, -1)  # [B, T]
+    logits = model(input_ids=batch["input_ids"], attention_mask=attention, past_key_values=cache,
+                   position_ids=positions).logits  # [B, T, V]
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
+                                             ignore_index=IGNORE)
+
+
 def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int], list[int]]], pad_id: int,
                           cfg: WarmStartConfig, rng: random.Random) -> list[float]:
     """Train on (ids, labels) pairs for ``cfg.steps`` steps; returns the loss of each step.
 
-    Loss: mean cross-entropy over the labelled (policy) tokens of the batch.
+    Loss: mean cross-entropy over the labelled (policy) tokens of the batch. Batches hold trajectories of
+    similar length; the prefix all of them share is computed once per batch (``batch_loss``).
     """
+    n_prefix = shared_prefix_length(examples)
+    prefix = torch.tensor([examples[0][0][:n_prefix]])  # [1, P]
+    rest = [(ids[n_prefix:], labels[n_prefix:]) for ids, labels in examples]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, int(cfg.warmup_ratio * cfg.steps))
 
@@ -205,16 +259,15 @@ def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, cfg.steps - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    lengths = [len(ids) for ids, _ in examples]
+    lengths = [len(ids) for ids, _ in rest]
     batches: list[list[int]] = []
     losses = []
     model.train()
     bar = tqdm(range(cfg.steps), desc="warm start", unit="step")
     for _ in bar:
         if not batches:
-            batches = _length_batches(lengths, cfg.batch_size, rng)
-        batch = _collate([examples[i] for i in batches.pop()], pad_id)
-        loss = model(**batch).loss
+            batches = token_budget_batches(lengths, cfg.tokens_per_batch, rng)
+        loss = batch_loss(model, prefix, _collate([rest[i] for i in batches.pop()], pad_id))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

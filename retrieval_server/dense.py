@@ -121,13 +121,6 @@ class DenseRetriever:
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """``[B]`` queries -> scores ``[B, k]`` float32 (descending) and row ids ``[B, k]`` int64 (-1 = no hit)."""
-        import time
-        import threading
-        t0 = time.perf_counter(); c0 = time.process_time()
         vectors = self.encoder.encode_queries(queries)  # [B, dim]
-        t1 = time.perf_counter(); c1 = time.process_time()
         scores, ids = self.index.search(vectors, k)
-        t2 = time.perf_counter(); c2 = time.process_time()
-        logger.info("TIMING %s n=%d encode %.3f (cpu %.2f) search %.3f (cpu %.2f)", threading.current_thread().name,
-                    len(queries), t1 - t0, c1 - c0, t2 - t1, c2 - c1)
         return scores, ids

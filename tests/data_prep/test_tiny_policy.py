@@ -1,0 +1,190 @@
+"""Tests of the tiny demo policy: scripted trajectories, their token layout and masks, the shared-prefix loss,
+and a tiny-budget warm start against the real retrieval service whose saved model loads and generates."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from data_prep.demo_kb import MULTI, build_kb, load_questions, write_kb
+from data_prep.tiny_model import build_model, train_tokenizer
+from data_prep.tiny_policy import (
+    IGNORE,
+    WarmStartConfig,
+    _collate,
+    batch_loss,
+    build_tiny_policy,
+    encode_trajectory,
+    observation_ids,
+    prompt_ids,
+    script_trajectories,
+    search_unique,
+    shared_prefix_length,
+    token_budget_batches,
+    trajectory_texts,
+)
+from retrieval_server.build_index import build_index
+from retrieval_server.launcher import ServerProcess
+from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN
+from search_r1.search.client import RetrievalClient
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """A small demo KB on disk, its BM25 index and the real retrieval service over it."""
+    root = tmp_path_factory.mktemp("tiny_policy")
+    entities, questions = build_kb(seed=5, n_groups=40, n_test_groups=5)
+    write_kb(root / "data", entities, questions)
+    build_index(root / "data" / "corpus.jsonl", root / "index", retriever="bm25", progress=False)
+    with ServerProcess(root / "index", root / "data" / "corpus.jsonl", ["--threads", "1"]) as server:
+        server.wait_ready()
+        client = RetrievalClient(server.url, topk=3)
+        yield root, client
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def scripted(demo):
+    root, client = demo
+    questions = load_questions(root / "data", "train")
+    cfg = WarmStartConfig(trajectories_per_question=3)
+    trajs = script_trajectories(questions, client.search, cfg, random.Random(0))
+    tokenizer = train_tokenizer(trajectory_texts(trajs) + [q.question for q in questions], vocab_size=700)
+    return trajs, tokenizer, cfg
+
+
+def test_scripted_agent_is_imperfect_but_searches_correctly(scripted):
+    """Guards against a scripted agent that is always right (RL would have nothing to learn) or never searches
+    correctly (the warm start would not teach the mechanics): guesses, early stops and full chains all occur,
+    and every executed search retrieves the queried entity's own passage first."""
+    trajs, _, _ = scripted
+    kinds = {"guess": 0, "early": 0, "full": 0}
+    for t in trajs:
+        searches = [s for s in t.segments if s.docs is not None]
+        if not searches:
+            kinds["guess"] += 1
+            assert t.question.answers[0] not in t.segments[0].text  # a wrong guess
+        elif len(searches) < len(t.question.chain):
+            kinds["early"] += 1
+            assert t.question.data_source == MULTI
+        else:
+            kinds["full"] += 1
+            assert t.question.answers[0] in t.segments[-1].text
+        for seg, hop in zip(searches, t.question.chain, strict=False):
+            assert seg.docs[0]["contents"].startswith(f'"{hop.query}"\n')
+            assert hop.answer in seg.docs[0]["contents"]
+    assert all(n > 0 for n in kinds.values()), kinds
+    assert 0.35 < kinds["guess"] / len(trajs) < 0.75
+
+
+def test_encoded_layout_matches_the_agent_loop(scripted):
+    """Guards against SFT data in a token layout the agent loop never produces (the policy would be trained on
+    one format and rolled out in another) and against training on inserted tokens: prompt = chat template,
+    each inserted block = open tag + passages + close tag encoded separately, labels only on policy tokens,
+    the final answer followed by eos."""
+    trajs, tokenizer, cfg = scripted
+    for traj in trajs[:60]:
+        ids, labels, n_prompt = encode_trajectory(tokenizer, traj, cfg.max_obs_length)
+        assert ids[:n_prompt] == prompt_ids(tokenizer, traj.question.question)
+        assert len(ids) == len(labels)
+        pos = n_prompt
+        for seg in traj.segments:
+            if seg.docs is not None:
+                block = observation_ids(tokenizer, seg.docs, cfg.max_obs_length)
+                assert len(block) <= cfg.max_obs_length
+                assert block[:len(tokenizer.encode(INFO_OPEN))] == tokenizer.encode(INFO_OPEN)
+                assert block[-len(tokenizer.encode(INFO_CLOSE)):] == tokenizer.encode(INFO_CLOSE)
+                assert ids[pos:pos + len(block)] == block
+                assert set(labels[pos:pos + len(block)]) == {IGNORE}
+                pos += len(block)
+            else:
+                part = tokenizer.encode(seg.text) + ([tokenizer.eos_token_id] if seg.eos else [])
+                assert ids[pos:pos + len(part)] == part and labels[pos:pos + len(part)] == part
+                pos += len(part)
+        assert pos == len(ids)
+        assert set(labels[:n_prompt]) == {IGNORE}
+        assert ids[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(ids[n_prompt:]).startswith("<think>")
+
+
+def test_search_unique_deduplicates_and_chunks():
+    """Guards against requests over the service's query limit and against results assigned to the wrong
+    query when duplicates are collapsed."""
+    calls = []
+
+    def search(queries):
+        calls.append(list(queries))
+        return [[{"id": q, "contents": q}] for q in queries]
+
+    queries = [f"q{i % 7}" for i in range(30)]
+    results = search_unique(search, queries, max_queries=3)
+    assert [r[0]["id"] for r in results] == queries
+    assert [len(c) for c in calls] == [3, 3, 1]
+
+
+def test_token_budget_batches_cover_every_row_once_within_budget():
+    """Guards against rows dropped or repeated within an epoch (the behaviour mix the policy learns would
+    shift) and batches over the token budget (memory/time blow-up)."""
+    rng = random.Random(0)
+    lengths = [rng.choice([20, 25, 140, 150, 260, 700]) for _ in range(300)]
+    batches = token_budget_batches(lengths, 1000, random.Random(1))
+    assert sorted(i for b in batches for i in b) == list(range(300))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 1000
+    assert max(len(b) for b in batches) >= 1000 // 25 - 1  # short rows share a batch
+    assert any(len(b) == 1 and lengths[b[0]] == 700 for b in batches)
+
+
+def test_batch_loss_with_shared_prefix_equals_per_row_loss():
+    """Guards against the shared-prefix trick changing the loss or its gradient (wrong positions, masks, or a
+    prefix that swallows a labelled token): compared with each full row run on its own, in a plain loop."""
+    tokenizer = train_tokenizer(["alpha beta gamma delta <think> x </think>"] * 20, vocab_size=300)
+    model = build_model(tokenizer, num_layers=2, intermediate_size=64, seed=0)
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(5, 250, (7,), generator=g).tolist()
+    examples = []
+    for length in (5, 9, 12):
+        rest = torch.randint(5, 250, (length,), generator=g).tolist()
+        labels = [IGNORE] * (len(prefix) + 2) + rest[2:]
+        examples.append((prefix + rest, labels))
+    n = shared_prefix_length(examples)
+    assert n == len(prefix)
+    batch = _collate([(ids[n:], labels[n:]) for ids, labels in examples], tokenizer.pad_token_id)
+    loss = batch_loss(model, torch.tensor([prefix]), batch)
+    loss.backward()
+    grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+    model.zero_grad()
+
+    total, count = 0.0, 0
+    for ids, labels in examples:
+        logits = model(input_ids=torch.tensor([ids])).logits[0]
+        for t in range(1, len(ids)):
+            if labels[t] != IGNORE:
+                total = total + torch.nn.functional.cross_entropy(logits[t - 1], torch.tensor(labels[t]),
+                                                                  reduction="sum")
+                count += 1
+    expected = total / count
+    expected.backward()
+    assert torch.allclose(loss, expected, atol=1e-5)
+    assert torch.allclose(grad, model.model.layers[0].self_attn.q_proj.weight.grad, atol=1e-5)
+
+
+def test_tiny_warm_start_saves_a_model_that_loads_and_generates(demo, tmp_path):
+    """Guards against a warm start that cannot run end to end or saves something transformers cannot load
+    (missing tokenizer files, chat template, eos/pad ids): a few steps, then load and generate."""
+    root, client = demo
+    cfg = WarmStartConfig(steps=3, tokens_per_batch=600, trajectories_per_question=1, vocab_size=600)
+    figures = build_tiny_policy(root / "data", tmp_path / "policy", client.search, cfg)
+    assert figures["trajectories"] == 35 * 2
+    assert figures["max_response_tokens"] <= 320 and figures["max_prompt_tokens"] <= 256
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "policy")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    assert model.config.hidden_size // model.config.num_attention_heads == 64
+    assert tokenizer.convert_tokens_to_ids("</search>") != tokenizer.unk_token_id
+    ids = prompt_ids(tokenizer, "Who founded the Lorem Guild?")
+    out = model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False)
+    assert out.shape[1] == len(ids) + 5 or out[0, -1].item() == tokenizer.eos_token_id
+    assert (tmp_path / "policy" / "warm_start.json").exists()
