@@ -15,18 +15,23 @@ Choices:
   entities, six passages). Relations: founder (org -> person), seat (org -> place), birthplace (person ->
   place), maker (work -> org), author (book -> person). Two-hop questions compose two of them inside a group
   (e.g. the founder of the organisation that built a work).
-- Names are made of random syllables, and every name word except first names is used once in the whole world,
-  so an answer cannot be guessed (test answers are never seen in training) and a BM25 query with the entity's
-  name ranks its own passage first (its name occurs in the title and the text).
+- Names are random words over a small syllable inventory (each syllable one BPE token, so a name is two or
+  three tokens), and every name word except first names is used once in the whole world: an answer cannot
+  be guessed (test answers never occur in training questions) and a BM25 query with an entity's name ranks
+  its own passage first (the name is in its title and its text).
 - Train/test split by group: all entities of a group, hence every entity a test question mentions or answers,
   belong to test questions only.
-- Passages are short (about 20 tokens of text) so that three retrieved passages fit in the agent's
-  96-token information block. Each states the group's facts with one fixed phrase per relation ("founded by",
-  "based in", "born in", "built by", "written by") plus distractor facts (years, trades, provinces) and
-  mentions of the neighbouring entities, so a retrieved block usually holds several candidate answers.
-- Questions name their entity at the end where possible and use two templates per relation. Golden answers
-  are the main name plus an alias (a person's surname, an organisation's name without its kind, a place with
-  its province).
+- Passages are short (about 20 tokens of text) so that three retrieved passages fit in the agent's 96-token
+  information block. Each passage states its entity's fact first, in the words the scripted agent restates
+  ("X was founded by Y", "X was born in Y", "The X was built by Y", "X was written by Y"; "based in" for the
+  seat), followed by distractors: years, place types, provinces and mentions of the group's other entities.
+- The mentions are chosen so that each entity's name occurs in exactly three passages of its group (its own
+  and two others), so a search for it returns those three, and no other passage of the block states the
+  same relation: the phrase the question asks for ("founded by", "built by", ...) occurs once per block, in
+  Doc 1. (Works and books therefore have one-word names: with "Bridge" or "Atlas" in the name, a search would
+  return other bridges built by other organisations.)
+- Questions use two templates per relation. Golden answers are the main name plus an alias (a person's
+  surname, an organisation's name without its kind, a place with its province).
 """
 
 from __future__ import annotations
@@ -49,17 +54,8 @@ _ONSETS = ["b", "br", "d", "dr", "f", "g", "gr", "k", "l", "m", "n", "p", "r", "
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou"]
 _CODAS = ["", "", "", "n", "r", "l", "s", "m", "th", "x"]
 _PLACE_SUFFIXES = ["haven", "mere", "ford", "holm", "wick", "dale", "stead", "burg", "moor", "fell"]
-_ORG_KINDS = {"Guild": "guild", "Company": "company", "Works": "workshop", "Society": "society",
-              "Foundry": "foundry", "Syndicate": "syndicate"}
-_TRADES = ["glassmaking", "shipbuilding", "clockmaking", "printing", "brewing", "weaving", "mining", "banking"]
-_WORK_KINDS = {"Engine": "pumping engine", "Bridge": "stone bridge", "Lighthouse": "lighthouse",
-               "Canal": "canal", "Tower": "clock tower", "Mill": "water mill", "Dam": "river dam"}
-_BOOK_KINDS = {"Chronicle": "history", "Codex": "treatise", "Ballads": "book of poems", "Atlas": "atlas",
-               "Almanac": "almanac", "Letters": "collection of letters"}
-_OCCUPATIONS = ["merchant", "engineer", "glassmaker", "sailor", "banker", "printer", "astronomer", "weaver",
-                "architect", "physician"]
+_ORG_KINDS = ["Guild", "Company", "Works", "Society", "Foundry", "Syndicate"]
 _PLACE_TYPES = ["river town", "port city", "mountain village", "market town", "fortress town", "island town"]
-_PRODUCTS = ["salt", "wool", "copper", "cheese", "timber", "amber", "silk", "pottery"]
 
 
 @dataclass(frozen=True)
@@ -171,36 +167,27 @@ def _a(noun_phrase: str) -> str:
 def _make_group(g: int, rng: random.Random, namer: _Namer, first_names: list[str],
                 provinces: list[str]) -> list[Entity]:
     """The six entities of group ``g`` with their passages (see the module docstring)."""
-    person_first = rng.choice(first_names)
-    surname = namer.word()
+    person_first, surname = rng.choice(first_names), namer.word()
     person = Entity(f"person-{g}", "person", f"{person_first} {surname}", f"{person_first} {surname}",
                     [surname], g)
-    places = []
-    for role in ("birth", "seat"):
-        name = namer.word(suffix=rng.choice(_PLACE_SUFFIXES))
-        province = rng.choice(provinces)
-        place = Entity(f"place-{role}-{g}", "place", name, name, [f"{name}, {province}"], g)
-        place.text = f"{name} is {_a(rng.choice(_PLACE_TYPES))} in {province}, known for its {rng.choice(_PRODUCTS)}."
-        places.append(place)
-    birthplace, seat = places
-    org_core, org_kind = namer.word(), rng.choice(list(_ORG_KINDS))
+    birthplace, seat = (Entity(f"place-{role}-{g}", "place", name, name, [f"{name}, {rng.choice(provinces)}"], g)
+                        for role, name in (("birth", namer.word(suffix=rng.choice(_PLACE_SUFFIXES))),
+                                           ("seat", namer.word(suffix=rng.choice(_PLACE_SUFFIXES)))))
+    org_core, org_kind = namer.word(), rng.choice(_ORG_KINDS)
     org = Entity(f"org-{g}", "org", f"{org_core} {org_kind}", f"{org_core} {org_kind}", [org_core], g)
-    work_core, work_kind = namer.word(), rng.choice(list(_WORK_KINDS))
-    work = Entity(f"work-{g}", "work", f"{work_core} {work_kind}", f"the {work_core} {work_kind}", [], g)
-    book_core, book_kind = namer.word(), rng.choice(list(_BOOK_KINDS))
-    book = Entity(f"book-{g}", "book", f"{book_core} {book_kind}", f"the {book_core} {book_kind}", [], g)
+    work_name, book_name = namer.word(), namer.word()
+    work = Entity(f"work-{g}", "work", work_name, f"the {work_name}", [], g)
+    book = Entity(f"book-{g}", "book", book_name, book_name, [], g)
 
     born = rng.randint(1600, 1800)
-    founded, built, written = born + rng.randint(22, 50), born + rng.randint(55, 90), born + rng.randint(20, 60)
-    pronoun = rng.choice(["He", "She"])
-    trade = rng.choice(_TRADES)
+    built, written = born + rng.randint(40, 90), born + rng.randint(20, 60)
     person.text = (f"{person.name} was born in {birthplace.name} in {born}. "
-                   f"{pronoun} was {_a(rng.choice(_OCCUPATIONS))} and founded {org.name}.")
-    org.text = (f"{org.name} was founded by {person.name} in {founded}. "
-                f"It is {_a(trade)} {_ORG_KINDS[org_kind]} based in {seat.name}.")
-    work.text = _sentence(f"{work.display} was built by {org.name} in {built}. It is {_a(_WORK_KINDS[work_kind])}.")
-    book.text = _sentence(f"{book.display} was written by {person.name} in {written}. "
-                          f"It is {_a(_BOOK_KINDS[book_kind])}.")
+                   f"{rng.choice(['He', 'She'])} founded {org.name} and wrote {book.name}.")
+    org.text = f"{org.name} was founded by {person.name}. It is based in {seat.name} and built {work.display}."
+    work.text = _sentence(f"{work.display} was built by {org.name} in {built}.")
+    book.text = f"{book.name} was written by {person.name} in {written}."
+    for place, mention in ((birthplace, f"the setting of {book.name}"), (seat, f"home of {work.display}")):
+        place.text = f"{place.name} is {_a(rng.choice(_PLACE_TYPES))} in {place.aliases[0].split(', ')[1]}, {mention}."
     org.facts = {"founder": person.id, "seat": seat.id}
     person.facts = {"birthplace": birthplace.id}
     work.facts = {"maker": org.id}
