@@ -4,7 +4,8 @@ Choices:
 - Passage ``i`` is the i-th non-blank line. Indexes store only these row numbers.
 - The server keeps the byte offset and length of each line (16 bytes per passage) and reads the
   lines it returns with ``os.pread``, so a corpus of tens of millions of passages is not held in RAM
-  as Python strings, and concurrent reads need no lock.
+  as Python strings, and concurrent reads need no lock. Lines are returned as raw JSON bytes, not
+  decoded: the server splices them into its answer unchanged.
 - The checksum recorded in the manifest is the SHA-256 of the file's bytes; it is computed in the
   same pass that finds the line offsets, so verifying it at load costs no extra read.
 """
@@ -87,7 +88,7 @@ def iter_passages(path: str | Path) -> Iterator[str]:
 
 
 class CorpusStore:
-    """Random access to passages by row number, reading lines on demand with ``os.pread``."""
+    """Random access to corpus lines by row number, read on demand with ``os.pread``."""
 
     def __init__(self, scan: CorpusScan):
         self.scan = scan
@@ -96,18 +97,12 @@ class CorpusStore:
     def __len__(self) -> int:
         return self.scan.count
 
-    def fetch(self, rows: np.ndarray) -> list[list[dict]]:
-        """Passages for a ``[B, k]`` array of row numbers; ``-1`` (no hit) entries are left out."""
-        out = []
-        for row_ids in rows.tolist():
-            docs = []
-            for i in row_ids:
-                if i < 0:
-                    continue
-                line = os.pread(self._fd, int(self.scan.lengths[i]), int(self.scan.offsets[i]))
-                docs.append(parse_passage(line, f"{self.scan.path} passage {i}"))
-            out.append(docs)
-        return out
+    def fetch(self, rows: np.ndarray) -> list[list[bytes]]:
+        """The corpus lines (JSON objects, as bytes) of a ``[B, k]`` array of row numbers; ``-1`` entries
+        (no hit) are left out. Lines were validated when the index was built and the checksum at load."""
+        fd, offsets, lengths = self._fd, self.scan.offsets, self.scan.lengths
+        return [[os.pread(fd, int(lengths[i]), int(offsets[i])) for i in row_ids if i >= 0]
+                for row_ids in rows.tolist()]
 
     def close(self) -> None:
         os.close(self._fd)

@@ -5,7 +5,7 @@ Choices:
   that records line offsets), then the encoder fingerprint (dense), then one warm-up query so that
   numba compilation and first-call allocations are not paid by a client.
 - Both retrievers expose ``search(queries, k) -> (scores [B, k], row ids [B, k])``; the service
-  turns row ids into passages. ``k`` is capped at the corpus size.
+  turns row ids into passages (their corpus lines, as raw JSON). ``k`` is capped at the corpus size.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from retrieval_server.manifest import Manifest, check_corpus, check_encoder
 
 logger = logging.getLogger(__name__)
 
-Hit = tuple[dict, float]  # ({"id": str, "contents": str}, score)
+Hit = tuple[bytes, float]  # (the passage's corpus line: a JSON object {"id", "contents"}, score)
 
 
 class Retriever(Protocol):
@@ -69,10 +69,12 @@ class SearchService:
         """Top ``min(k, num_passages)`` hits per query, best first (fewer where an ANN index finds fewer)."""
         scores, rows = self.retriever.search(queries, min(k, self.num_passages))  # [B, k], [B, k]
         docs_per_query = self.corpus.fetch(rows)
-        hits_per_query = []
-        for docs, row_scores, row_ids in zip(docs_per_query, scores, rows, strict=True):
-            hits_per_query.append(list(zip(docs, row_scores[row_ids >= 0].tolist(), strict=True)))
-        return hits_per_query
+        found = rows >= 0  # [B, k]; False where an approximate index found fewer than k
+        if found.all():
+            scores_per_query = scores.tolist()
+        else:
+            scores_per_query = [s[f].tolist() for s, f in zip(scores, found, strict=True)]
+        return [list(zip(docs, s, strict=True)) for docs, s in zip(docs_per_query, scores_per_query, strict=True)]
 
     def close(self) -> None:
         self.corpus.close()

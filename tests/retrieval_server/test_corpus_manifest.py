@@ -36,7 +36,8 @@ def test_scan_offsets_and_checksum_match_a_plain_read(tmp_path):
     store = CorpusStore(scan)
     fetched = store.fetch(np.array([[4, 0, -1], [2, 1, 3]]))
     store.close()
-    assert fetched == [[expected[4], expected[0]], [expected[2], expected[1], expected[3]]]
+    assert [[json.loads(line) for line in row] for row in fetched] == [[expected[4], expected[0]],
+                                                                      [expected[2], expected[1], expected[3]]]
     assert list(iter_passages(path)) == [r["contents"] for r in expected]
 
 
