@@ -4,8 +4,10 @@ Choices:
 - Passage ``i`` is the i-th non-blank line. Indexes store only these row numbers.
 - The server keeps the byte offset and length of each line (16 bytes per passage) and reads the
   lines it returns with ``os.pread``, so a corpus of tens of millions of passages is not held in RAM
-  as Python strings, and concurrent reads need no lock. Lines are returned as raw JSON bytes, not
-  decoded: the server splices them into its answer unchanged.
+  as Python strings (the OS page cache holds what is read), and concurrent reads need no lock. Not a
+  memory map: a corpus file truncated while the server runs would kill it with SIGBUS; ``pread``
+  returns a short line instead, which is reported as an error of that request. Lines are returned
+  as raw JSON bytes, not decoded: the server splices them into its answer unchanged.
 - The checksum recorded in the manifest is the SHA-256 of the file's bytes; it is computed in the
   same pass that finds the line offsets, so verifying it at load costs no extra read.
 """
@@ -100,9 +102,17 @@ class CorpusStore:
     def fetch(self, rows: np.ndarray) -> list[list[bytes]]:
         """The corpus lines (JSON objects, as bytes) of a ``[B, k]`` array of row numbers; ``-1`` entries
         (no hit) are left out. Lines were validated when the index was built and the checksum at load."""
-        fd, offsets, lengths = self._fd, self.scan.offsets, self.scan.lengths
-        return [[os.pread(fd, int(lengths[i]), int(offsets[i])) for i in row_ids if i >= 0]
-                for row_ids in rows.tolist()]
+        found = rows >= 0  # [B, k]
+        offsets = self.scan.offsets[rows[found]].tolist()  # [hits], in row-major order
+        lengths = self.scan.lengths[rows[found]].tolist()
+        lines = [os.pread(self._fd, n, offset) for offset, n in zip(offsets, lengths, strict=True)]
+        if any(len(line) != n for line, n in zip(lines, lengths, strict=True)):
+            raise CorpusError(f"{self.scan.path} was truncated after the server loaded it; restart the server")
+        out, start = [], 0
+        for n in found.sum(axis=1).tolist():
+            out.append(lines[start:start + n])
+            start += n
+        return out
 
     def close(self) -> None:
         os.close(self._fd)

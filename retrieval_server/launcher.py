@@ -7,7 +7,6 @@ process exits; ``stop`` sends SIGTERM (graceful uvicorn shutdown), then SIGKILL 
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -29,14 +28,14 @@ class ServerProcess:
     """A running ``python -m retrieval_server.serve``; use as a context manager to stop it on exit."""
 
     def __init__(self, index_dir: str | Path, corpus: str | Path, extra_args: list[str] | None = None,
-                 port: int | None = None, command_prefix: list[str] | None = None, env: dict | None = None):
+                 port: int | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.health_seen: list[str] = []  # "status" values /health answered, in order (deduplicated)
         self._log = tempfile.NamedTemporaryFile(prefix="retrieval_server_", suffix=".log", delete=False)
-        cmd = [*(command_prefix or []), sys.executable, "-m", "retrieval_server.serve", "--index", str(index_dir),
-               "--corpus", str(corpus), "--port", str(self.port), *(extra_args or [])]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        cmd = [sys.executable, "-m", "retrieval_server.serve", "--index", str(index_dir), "--corpus", str(corpus),
+               "--port", str(self.port), *(extra_args or [])]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
 
     def log_text(self) -> str:
         return Path(self._log.name).read_text(errors="replace")

@@ -110,3 +110,16 @@ def test_encoder_check_compares_behaviour_not_names(flat_index, tmp_path):
         check_encoder(manifest, flat_index, "prefixed", e5_style.fingerprint())
     with pytest.raises(ManifestError, match="encoder mismatch.*dim 8"):
         check_encoder(manifest, flat_index, "small", np.ones(8, dtype=np.float32))
+
+
+def test_corpus_truncated_after_load_is_an_error_not_garbage(tmp_path):
+    """Guards against a corpus rewritten in place under a running server returning cut-off JSON (or, with a
+    memory map, killing the server with SIGBUS)."""
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "contents": f"text {i}"}) + "\n" for i in range(4)))
+    store = CorpusStore(scan_corpus(path))
+    with path.open("r+b") as f:
+        f.truncate(f.seek(0, 2) - 10)
+    with pytest.raises(CorpusError, match="truncated"):
+        store.fetch(np.array([[3]]))
+    store.close()
