@@ -13,14 +13,29 @@ arg_value() {  # arg_value KEY ARGS... -> value of the last KEY=value argument, 
   echo "$value"
 }
 
+demo_source_hash() {  # the code the demo data and tiny policy are built from
+  cat data_prep/demo_kb.py data_prep/tiny_model.py data_prep/tiny_policy.py | sha256sum | cut -d' ' -f1
+}
+
 run_trainer() {
   local url model train
   url=$(arg_value retriever.url "$@"); url=${url:-http://127.0.0.1:8000}
   model=$(arg_value actor_rollout_ref.model.path "$@")
   train=$(arg_value data.train_files "$@")
+  if [ -z "$train" ] && [ -d "$DEMO_DIR" ] && [ "$(cat "$DEMO_DIR/.source_hash" 2>/dev/null)" != "$(demo_source_hash)" ]; then
+    # Built by other code (e.g. before a git pull): rebuild data, index and policy rather than mix versions.
+    if curl -sf "$url/health" >/dev/null 2>&1; then
+      echo "[launcher] $DEMO_DIR was built by older code, but a retrieval service is running on $url (maybe over" \
+           "the old corpus): stop it, then run again" >&2
+      exit 1
+    fi
+    echo "[launcher] $DEMO_DIR was built by older code: rebuilding it"
+    rm -rf "$DEMO_DIR"
+  fi
   if [ -z "$train" ] && [ ! -f "$DEMO_DIR/train.parquet" ]; then
     echo "[launcher] building the demo knowledge base in $DEMO_DIR"
     "$PYTHON" -m data_prep.demo_kb --out "$DEMO_DIR"
+    demo_source_hash > "$DEMO_DIR/.source_hash"
   fi
   if [ "$(arg_value do_search "$@")" != "false" ] && ! curl -sf "$url/health" >/dev/null 2>&1; then
     local port=${url##*:}; port=${port%%/*}
