@@ -352,7 +352,8 @@ def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple], pad_id
 
         copy_losses = _optimise(model, cfg.copy_steps, cfg.lr, 0.05, copy_loss, "copy task", decay=False,
                                 stop_below=0.2)
-        logger.info("copy task: loss %.3f after %d steps", sum(copy_losses[-20:]) / 20, len(copy_losses))
+        logger.info("copy task: loss %.3f after %d steps", sum(copy_losses[-20:]) / len(copy_losses[-20:]),
+                    len(copy_losses))
     lengths = [len(ex[0]) for ex in rest]
     batches: list[list[int]] = []
 
