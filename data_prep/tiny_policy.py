@@ -83,7 +83,6 @@ class WarmStartConfig:
     lr: float = 2e-3
     warmup_ratio: float = 0.05
     max_obs_length: int = 96  # tokens of one inserted block, tags included (data.max_obs_length)
-    obs_loss_weight: float = 0.0  # weight of a language-model loss on the inserted passages (see obs_targets)
     seed: int = 0
 
 
@@ -187,30 +186,6 @@ def encode_trajectory(tokenizer: PreTrainedTokenizerFast, traj: ScriptedTrajecto
     return ids, labels, n_prompt
 
 
-def obs_targets(ids: list[int], labels: list[int], n_prompt: int, weight: float) -> tuple[list[int], list[float]]:
-    """Labels and loss weights [T] that add the inserted passages' tokens, with ``weight``, to the policy's.
-
-    The passages are context the policy never writes, but predicting them is language-model practice on
-    exactly the skill the policy needs: names recur across the passages of a block and the query, so many of
-    their tokens are predictable only by copying from earlier in the context. The RL run masks them again
-    (state masking); after ``</search>`` the agent loop stops generation, so the model is never asked to
-    write a passage. Off by default: measured on the demo (3000 steps, weight 0.5, before the copy task
-    existed) it lowered forced-search test EM from 0.13 to 0.01, the passages taking the model's capacity.
-    """
-    targets, weights = [], []
-    for t, (token, label) in enumerate(zip(ids, labels, strict=True)):
-        if label != IGNORE:
-            targets.append(label)
-            weights.append(1.0)
-        elif t >= n_prompt and weight > 0:
-            targets.append(token)
-            weights.append(weight)
-        else:
-            targets.append(IGNORE)
-            weights.append(0.0)
-    return targets, weights
-
-
 def trajectory_texts(trajs: list[ScriptedTrajectory]) -> list[str]:
     """Plain text of each trajectory's response (tokenizer training data)."""
     return ["".join(seg.text if seg.docs is None else INFO_OPEN + format_passages(seg.docs) + INFO_CLOSE
@@ -237,47 +212,45 @@ def token_budget_batches(lengths: list[int], tokens_per_batch: int, rng: random.
     return batches
 
 
-def shared_prefix_length(examples: list[tuple]) -> int:
+def shared_prefix_length(examples: list[tuple[list[int], list[int]]]) -> int:
     """Length of the token prefix all examples share (the instruction), ending before any labelled token's
     predecessor, so that no label is predicted from inside the prefix."""
-    first_labelled = min(next(i for i, label in enumerate(ex[1]) if label != IGNORE) for ex in examples)
-    return len(os.path.commonprefix([ex[0][:first_labelled - 1] for ex in examples]))
+    first_labelled = min(next(i for i, label in enumerate(labels) if label != IGNORE) for _, labels in examples)
+    return len(os.path.commonprefix([ids[:first_labelled - 1] for ids, _ in examples]))
 
 
-def _collate(examples: list[tuple], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a batch of (ids, labels) or (ids, labels, loss weights): input_ids / labels / attention_mask /
-    weights [B, T] (weights default to 1 on labelled tokens, 0 elsewhere)."""
-    width = max(len(ex[0]) for ex in examples)
+def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a batch: input_ids / labels / attention_mask [B, T]."""
+    width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
-    weights = torch.zeros((len(examples), width))
     attention = torch.zeros((len(examples), width), dtype=torch.long)
-    for i, (ids, lab, *rest) in enumerate(examples):
+    for i, (ids, lab) in enumerate(examples):
         input_ids[i, :len(ids)] = torch.tensor(ids)
         labels[i, :len(lab)] = torch.tensor(lab)
-        weights[i, :len(lab)] = torch.tensor(rest[0]) if rest else (torch.tensor(lab) != IGNORE).float()
         attention[i, :len(ids)] = 1
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention, "weights": weights}
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention}
 
 
-def batch_loss(model: Qwen2ForCausalLM, prefix: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Weighted mean cross-entropy over the labelled tokens of ``prefix + batch`` rows.
+def batch_loss(model: Qwen2ForCausalLM, prefix: torch.Tensor | None, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy over the labelled tokens of ``prefix + batch`` rows (just ``batch`` rows if no prefix).
 
     The prefix shared by every row ([1, P], the instruction) is run once and its keys/values repeated for
     the batch; gradients flow through them, so this equals running each full row (to float rounding) at
     about half the cost. ``batch`` holds the rows' remainders, right-padded: [B, T].
     """
-    rows, width = batch["input_ids"].shape
-    cache = model.model(input_ids=prefix, use_cache=True).past_key_values
-    cache.batch_repeat_interleave(rows)
-    attention = torch.cat([torch.ones(rows, prefix.shape[1], dtype=torch.long), batch["attention_mask"]], dim=1)
-    positions = torch.arange(prefix.shape[1], prefix.shape[1] + width).expand(rows, -1)  # [B, T]
-    logits = model(input_ids=batch["input_ids"], attention_mask=attention, past_key_values=cache,
-                   position_ids=positions).logits  # [B, T, V]
-    token_loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
-                                                   ignore_index=IGNORE, reduction="none")  # [B * (T - 1)]
-    weights = batch["weights"][:, 1:].flatten()
-    return (token_loss * weights).sum() / weights.sum()
+    if prefix is None:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, T, V]
+    else:
+        rows, width = batch["input_ids"].shape
+        cache = model.model(input_ids=prefix, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(rows)
+        attention = torch.cat([torch.ones(rows, prefix.shape[1], dtype=torch.long), batch["attention_mask"]], dim=1)
+        positions = torch.arange(prefix.shape[1], prefix.shape[1] + width).expand(rows, -1)  # [B, T]
+        logits = model(input_ids=batch["input_ids"], attention_mask=attention, past_key_values=cache,
+                       position_ids=positions).logits  # [B, T, V]
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
+                                             ignore_index=IGNORE)
 
 
 def copy_task_batch(token_ids: Sequence[int], rows: int, max_length: int, rng: random.Random,
@@ -331,9 +304,9 @@ def _optimise(model: Qwen2ForCausalLM, steps: int, lr: float, warmup_ratio: floa
     return losses
 
 
-def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple], pad_id: int,
+def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int], list[int]]], pad_id: int,
                           cfg: WarmStartConfig, rng: random.Random, copy_tokens: Sequence[int] = ()) -> list[float]:
-    """Train on (ids, labels[, weights]) examples; returns the loss of each trajectory step.
+    """Train on (ids, labels) examples; returns the loss of each trajectory step.
 
     First ``cfg.copy_steps`` steps of the copy task alone (64 rows each), then ``cfg.steps`` steps whose loss
     is the mean cross-entropy over the labelled (policy) tokens of a batch of trajectories plus the copy
@@ -342,19 +315,14 @@ def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple], pad_id
     """
     n_prefix = shared_prefix_length(examples)
     prefix = torch.tensor([examples[0][0][:n_prefix]])  # [1, P]
-    rest = [tuple(part[n_prefix:] for part in ex) for ex in examples]
+    rest = [(ids[n_prefix:], labels[n_prefix:]) for ids, labels in examples]
     if cfg.copy_steps and copy_tokens:
-        def copy_loss() -> torch.Tensor:
-            batch = copy_task_batch(copy_tokens, 64, cfg.copy_length, rng, pad_id)
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, T, V]
-            return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
-                                                     ignore_index=IGNORE)
-
-        copy_losses = _optimise(model, cfg.copy_steps, cfg.lr, 0.05, copy_loss, "copy task", decay=False,
-                                stop_below=0.2)
+        copy_losses = _optimise(model, cfg.copy_steps, cfg.lr, 0.05, lambda: batch_loss(
+            model, None, copy_task_batch(copy_tokens, 64, cfg.copy_length, rng, pad_id)), "copy task", decay=False,
+            stop_below=0.2)
         logger.info("copy task: loss %.3f after %d steps", sum(copy_losses[-20:]) / len(copy_losses[-20:]),
                     len(copy_losses))
-    lengths = [len(ex[0]) for ex in rest]
+    lengths = [len(ids) for ids, _ in rest]
     batches: list[list[int]] = []
 
     def trajectory_loss() -> torch.Tensor:
@@ -388,7 +356,7 @@ def build_tiny_policy(data_dir: str | Path, out_dir: str | Path, search: SearchF
     texts = corpus + [make_prompt(q.question) for q in questions] + trajectory_texts(trajs)
     tokenizer = train_tokenizer(texts, cfg.vocab_size)
     encoded = [encode_trajectory(tokenizer, t, cfg.max_obs_length) for t in trajs]
-    examples = [(ids, *obs_targets(ids, labels, n_prompt, cfg.obs_loss_weight)) for ids, labels, n_prompt in encoded]
+    examples = [(ids, labels) for ids, labels, _ in encoded]
     model = build_model(tokenizer, hidden_size=64 * cfg.num_heads, num_heads=cfg.num_heads, num_layers=cfg.num_layers,
                         intermediate_size=cfg.intermediate_size, seed=cfg.seed)
     train_start = time.time()
@@ -404,7 +372,7 @@ def build_tiny_policy(data_dir: str | Path, out_dir: str | Path, search: SearchF
     figures = {
         "trajectories": len(trajs),
         "guess_fraction": sum(len(t.segments) == 1 for t in trajs) / len(trajs),
-        "mean_tokens": sum(len(ex[0]) for ex in examples) / len(examples),
+        "mean_tokens": sum(len(ids) for ids, _ in examples) / len(examples),
         "max_prompt_tokens": max(n for _, _, n in encoded),
         "max_response_tokens": max(len(ids) - n for ids, _, n in encoded),
         "parameters": sum(p.numel() for p in model.parameters()),

@@ -19,7 +19,6 @@ from data_prep.tiny_policy import (
     build_tiny_policy,
     copy_task_batch,
     encode_trajectory,
-    obs_targets,
     observation_ids,
     prompt_ids,
     script_trajectories,
@@ -112,50 +111,16 @@ def test_encoded_layout_matches_the_agent_loop(scripted):
         assert tokenizer.decode(ids[n_prompt:]).startswith("<think>")
 
 
-def test_obs_targets_weight_passages_and_never_the_prompt(scripted):
-    """Guards against the optional passage loss leaking onto the prompt (the instruction would be learned as
-    output) or changing the policy tokens' targets, and against weight 0 differing from the plain labels."""
-    trajs, tokenizer, cfg = scripted
-    for traj in trajs[:40]:
-        ids, labels, n_prompt = encode_trajectory(tokenizer, traj, cfg.max_obs_length)
-        plain, plain_w = obs_targets(ids, labels, n_prompt, 0.0)
-        assert plain == labels and plain_w == [float(label != IGNORE) for label in labels]
-        targets, weights = obs_targets(ids, labels, n_prompt, 0.25)
-        assert targets[:n_prompt] == labels[:n_prompt] and set(weights[:n_prompt]) == {0.0}
-        for t in range(n_prompt, len(ids)):
-            assert targets[t] == ids[t]
-            assert weights[t] == (1.0 if labels[t] != IGNORE else 0.25)
-
-
-def test_batch_loss_weights_tokens():
-    """Guards against loss weights being ignored or misaligned by one position: a weighted batch equals the
-    weighted mean of per-token cross-entropies computed directly."""
-    tokenizer = train_tokenizer(["alpha beta gamma delta"] * 20, vocab_size=300)
-    model = build_model(tokenizer, num_layers=1, intermediate_size=64, seed=0)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(5, 250, (10,), generator=g).tolist()
-    weights = [0.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.0, 1.0, 0.5, 1.0]  # the token after the prefix has no loss
-    labels = [t if w > 0 else IGNORE for t, w in zip(ids, weights, strict=True)]
-    prefix, n = ids[:2], 2
-    loss = batch_loss(model, torch.tensor([prefix]), _collate([(ids[n:], labels[n:], weights[n:])], 0))
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0]
-    ce = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="none")
-    w = torch.tensor(weights[1:])
-    assert torch.allclose(loss, (ce * w).sum() / w.sum(), atol=1e-5)
-
-
 def test_copy_task_rows_repeat_a_sequence_with_loss_on_the_predictable_part():
     """Guards against the copy task putting loss on unpredictable tokens (the first half, or the first token
     of the repeat), which would teach unigram noise instead of copying, or on padding."""
     batch = copy_task_batch(list(range(10, 60)), rows=8, max_length=12, rng=random.Random(0), pad_id=0)
-    for ids, labels, mask, weights in zip(batch["input_ids"].tolist(), batch["labels"].tolist(),
-                                          batch["attention_mask"].tolist(), batch["weights"].tolist(),
-                                          strict=True):
+    for ids, labels, mask in zip(batch["input_ids"].tolist(), batch["labels"].tolist(),
+                                 batch["attention_mask"].tolist(), strict=True):
         n = sum(mask) // 2
         assert 4 <= n <= 12 and ids[:n] == ids[n:2 * n]
         assert labels[:n + 1] == [IGNORE] * (n + 1) and labels[n + 1:2 * n] == ids[n + 1:2 * n]
-        assert set(labels[2 * n:]) <= {IGNORE} and weights == [float(label != IGNORE) for label in labels]
+        assert set(labels[2 * n:]) <= {IGNORE}
 
 
 def test_search_unique_deduplicates_and_chunks():

@@ -9,7 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 from worker_test_utils import (
     add_targets,
+    assert_equal_parameters,
     assert_same_update,
+    capture_outputs,
     gradients,
     make_config,
     parameters,
@@ -96,8 +98,7 @@ def test_targets_at_masked_positions_do_not_change_the_update(tiny_model_dir, mo
     a, b = ActorWorker(cfg, total_steps=1), ActorWorker(cfg, total_steps=1)
     metrics_a, metrics_b = a.update_actor(batch), b.update_actor(perturb_masked(batch, seed=5))
     assert metrics_a == metrics_b
-    for name, value in parameters(a).items():
-        assert torch.equal(value, parameters(b)[name]), name
+    assert_equal_parameters(a, b)
 
 
 def test_logits_at_inserted_positions_get_exactly_zero_gradient(tiny_model_dir):
@@ -106,13 +107,7 @@ def test_logits_at_inserted_positions_get_exactly_zero_gradient(tiny_model_dir):
     cfg = make_config(tiny_model_dir, *FULL_LOSS)
     batch = add_targets(random_batch(seed=6), seed=6)
     actor = ActorWorker(cfg, total_steps=1)
-    outputs = []
-
-    def keep_grad(module, args, out):
-        out.retain_grad()
-        outputs.append(out)
-
-    actor.model.lm_head.register_forward_hook(keep_grad)
+    outputs = capture_outputs(actor.model.lm_head)
     actor.update_actor(batch)
     (logits,) = outputs  # one micro-batch: [B, R + 1, V] (the LM head runs on the response columns only)
     grad = logits.grad[:, :-1]  # [B, R, V]: row i, column t predicts response token t
@@ -152,8 +147,7 @@ def test_checkpoint_then_fresh_worker_gives_identical_next_update(tiny_model_dir
     resumed = ActorWorker(cfg, total_steps=4)
     resumed.load_checkpoint(str(tmp_path / "actor"))
     assert original.update_actor(second) == resumed.update_actor(second)
-    for name, value in parameters(original).items():
-        assert torch.equal(value, parameters(resumed)[name]), name
+    assert_equal_parameters(original, resumed)
     state = original.full_state_dict()
     assert set(state) >= {name for name, _ in original.model.named_parameters()}
     assert all(t.device.type == "cpu" for t in state.values())

@@ -6,7 +6,9 @@ import pytest
 import torch
 from worker_test_utils import (
     add_targets,
+    assert_equal_parameters,
     assert_same_update,
+    capture_outputs,
     gradients,
     make_config,
     parameters,
@@ -47,8 +49,7 @@ def test_targets_at_masked_positions_do_not_change_the_critic_update(tiny_model_
     a, b = CriticWorker(cfg, total_steps=1), CriticWorker(cfg, total_steps=1)
     metrics_a, metrics_b = a.update_critic(batch), b.update_critic(perturb_masked(batch, seed=12))
     assert metrics_a == metrics_b
-    for name, value in parameters(a).items():
-        assert torch.equal(value, parameters(b)[name]), name
+    assert_equal_parameters(a, b)
 
 
 def test_value_head_outputs_at_inserted_positions_get_exactly_zero_gradient(tiny_model_dir):
@@ -57,13 +58,7 @@ def test_value_head_outputs_at_inserted_positions_get_exactly_zero_gradient(tiny
     cfg = make_config(tiny_model_dir, "critic.cliprange_value=100")  # no clipping: every policy token has gradient
     batch = add_targets(random_batch(seed=13), seed=13)
     critic = CriticWorker(cfg, total_steps=1)
-    outputs = []
-
-    def keep_grad(module, args, out):
-        out.retain_grad()
-        outputs.append(out)
-
-    critic.model.score.register_forward_hook(keep_grad)
+    outputs = capture_outputs(critic.model.score)
     critic.update_critic(batch)
     (scores,) = outputs  # [B, W, 1], W = P + R less the all-padding prompt columns
     R = batch["responses"].shape[1]
@@ -95,5 +90,4 @@ def test_critic_checkpoint_then_fresh_worker_gives_identical_next_update(tiny_mo
                            total_steps=4)  # another seed: the value head must come from the checkpoint
     resumed.load_checkpoint(str(tmp_path / "critic"))
     assert original.update_critic(second) == resumed.update_critic(second)
-    for name, value in parameters(original).items():
-        assert torch.equal(value, parameters(resumed)[name]), name
+    assert_equal_parameters(original, resumed)

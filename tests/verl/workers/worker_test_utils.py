@@ -102,6 +102,25 @@ def parameters(worker) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in worker.model.named_parameters()}
 
 
+def assert_equal_parameters(a, b) -> None:
+    """Two workers' parameters are bit-for-bit equal (named on failure)."""
+    theirs = parameters(b)
+    for name, value in parameters(a).items():
+        assert torch.equal(value, theirs[name]), name
+
+
+def capture_outputs(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Outputs of ``module``'s forward calls from now on, appended to the returned list, with ``.grad`` kept."""
+    outputs: list[torch.Tensor] = []
+
+    def keep_grad(_module, _args, out):
+        out.retain_grad()
+        outputs.append(out)
+
+    module.register_forward_hook(keep_grad)
+    return outputs
+
+
 def gradients(worker) -> dict[str, torch.Tensor]:
     """A copy of the gradients of a worker's last optimiser step (after clipping)."""
     return {name: p.grad.detach().clone() for name, p in worker.model.named_parameters()}
