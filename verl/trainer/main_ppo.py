@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     final = trainer.fit()
     print(json.dumps({"initial_validation": trainer.initial_validation, "final_validation": final}, indent=1))
     for key in sorted(k for k in final if k.startswith(("val/em", "val/searches"))):
-        print(f"{key}: before {trainer.initial_validation.get(key, float('nan')):.3f} -> after {final[key]:.3f}")
+        if cfg.trainer.val_only:
+            print(f"{key}: {final[key]:.3f}")
+        else:
+            print(f"{key}: before {trainer.initial_validation.get(key, float('nan')):.3f} -> after {final[key]:.3f}")
     print(f"metrics: {trainer.tracker.jsonl_path}  curves: {trainer.out_dir / 'curves.png'}")
     return 0
 

@@ -1,7 +1,7 @@
 """Rollout engine on transformers' ``generate``: token ids in, sampled token ids (+ log-probs) out.
 
-The reference engine (and the one used where vLLM is not installed, e.g. the GPU machine). It
-behaves like ``VLLMRollout`` so the two are interchangeable:
+The reference engine and the default (the faster one for the tiny demo policy on CPU; also the one used where vLLM is
+not installed, e.g. the GPU machine). It behaves like ``VLLMRollout`` so the two are interchangeable:
 - Prompts are left-padded into micro-batches of ``micro_batch_size`` rows (after expanding each
   prompt ``n`` times, so samples stay grouped by prompt) and generated with the KV cache;
   transformers derives position ids from the attention mask, so padding does not shift positions.
