@@ -236,10 +236,8 @@ def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[s
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention}
 
 
-def batch_loss(model: Qwen2ForCausalLM, prefix: torch.Tensor | None, batch: dict[str, torch.Tensor],
-               divisor: float | None = None) -> torch.Tensor:
-    """Cross-entropy over the labelled tokens of ``prefix + batch`` rows (just ``batch`` rows if no prefix):
-    their mean, or their sum over ``divisor`` when one is given.
+def batch_loss(model: Qwen2ForCausalLM, prefix: torch.Tensor | None, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy over the labelled tokens of ``prefix + batch`` rows (just ``batch`` rows if no prefix).
 
     The prefix shared by every row ([1, P], the instruction) is run once and its keys/values repeated for
     the batch; gradients flow through them, so this equals running each full row (to float rounding) at
@@ -255,11 +253,8 @@ def batch_loss(model: Qwen2ForCausalLM, prefix: torch.Tensor | None, batch: dict
         positions = torch.arange(prefix.shape[1], prefix.shape[1] + width).expand(rows, -1)  # [B, T]
         logits = model(input_ids=batch["input_ids"], attention_mask=attention, past_key_values=cache,
                        position_ids=positions).logits  # [B, T, V]
-    token_ce = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
-                                                 ignore_index=IGNORE, reduction="none")  # [B * (T - 1)], 0 off labels
-    if divisor is None:
-        return token_ce.sum() / (batch["labels"][:, 1:] != IGNORE).sum()
-    return token_ce.sum() / divisor
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
+                                             ignore_index=IGNORE)
 
 
 def copy_task_batch(token_ids: Sequence[int], rows: int, max_length: int, rng: random.Random,
@@ -322,13 +317,13 @@ def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int
     ``cfg.copy_rows`` rows (so the skill is kept). Trajectory batches hold rows of similar length; the prefix
     all rows share is computed once per batch (``batch_loss``).
 
-    The trajectory loss is the sum over the batch's labelled tokens divided by a constant (the mean labelled
-    tokens per batch), so every policy token weighs the same whichever batch it lands in. A plain per-batch
-    mean gives a token of a batch of many short guesses less weight than one of a batch of a few long
-    searches: the decisions then follow the batches, not ``p_guess`` (the greedy policy searched on every
-    question with ``p_guess`` 0.55). With the same data and steps, forced-search test EM went from 0.375 to
-    0.68; other settings of the scripted agent gave 0.25-0.36 with the weighting, so the skills vary a lot
-    from run to run.
+    The trajectory loss is the batch's mean scaled by its labelled tokens over the mean labelled tokens per
+    batch, i.e. a sum over tokens with a constant divisor, so every policy token weighs the same whichever
+    batch it lands in. A plain per-batch mean gives a token of a batch of many short guesses less weight than
+    one of a batch of a few long searches: the decisions then follow the batches, not ``p_guess`` (the greedy
+    policy searched on every question with ``p_guess`` 0.55). With the same data and steps, forced-search test
+    EM went from 0.375 to 0.68; other settings of the scripted agent gave 0.25-0.36 with the weighting, so the
+    skills vary a lot from run to run.
     """
     n_prefix = shared_prefix_length(examples)
     prefix = torch.tensor([examples[0][0][:n_prefix]])  # [1, P]
@@ -340,15 +335,16 @@ def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int
         logger.info("copy task: loss %.3f after %d steps", sum(copy_losses[-20:]) / len(copy_losses[-20:]),
                     len(copy_losses))
     lengths = [len(ids) for ids, _ in rest]
-    labelled = sum(label != IGNORE for _, labels in rest for label in labels)
-    per_batch = labelled / len(token_budget_batches(lengths, cfg.tokens_per_batch, random.Random(0)))
+    labelled = [sum(label != IGNORE for label in labels) for _, labels in rest]
     batches: list[list[int]] = []
+    per_batch = sum(labelled) / len(token_budget_batches(lengths, cfg.tokens_per_batch, random.Random(0)))
 
     def trajectory_loss() -> torch.Tensor:
         if not batches:
             batches.extend(token_budget_batches(lengths, cfg.tokens_per_batch, rng))
-        batch = _collate([rest[i] for i in batches.pop()], pad_id)
-        loss = batch_loss(model, prefix, batch, divisor=per_batch)  # every policy token weighs the same
+        rows = batches.pop()
+        loss = batch_loss(model, prefix, _collate([rest[i] for i in rows], pad_id))
+        loss = loss * (sum(labelled[i] for i in rows) / per_batch)  # every policy token weighs the same
         if cfg.copy_rows and copy_tokens:
             loss = loss + batch_loss(model, prefix, copy_task_batch(copy_tokens, cfg.copy_rows, cfg.copy_length,
                                                                   rng, pad_id))

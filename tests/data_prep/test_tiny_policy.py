@@ -151,11 +151,9 @@ def test_token_budget_batches_cover_every_row_once_within_budget():
     assert any(len(b) == 1 and lengths[b[0]] == 700 for b in batches)
 
 
-@pytest.mark.parametrize("divisor", [None, 3.0])
-def test_batch_loss_with_shared_prefix_equals_per_row_loss(divisor):
+def test_batch_loss_with_shared_prefix_equals_per_row_loss():
     """Guards against the shared-prefix trick changing the loss or its gradient (wrong positions, masks, or a
-    prefix that swallows a labelled token), and against a token-weighted loss (``divisor``) that is not the
-    plain sum of the tokens' losses over it: compared with each full row run on its own, in a plain loop."""
+    prefix that swallows a labelled token): compared with each full row run on its own, in a plain loop."""
     tokenizer = train_tokenizer(["alpha beta gamma delta <think> x </think>"] * 20, vocab_size=300)
     model = build_model(tokenizer, num_layers=2, intermediate_size=64, seed=0)
     g = torch.Generator().manual_seed(0)
@@ -168,7 +166,7 @@ def test_batch_loss_with_shared_prefix_equals_per_row_loss(divisor):
     n = shared_prefix_length(examples)
     assert n == len(prefix)
     batch = _collate([(ids[n:], labels[n:]) for ids, labels in examples], tokenizer.pad_token_id)
-    loss = batch_loss(model, torch.tensor([prefix]), batch, divisor)
+    loss = batch_loss(model, torch.tensor([prefix]), batch)
     loss.backward()
     grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
     model.zero_grad()
@@ -181,7 +179,7 @@ def test_batch_loss_with_shared_prefix_equals_per_row_loss(divisor):
                 total = total + torch.nn.functional.cross_entropy(logits[t - 1], torch.tensor(labels[t]),
                                                                   reduction="sum")
                 count += 1
-    expected = total / (count if divisor is None else divisor)
+    expected = total / count
     expected.backward()
     assert torch.allclose(loss, expected, atol=1e-5)
     assert torch.allclose(grad, model.model.layers[0].self_attn.q_proj.weight.grad, atol=1e-5)
