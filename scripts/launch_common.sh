@@ -42,7 +42,8 @@ run_trainer() {
     echo "[launcher] retrieval service not answering at $url: starting retrieval_launch.sh on port $port"
     PORT=$port PYTHON=$PYTHON bash retrieval_launch.sh > "${RETRIEVAL_LOG:-retrieval_server.log}" 2>&1 &
     SERVICE_PID=$!
-    trap 'kill $SERVICE_PID 2>/dev/null || true' EXIT
+    # Wait for it to exit, so that a launcher run right after this one finds the port free and starts its own.
+    trap 'kill $SERVICE_PID 2>/dev/null && wait $SERVICE_PID 2>/dev/null; true' EXIT
     for _ in $(seq 1 600); do
       curl -sf "$url/health" >/dev/null 2>&1 && break
       kill -0 $SERVICE_PID 2>/dev/null || { echo "[launcher] retrieval service failed, see retrieval_server.log"; exit 1; }
