@@ -85,10 +85,11 @@ def rollout(model, tokenizer, questions: list[Question], search: SearchFn, tempe
                 new = new[:max_response_length - len(r.response)]
                 r.response += new
                 text = tokenizer.decode(new, skip_special_tokens=True)
-                if new and new[-1] == search_close and "<search>" in text and turn < max_turns:
+                query = text.rsplit("<search>", 1)[-1].replace("</search>", "").strip()
+                if new and new[-1] == search_close and "<search>" in text and query and turn < max_turns:
                     searching.append(r)
-                    queries.append(text.rsplit("<search>", 1)[1].replace("</search>", "").strip())
-                else:
+                    queries.append(query)
+                else:  # answered, ran out of budget or turns, or an invalid (empty) search: the rollout ends
                     r.done = True
         if searching:
             for r, docs in zip(searching, search(queries), strict=True):
