@@ -336,8 +336,8 @@ def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int
                     len(copy_losses))
     lengths = [len(ids) for ids, _ in rest]
     labelled = [sum(label != IGNORE for label in labels) for _, labels in rest]
-    batches: list[list[int]] = []
-    per_batch = sum(labelled) / len(token_budget_batches(lengths, cfg.tokens_per_batch, random.Random(0)))
+    batches = token_budget_batches(lengths, cfg.tokens_per_batch, rng)  # one epoch; every epoch has as many
+    per_batch = sum(labelled) / len(batches)
 
     def trajectory_loss() -> torch.Tensor:
         if not batches:
