@@ -91,6 +91,7 @@ class RolloutConfig:
     free_cache_engine: bool = False
     micro_batch_size: int = 64
     log_prob_micro_batch_size: int = 32
+    tensor_model_parallel_size: int = 1
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
 
@@ -189,6 +190,7 @@ class Config:
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     max_turns: int = 3
     do_search: bool = True
+    recipe: str = "search_r1.recipe"
     reward: RewardConfig = field(default_factory=RewardConfig)
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -237,6 +239,7 @@ def validate(cfg: Config) -> Config:
         "actor_rollout_ref.rollout.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size",
         "actor_rollout_ref.rollout.val_kwargs.n", "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size",
         "critic.ppo_epochs", "retriever.topk", "retriever.max_retries", "trainer.nnodes",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
         "trainer.n_gpus_per_node", "trainer.total_epochs", "max_turns",
     ]
     for key in positive:
@@ -262,9 +265,37 @@ def validate(cfg: Config) -> Config:
     if cfg.algorithm.adv_estimator in ("grpo", "rloo"):
         _require(n >= 2, "actor_rollout_ref.rollout.n", n,
                  f">= 2 with algorithm.adv_estimator={cfg.algorithm.adv_estimator} (group baselines)")
+    _validate_ranks(cfg)
     _require(cfg.trainer.resume_mode in ("auto", "disable") or Path(cfg.trainer.resume_mode).exists(),
              "trainer.resume_mode", cfg.trainer.resume_mode, "auto, disable or an existing checkpoint path")
     return cfg
+
+
+def world_size(cfg: Config) -> int:
+    """Ranks of every worker group: 1 for the local backend, nodes x workers per node for Ray."""
+    t = cfg.trainer
+    return 1 if t.backend == "local" else t.nnodes * t.n_gpus_per_node
+
+
+def _validate_ranks(cfg: Config) -> None:
+    """Rows split evenly over the ranks; tensor-parallel groups tile the ranks (DP = world / TP)."""
+    world = world_size(cfg)
+    rollout = cfg.actor_rollout_ref.rollout
+    tp = rollout.tensor_model_parallel_size
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    _require(world % tp == 0, key, tp, f"a divisor of the world size {world} (trainer.backend={cfg.trainer.backend}, "
+             f"trainer.nnodes x trainer.n_gpus_per_node = {cfg.trainer.nnodes} x {cfg.trainer.n_gpus_per_node})")
+    _require(tp == 1 or rollout.name == "vllm", key, tp, "1 with actor_rollout_ref.rollout.name=hf "
+             "(transformers generate has no tensor parallelism; use vllm)")
+    rows = cfg.data.train_batch_size * rollout.n
+    _require(rows % world == 0, "data.train_batch_size", cfg.data.train_batch_size,
+             f"a size whose rows (x rollout.n = {rows}) split evenly over the {world} ranks")
+    mini_batch_keys = ["actor_rollout_ref.actor.ppo_mini_batch_size"]
+    if uses_critic(cfg):
+        mini_batch_keys.append("critic.ppo_mini_batch_size")
+    for key in mini_batch_keys:
+        value = _get(cfg, key)
+        _require(value % world == 0, key, value, f"a multiple of the world size {world}")
 
 
 def load_config(overrides: list[str] | None = None, path: str | Path = DEFAULT_CONFIG) -> Config:

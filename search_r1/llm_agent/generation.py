@@ -42,7 +42,7 @@ from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, INVALID_ACTION
 from verl.config import Config
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
-from verl.workers.rollout.base import RolloutEngine, SamplingParams
+from verl.workers.rollout.base import Generator, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -169,9 +169,9 @@ def parse_action(text: str, finish_reason: str, stop_str: str | None, cut: bool)
 
 
 class LLMGenerationManager:
-    """Runs the search loop for a batch of prompts with any ``RolloutEngine``."""
+    """Runs the search loop for a batch of prompts with any ``Generator`` (one engine, or the engines of all ranks)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, engine: RolloutEngine, client: RetrievalClient | None,
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, engine: Generator, client: RetrievalClient | None,
                  cfg: AgentConfig) -> None:
         if cfg.do_search and client is None:
             raise ValueError("do_search=true needs a RetrievalClient (or set do_search=false)")

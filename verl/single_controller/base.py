@@ -8,7 +8,9 @@ The single controller (the trainer) drives it with two calls:
   concatenated in rank order (so rows come back in input order); ``dict`` results (metrics,
   already all-reduced by the workers) are rank 0's.
 * ``execute_all(method, *args, **kwargs)``: the same call on every rank, results in rank order
-  (checkpoints, weight gathering: collectives that every rank must enter).
+  (checkpoints, weight sync, export: collectives that every rank must enter).
+* ``execute_each(method, args_per_rank)``: ``method(*args_per_rank[r])`` on rank r, in parallel,
+  results in rank order (generation: each rank continues its own share of the rows).
 
 Choices: ``local`` runs the one worker in this process (world size 1, no torch.distributed): the
 default, the GPU machine's path, and the easiest to debug. ``ray`` (``ray_group.py``) places one
@@ -35,6 +37,10 @@ class WorkerGroup(Protocol):
         """Call ``method(*args, **kwargs)`` on every rank; the results in rank order."""
         ...
 
+    def execute_each(self, method: str, args_per_rank: list[tuple]) -> list:
+        """Call ``method(*args_per_rank[r])`` on rank r, all ranks in parallel; the results in rank order."""
+        ...
+
     def shutdown(self) -> None:
         """Release the workers (and their processes, for Ray)."""
         ...
@@ -46,6 +52,11 @@ def split_for_ranks(method: str, batch: Batch, world_size: int) -> list[Batch]:
         raise ValueError(f"{method}: a batch of {len(batch)} rows does not split into {world_size} equal parts "
                          f"(one per worker); make the batch size a multiple of the world size")
     return batch.chunk(world_size)
+
+
+def check_args_per_rank(method: str, args_per_rank: list[tuple], world_size: int) -> None:
+    if len(args_per_rank) != world_size:
+        raise ValueError(f"{method}: got arguments for {len(args_per_rank)} ranks, the group has {world_size}")
 
 
 def combine(method: str, results: list) -> Batch | dict:
@@ -69,6 +80,10 @@ class LocalWorkerGroup:
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
         return [getattr(self.worker, method)(*args, **kwargs)]
+
+    def execute_each(self, method: str, args_per_rank: list[tuple]) -> list:
+        check_args_per_rank(method, args_per_rank, 1)
+        return [getattr(self.worker, method)(*args_per_rank[0])]
 
     def shutdown(self) -> None:
         self.worker = None

@@ -31,13 +31,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl.config import Config
 from verl.protocol import Batch
-from verl.single_controller.base import combine, split_for_ranks
+from verl.single_controller.base import check_args_per_rank, combine, split_for_ranks
 
 logger = logging.getLogger(__name__)
 
 MAX_COLOCATED = 4  # worker groups that can share one resource pool (actor, critic, reference + 1)
 PLACEMENT_TIMEOUT_S = 120
-_POOLS: dict[tuple[str, int], PlacementGroup] = {}
+_POOLS: dict[tuple[str, str, int], PlacementGroup] = {}
 
 
 def ensure_ray(min_cpus: int) -> None:
@@ -49,7 +49,10 @@ def ensure_ray(min_cpus: int) -> None:
 def resource_pool(world_size: int) -> tuple[PlacementGroup, bool]:
     """The shared placement group of ``world_size`` bundles (created on first use); and whether it has GPUs."""
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    key = (ray.get_runtime_context().get_job_id(), world_size)
+    # The driver's node id differs between Ray instances (job ids restart at 1), so a pool of an
+    # instance that was shut down is never reused.
+    context = ray.get_runtime_context()
+    key = (context.get_node_id(), context.get_job_id(), world_size)
     if key not in _POOLS:
         bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
         pool = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
@@ -115,6 +118,10 @@ class RayWorkerGroup:
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
         return ray.get([w.execute.remote(method, *args, **kwargs) for w in self.workers])
+
+    def execute_each(self, method: str, args_per_rank: list[tuple]) -> list:
+        check_args_per_rank(method, args_per_rank, self.world_size)
+        return ray.get([w.execute.remote(method, *args) for w, args in zip(self.workers, args_per_rank, strict=True)])
 
     def shutdown(self) -> None:
         for worker in self.workers:

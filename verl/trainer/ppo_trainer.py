@@ -1,10 +1,12 @@
 """The single-controller PPO/GRPO loop.
 
-``fit()`` runs, per step: generate (a pluggable generation function: single-turn, or the search
-agent) -> reward (a pluggable score function) -> old log-probs -> reference log-probs -> values ->
-advantages -> critic update -> actor update -> weight sync to the rollout engine -> validation /
-checkpoint / metrics. The driver holds the rollout engine and the data; the actor, critic and
-reference live in worker groups (in-process or Ray actors, see ``verl.single_controller``).
+``fit()`` runs, per step: generate (the recipe's generation function, e.g. the search agent, on the
+rollout engines of all actor ranks) -> reward (the recipe's score function) -> old log-probs ->
+reference log-probs -> values -> advantages -> critic update -> actor update -> weight sync into
+every rank's engine -> validation / checkpoint / metrics. The driver holds the data and runs the
+recipe's loop; the actor (with its engine), critic and reference live in worker groups
+(in-process or Ray actors, see ``verl.single_controller``). The trainer imports no task: the config
+key ``recipe`` names the module that provides generation, reward and metrics (``recipe.py``).
 
 Masks: ``loss_mask = response_mask * info_mask`` when ``actor.state_masking`` (else
 ``response_mask``) is computed once, right after generation, and is the only mask the reward
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,27 +26,25 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM
+from transformers import AutoTokenizer
 
-from verl.config import Config, to_yaml, uses_critic, uses_reference
+from verl.config import Config, to_yaml, uses_critic, uses_reference, world_size
 from verl.protocol import Batch
 from verl.single_controller import create_worker_group
+from verl.single_controller.rollout import GroupRollout
 from verl.trainer import core_algos
-from verl.trainer.generation import GenerateFn
-from verl.trainer.reward import RewardManager
+from verl.trainer.recipe import RecipeBuilder
+from verl.trainer.reward import RewardManager, load_custom_score_fn
 from verl.utils import checkpoint
 from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.plots import plot_curves
 from verl.utils.tracking import Tracker
-from verl.workers.actor import ActorWorker
+from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.reference import RefWorker
-from verl.workers.rollout.base import RolloutEngine, SamplingParams
+from verl.workers.rollout.base import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-# Extra per-row validation metrics: (response texts, generated batch) -> {name: per-row values}.
-RowMetricsFn = Callable[[list[str], Batch], dict[str, np.ndarray]]
 
 
 @contextmanager
@@ -58,14 +58,27 @@ def _mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float(core_algos.masked_mean(x.float(), mask.float()))
 
 
+def tensor_bytes(obj) -> int:
+    """Bytes of all tensors / arrays inside ``obj`` (nested dicts, lists, tuples): what a call returned."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
 class PPOTrainer:
-    def __init__(self, cfg: Config, tokenizer, engine: RolloutEngine, generate_fn: GenerateFn,
-                 reward: RewardManager, row_metrics_fn: RowMetricsFn | None = None):
-        self.cfg, self.tokenizer, self.engine = cfg, tokenizer, engine
-        self.generate_fn, self.reward, self.row_metrics_fn = generate_fn, reward, row_metrics_fn
+    def __init__(self, cfg: Config, build_recipe: RecipeBuilder):
+        self.cfg = cfg
+        model = cfg.actor_rollout_ref.model
+        self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data
-        self.train_set = PromptDataset(data.train_files, tokenizer, data.max_prompt_length, data.prompt_key)
-        self.val_set = PromptDataset(data.val_files, tokenizer, data.max_prompt_length, data.prompt_key,
+        self.train_set = PromptDataset(data.train_files, self.tokenizer, data.max_prompt_length, data.prompt_key)
+        self.val_set = PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length, data.prompt_key,
                                      data.val_max_samples)
         self.loader = StatefulLoader(self.train_set, data.train_batch_size, data.shuffle, data.seed)
         per_epoch = self.loader.batches_per_epoch()
@@ -76,14 +89,20 @@ class PPOTrainer:
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         self._build_workers()
+        self.rollout = GroupRollout(self.actor, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
+        self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)
+        custom = cfg.custom_reward_function
+        score = load_custom_score_fn(custom.path, custom.name) if custom.path else self.recipe.score
+        self.reward = RewardManager(self.tokenizer, score)
         self.tracker = Tracker(cfg.trainer.logger, self.out_dir, cfg.trainer.project_name,
                                cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
 
     def _build_workers(self) -> None:
-        t = self.cfg.trainer
-        world = 1 if t.backend == "local" else t.nnodes * t.n_gpus_per_node
-        make = lambda cls: create_worker_group(cls, self.cfg, t.backend, world, total_steps=self.total_steps)  # noqa: E731
-        self.actor = make(ActorWorker)
+        """Actor (with a rollout engine on every rank), reference and critic groups of world_size ranks."""
+        world = world_size(self.cfg)
+        make = lambda cls: create_worker_group(cls, self.cfg, self.cfg.trainer.backend, world,  # noqa: E731
+                                               total_steps=self.total_steps)
+        self.actor = make(ActorRolloutWorker)
         self.ref = make(RefWorker) if uses_reference(self.cfg) else None
         self.critic = make(CriticWorker) if uses_critic(self.cfg) else None
 
@@ -141,14 +160,16 @@ class PPOTrainer:
         with _timed("update_actor", timing):
             metrics.update(self.actor.execute_split("update_actor", batch))
         with _timed("sync", timing):
-            self.sync_weights()
+            metrics.update(self.sync_weights())
         return {**metrics, **self._data_metrics(batch)}
 
     # ------------------------------------------------------------------ phases
     def generate(self, batch: Batch, params: SamplingParams, n: int | None = None) -> Batch:
-        """Repeat each prompt n times (consecutive rows share a uid), run the generation function, add loss_mask."""
+        """Repeat each prompt n times (consecutive rows share a uid), run the recipe's generation, add loss_mask."""
         n = self.cfg.actor_rollout_ref.rollout.n if n is None else n
-        out = self.generate_fn(batch.repeat(n), params)
+        self.rollout.take_metrics()  # reset: count only this generation's engines
+        out = self.recipe.generate(batch.repeat(n), params)
+        out.meta["gen_metrics"] = {**out.meta.get("gen_metrics", {}), **self.rollout.take_metrics()}
         # 1 = the token counts in every loss/advantage/metric; inserted tokens are excluded under state masking.
         loss_mask = out["response_mask"] * out["info_mask"] if self.cfg.actor_rollout_ref.actor.state_masking \
             else out["response_mask"]
@@ -182,19 +203,19 @@ class PPOTrainer:
         batch.tensors["returns"] = returns  # [B, R]
         return batch, metrics
 
-    def sync_weights(self) -> None:
-        """Push the actor's full weights into the rollout engine (in memory, no disk)."""
-        state = self.actor.execute_all("full_state_dict")[0]
-        self.engine.sync_weights(state.items())
+    def sync_weights(self) -> dict[str, float]:
+        """Every actor rank streams its new weights into its own engine (in memory, no disk, not via the driver).
+
+        ``perf/sync_bytes_driver`` measures the tensor bytes the driver received from the sync call.
+        """
+        per_rank = self.actor.execute_all("sync_rollout_weights")
+        return {"perf/sync_bytes_driver": float(tensor_bytes(per_rank)),
+                "perf/sync_bytes_engine": per_rank[0]["engine_bytes"],
+                "perf/sync_bytes_gathered": per_rank[0]["gathered_bytes"]}
 
     def export_hf(self, out: Path) -> None:
-        """Save the trained actor as a Hugging Face model directory (for inference and evaluation)."""
-        model_cfg = self.cfg.actor_rollout_ref.model
-        model = AutoModelForCausalLM.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
-        model.load_state_dict(self.actor.execute_all("full_state_dict")[0])
-        model.save_pretrained(out)
-        self.tokenizer.save_pretrained(out)
-        logger.info("saved the trained policy to %s", out)
+        """Save the trained actor as a Hugging Face model directory (rank 0 writes it; for inference and evaluation)."""
+        self.actor.execute_all("save_hf_model", str(out))
 
     def validate(self) -> dict[str, float]:
         """Generate with val_kwargs over the validation set; mean score / extra metrics overall and per data_source."""
@@ -209,7 +230,8 @@ class PPOTrainer:
             out = self.score(self.generate(batch, params, n=vk.n))
             per_row["data_source"].extend(out["data_source"])
             per_row["score"].extend(out["score"])
-            extra = self.row_metrics_fn(list(out["response_text"]), out) if self.row_metrics_fn else {}
+            row_metrics = self.recipe.row_metrics
+            extra = row_metrics(list(out["response_text"]), out) if row_metrics else {}
             for name, values in extra.items():
                 per_row[name].extend(values)
         sources = np.array(per_row.pop("data_source"))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import ray
 import torch
 
 from data_prep.tiny_model import build_model, train_tokenizer
@@ -13,6 +14,10 @@ from search_r1.llm_agent.formatting import information_block
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, StopReason
 from search_r1.prompts import INSTRUCTION, make_prompt
 from search_r1.search.client import RetrievalClient
+from verl.config import load_config
+from verl.single_controller import create_worker_group
+from verl.single_controller.rollout import GroupRollout
+from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -89,6 +94,33 @@ def test_hf_engine_reproduces_the_memorised_search_trajectories(policy, service_
     for traj, response, mask in zip(result.trajectories, responses, masks, strict=True):
         assert traj.response_ids == response
         assert traj.info_mask == mask
+        assert traj.stop_reason is StopReason.ANSWERED and traj.num_searches == 1 and traj.num_turns == 2
+
+
+def test_search_loop_through_a_two_rank_group(policy, service_url):
+    """Guards against the loop breaking when its engine calls are spread over ranks (rows returned out of
+    order, a rank's share lost, inserted blocks attached to the wrong row): the same loop, with one HF
+    engine on each of 2 Ray worker ranks (FSDP2 actors over gloo), must reproduce the memorised
+    trajectories token for token, with both engines generating."""
+    model_dir, tokenizer, prompts, responses, masks = policy
+    cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=hf",
+                       "trainer.backend=ray", "trainer.n_gpus_per_node=2", "trainer.device=cpu"])
+    ray.init(num_cpus=2, include_dashboard=False)
+    group = create_worker_group(ActorRolloutWorker, cfg, "ray", 2, total_steps=1)
+    try:
+        rollout = GroupRollout(group, tensor_parallel_size=1)
+        agent_cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=256, max_response_length=320,
+                                max_obs_length=96, do_search=True, topk=TOPK)
+        agent = LLMGenerationManager(tokenizer, rollout, RetrievalClient(service_url, TOPK), agent_cfg)
+        order = [1, 0, 1]  # 3 rows over 2 ranks
+        result = agent.run([prompts[i] for i in order], SamplingParams(max_tokens=1, temperature=0.0))
+        assert rollout.take_metrics() == {"perf/rollout_ranks": 2.0}
+    finally:
+        group.shutdown()
+        ray.shutdown()
+    for traj, i in zip(result.trajectories, order, strict=True):
+        assert traj.response_ids == responses[i]
+        assert traj.info_mask == masks[i]
         assert traj.stop_reason is StopReason.ANSWERED and traj.num_searches == 1 and traj.num_turns == 2
 
 

@@ -7,6 +7,7 @@ checkpoint that auto-resume would pick up, and config errors that do not name th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.tiny_model import save_tiny_model
 from search_r1.prompts import make_prompt
 from verl.config import ConfigError, load_config
+from verl.trainer.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -46,7 +48,10 @@ def workspace(tmp_path_factory) -> Path:
     return root
 
 
-def overrides(ws: Path, out: Path, steps: int) -> list[str]:
+RAY_WORLD_2 = ["trainer.backend=ray", "trainer.n_gpus_per_node=2"]
+
+
+def overrides(ws: Path, out: Path, steps: int, *extra: str) -> list[str]:
     return [
         f"data.train_files={ws / 'train.parquet'}", f"data.val_files={ws / 'test.parquet'}",
         f"actor_rollout_ref.model.path={ws / 'model'}", "actor_rollout_ref.rollout.name=hf",
@@ -55,14 +60,27 @@ def overrides(ws: Path, out: Path, steps: int) -> list[str]:
         "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size=1", "actor_rollout_ref.actor.lr=1e-3",
         "do_search=false", f"custom_reward_function.path={ws / 'reward.py'}",
         f"trainer.total_training_steps={steps}", "trainer.save_freq=1", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "trainer.logger=[jsonl]", f"trainer.default_local_dir={out}",
+        "trainer.val_before_train=false", "trainer.logger=[jsonl]", f"trainer.default_local_dir={out}", *extra,
     ]
 
 
-def run_main(args: list[str], **popen_kwargs) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen_kwargs)
+@pytest.fixture
+def run_main():
+    """``run_main(args)`` starts ``python -m verl.trainer.main_ppo args`` in its own session; at teardown
+    whatever is left of every session started (a killed run's Ray processes) is killed."""
+    sessions: list[subprocess.Popen] = []
+
+    def start(args: list[str]) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        sessions.append(proc)
+        return proc
+
+    yield start
+    for proc in sessions:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def final_weights(ws: Path, out: Path) -> dict[str, torch.Tensor]:
@@ -75,16 +93,18 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_kill_and_resume_matches_uninterrupted_run(workspace, tmp_path):
+@pytest.mark.parametrize("world", [[], RAY_WORLD_2], ids=["local", "ray-world-2"])
+def test_kill_and_resume_matches_uninterrupted_run(workspace, tmp_path, run_main, world):
     """SIGKILL after step 2's checkpoint, resume with resume_mode=auto: same metrics and final weights
     as a run that was never interrupted (guards the dataloader position, optimizer, scheduler, RNG
-    and per-step sampling seeds in the checkpoint)."""
+    and per-step sampling seeds in the checkpoint), in one process and with 2 Ray ranks (sharded
+    checkpoints, an engine per rank)."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    proc = run_main(overrides(workspace, straight, 4))
+    proc = run_main(overrides(workspace, straight, 4, *world))
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
 
-    proc = run_main(overrides(workspace, killed, 4))
+    proc = run_main(overrides(workspace, killed, 4, *world))
     deadline = time.time() + 600
     while not (killed / "global_step_2" / "trainer.pt").exists():
         assert proc.poll() is None, proc.stdout.read()
@@ -93,7 +113,7 @@ def test_kill_and_resume_matches_uninterrupted_run(workspace, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "hf_model").exists(), "the killed run must not have finished"
-    proc = run_main(overrides(workspace, killed, 4))
+    proc = run_main(overrides(workspace, killed, 4, *world))
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     assert "resuming from" in out
@@ -111,6 +131,32 @@ def test_kill_and_resume_matches_uninterrupted_run(workspace, tmp_path):
     from transformers import AutoModelForCausalLM
     w0 = AutoModelForCausalLM.from_pretrained(workspace / "model").state_dict()
     assert any(not torch.equal(w0[n], wa[n]) for n in wa)
+
+
+def test_two_ranks_train_like_one(workspace, tmp_path, run_main):
+    """Guards against a 2-rank run that trains on other data or other rollouts than one rank (rows
+    split or gathered out of order, engines not synced from the shards, losses normalised per rank):
+    with greedy rollouts and one mini-batch, a step through 2 Ray ranks, each generating with its own
+    engine, gives the metrics and weights of the same step in one process; no weights pass through
+    the driver."""
+    same_step = ["actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                 "critic.ppo_mini_batch_size=4", "trainer.save_freq=-1"]
+    records = {}
+    for name, world in (("local", []), ("ray", RAY_WORLD_2)):
+        proc = run_main(overrides(workspace, tmp_path / name, 2, *same_step, *world))
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out
+        records[name] = metrics(tmp_path / name)
+    for one, two in zip(records["local"], records["ray"], strict=True):
+        assert one["critic/score/mean"] == two["critic/score/mean"]
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "actor/entropy"):
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (one["step"], key)
+        assert (one["perf/rollout_ranks"], two["perf/rollout_ranks"]) == (1, 2)
+        assert one["perf/sync_bytes_driver"] == two["perf/sync_bytes_driver"] == 0
+        assert one["perf/sync_bytes_gathered"] == 0 < two["perf/sync_bytes_gathered"]
+    wa, wb = final_weights(workspace, tmp_path / "local"), final_weights(workspace, tmp_path / "ray")
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=3e-5, msg=name)
 
 
 def test_half_written_checkpoint_is_not_resumed(workspace, tmp_path):
@@ -135,6 +181,42 @@ def test_bad_config_names_the_key(override, needle):
     """Config errors must name the offending key (and the allowed values for choices)."""
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
         load_config([override])
+
+
+RAY_4 = ["trainer.backend=ray", "trainer.n_gpus_per_node=4"]
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+     "tensor_model_parallel_size=2 is invalid: allowed a divisor of the world size 1 (trainer.backend=local"),
+    ([*RAY_4, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
+     "tensor_model_parallel_size=3 is invalid: allowed a divisor of the world size 4"),
+    ([*RAY_4, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "1 with actor_rollout_ref.rollout.name=hf"),
+    ([*RAY_4, "data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=6"],
+     "data.train_batch_size=6 is invalid: allowed a size whose rows"),
+    ([*RAY_4, "actor_rollout_ref.actor.ppo_mini_batch_size=16", "critic.ppo_mini_batch_size=2"],
+     "critic.ppo_mini_batch_size=2 is invalid: allowed a multiple of the world size 4"),
+])
+def test_ranks_and_tensor_parallel_groups_are_validated(bad, needle):
+    """Guards against a world that the tensor-parallel groups or the batches do not tile, which would fail
+    (or hang) only once the workers are up: the config names the key, the world size and what is allowed."""
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert needle in str(err.value)
+    cfg = load_config([*RAY_4, "actor_rollout_ref.rollout.name=vllm",
+                       "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+
+
+def test_unknown_recipe_is_a_config_error(workspace, tmp_path, run_main):
+    """Guards against a typo in the recipe key surfacing as a traceback after the workers started."""
+    with pytest.raises(ConfigError, match="recipe='search_r1.no_such'"):
+        load_recipe("search_r1.no_such")
+    with pytest.raises(ConfigError, match="defines no build_recipe"):
+        load_recipe("search_r1.prompts")
+    proc = run_main(overrides(workspace, tmp_path, 1, "recipe=search_r1.no_such"))
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "recipe='search_r1.no_such'" in out
 
 
 def test_grpo_needs_groups():

@@ -7,14 +7,18 @@ without vLLM (e.g. the GPU machine, which has transformers but no vLLM).
 from __future__ import annotations
 
 from verl.config import Config
-from verl.workers.model_utils import resolve_device
-from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
+from verl.workers.model_utils import resolve_device, world
+from verl.workers.rollout.base import GenerationOutput, Generator, RolloutEngine, SamplingParams
 
-__all__ = ["GenerationOutput", "RolloutEngine", "SamplingParams", "build_rollout"]
+__all__ = ["GenerationOutput", "Generator", "RolloutEngine", "SamplingParams", "build_rollout"]
 
 
 def build_rollout(cfg: Config) -> RolloutEngine:
-    """The engine named by ``actor_rollout_ref.rollout.name`` (vllm | hf), loaded from ``model.path``."""
+    """This process's engine named by ``actor_rollout_ref.rollout.name`` (vllm | hf), loaded from ``model.path``.
+
+    Inside a worker group of several ranks (torch.distributed initialised), vLLM joins that world as
+    one rank of a ``tensor_model_parallel_size``-rank engine; elsewhere it is a single-process engine.
+    """
     rollout = cfg.actor_rollout_ref.rollout
     model_path = cfg.actor_rollout_ref.model.path
     if rollout.name == "hf":
@@ -32,4 +36,5 @@ def build_rollout(cfg: Config) -> RolloutEngine:
     return VLLMRollout(model_path, max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
                        dtype=rollout.dtype, seed=cfg.trainer.seed, cpu_kv_cache_gb=rollout.cpu_kv_cache_gb,
                        gpu_memory_utilization=rollout.gpu_memory_utilization, max_num_seqs=rollout.max_num_seqs,
-                       free_cache_engine=rollout.free_cache_engine)
+                       free_cache_engine=rollout.free_cache_engine,
+                       tensor_parallel_size=rollout.tensor_model_parallel_size, in_worker_group=world()[1] > 1)

@@ -1,6 +1,9 @@
-"""The rollout engine interface: token ids in -> token ids (+ optional log-probs) out.
+"""The rollout interfaces: token ids in -> token ids (+ optional log-probs) out.
 
-Every engine (``vllm_rollout.VLLMRollout``, ``hf_rollout.HFRollout``) implements ``RolloutEngine``.
+``Generator`` is what an agent loop needs: ``generate``. Every engine (``vllm_rollout.VLLMRollout``,
+``hf_rollout.HFRollout``) is a ``RolloutEngine``: a ``Generator`` on one rank whose weights the
+actor on that rank replaces in memory. The driver's ``verl.single_controller.rollout.GroupRollout``
+is a ``Generator`` too: it spreads a call over the engines of all actor ranks.
 Token-in/token-out: callers pass prompt token ids and get back exactly the ids the engine sampled,
 so nothing is decoded and re-encoded between turns of the search loop.
 """
@@ -38,12 +41,16 @@ class GenerationOutput:
     logprobs: list[float] | None = None  # per sampled token, when SamplingParams.logprobs
 
 
-class RolloutEngine(Protocol):
+class Generator(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         """Continue each prompt; returns ``len(prompts) * params.n`` outputs, grouped by prompt
-        (prompt 0's n samples first, then prompt 1's, ...)."""
+        (prompt 0's n samples first, then prompt 1's, ...). ``params.seed = s`` makes the call
+        reproducible and uses seeds ``s .. s + len(prompts) * n - 1`` only (vLLM: one per sample;
+        HF: ``s`` seeds the whole call), so calls given disjoint ranges sample independently."""
         ...
 
+
+class RolloutEngine(Generator, Protocol):
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights with the actor's (HF parameter names), without disk I/O."""
         ...

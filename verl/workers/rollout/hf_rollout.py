@@ -80,10 +80,14 @@ class HFRollout:
         return outputs
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy the actor's tensors (HF names) into the model in place (``load_state_dict``)."""
-        result = self.model.load_state_dict(dict(named_tensors), strict=False)
-        if result.unexpected_keys:
-            raise KeyError(f"sync_weights got names the model does not have: {result.unexpected_keys[:5]}")
+        """Copy the actor's tensors (HF names, any subset) into the model in place, one at a time (the
+        iterator is not materialised; a tied weight updates both of its names)."""
+        own = self.model.state_dict()  # tensors sharing storage with the parameters
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in own:
+                    raise KeyError(f"sync_weights got a name the model does not have: {name!r}")
+                own[name].copy_(tensor)
 
     def _generate_micro_batch(self, rows: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         input_ids, attention_mask = self._left_pad(rows)  # [B, P]

@@ -3,9 +3,15 @@
 Choices:
 - In-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here before vLLM is imported) so that
   ``sync_weights`` can hand the actor's tensors to the model runner through ``LLM.collective_rpc``
-  with a plain function: the weights are copied in memory by vLLM's own in-place reloader
-  (``model_runner.reload_weights(weights_iterator=...)``), no checkpoint is written. After a sync
-  the prefix cache is reset, since its KV entries were computed with the old weights.
+  with a plain function: the weights are streamed, one tensor at a time, into vLLM's own in-place
+  reloader (``model_runner.reload_weights(weights_iterator=...)``); no checkpoint is written. After
+  a sync the prefix cache is reset, since its KV entries were computed with the old weights.
+- Inside a worker group (``in_worker_group``: the process is one rank of an initialised
+  torch.distributed world) the engine uses vLLM's ``external_launcher`` executor: it joins that
+  world instead of starting its own, and ranks [g*tp, (g+1)*tp) form tensor-parallel engine g
+  (vLLM's "external data parallel" layout). Every rank of a group must receive the same prompts;
+  groups are independent. Verified on the 2-core CPU machine with gloo: tp 1 (two engines) and
+  tp 2 (one engine over both ranks).
 - Prompts are ``TokensPrompt`` (never text); stop strings are kept in the output
   (``include_stop_str_in_output``); ``token_ids`` are exactly the ids vLLM sampled, eos included.
 - Log-probs are vLLM's default ``raw_logprobs``: log-softmax of the model's logits before
@@ -32,7 +38,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -75,9 +81,9 @@ logger = logging.getLogger(__name__)
 GIB = 1 << 30
 
 
-def _reload_weights_on_worker(worker, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+def _reload_weights_on_worker(worker, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Runs inside vLLM's worker (in-process): copy HF-named tensors into the loaded model."""
-    worker.model_runner.reload_weights(weights_iterator=iter(named_tensors))
+    worker.model_runner.reload_weights(weights_iterator=named_tensors)
 
 
 class VLLMRollout:
@@ -85,7 +91,8 @@ class VLLMRollout:
 
     def __init__(self, model_path: str, max_model_len: int, dtype: str = "float32", seed: int = 0,
                  cpu_kv_cache_gb: float = 1, gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256,
-                 free_cache_engine: bool = False) -> None:
+                 free_cache_engine: bool = False, tensor_parallel_size: int = 1,
+                 in_worker_group: bool = False) -> None:
         on_cpu = current_platform.is_cpu()
         self.sleep_mode = free_cache_engine and current_platform.is_sleep_mode_available()
         if free_cache_engine and not self.sleep_mode:
@@ -98,7 +105,9 @@ class VLLMRollout:
         with _modules_hidden_from_kernel_scan():
             self.llm = vllm.LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                                 max_num_seqs=max_num_seqs, enforce_eager=True, enable_sleep_mode=self.sleep_mode,
-                                disable_log_stats=True, **memory_kwargs)
+                                disable_log_stats=True, tensor_parallel_size=tensor_parallel_size,
+                                distributed_executor_backend="external_launcher" if in_worker_group else None,
+                                **memory_kwargs)
         torch.set_num_threads = set_num_threads
         logger.info("vLLM engine for %s loaded in %.1f s", model_path, time.perf_counter() - start)
         self.asleep = False
@@ -118,14 +127,23 @@ class VLLMRollout:
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the actor's weights into vLLM in memory: HF names, full (unsharded) tensors, and every
-        weight of the model (e.g. ``state_dict().items()``): vLLM's in-place reloader rebuilds a layer
-        once all of its weights arrived, so a partial set would leave layers half-loaded."""
+        weight of the model (e.g. ``state_dict().items()``; a tied weight once is enough): vLLM's
+        in-place reloader rebuilds a layer once all of its weights arrived, so a partial set would
+        leave layers half-loaded. The tensors are consumed one at a time (an iterator is not
+        materialised), so the caller may produce each one just in time."""
         self._wake_up()
         start = time.perf_counter()
-        tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
-        self.llm.collective_rpc(_reload_weights_on_worker, args=(tensors,))
+        count = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for name, tensor in named_tensors:
+                count += 1
+                yield name, tensor.detach()
+
+        self.llm.collective_rpc(_reload_weights_on_worker, args=(counted(),))
         self.llm.reset_prefix_cache()
-        logger.info("synced %d tensors into vLLM in %.3f s", len(tensors), time.perf_counter() - start)
+        logger.info("synced %d tensors into vLLM in %.3f s", count, time.perf_counter() - start)
 
     def _vllm_params(self, params: SamplingParams, prompt_index: int) -> vllm.SamplingParams:
         seed = None if params.seed is None else params.seed + prompt_index * params.n

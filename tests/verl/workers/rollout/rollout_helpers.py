@@ -1,12 +1,19 @@
-"""Helpers of the rollout-engine tests: the training traces of the tiny model and plain reference loops."""
+"""Helpers of the rollout-engine tests: the fine-tuned tiny policy and its fixtures, plain reference loops.
+
+The fixtures are defined here and imported by the ``conftest.py`` of ``tests/verl/workers/rollout``
+and ``tests/verl/single_controller``.
+"""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from data_prep.tiny_model import save_tiny_model
 
 FACTS = [
     ("the capital of france", "paris"), ("the tallest mountain", "everest"), ("the author of hamlet", "shakespeare"),
@@ -72,3 +79,42 @@ def raw_logprobs(model, prompt: list[int], response: list[int]) -> list[float]:
             logits = model(torch.tensor([prompt + response[:t]])).logits[0, -1]
             values.append(float(torch.log_softmax(logits.float(), dim=-1)[response[t]]))
     return values
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    """Directory of the fine-tuned tiny model + tokenizer (built once per test session)."""
+    texts = traces()
+    out = save_tiny_model(tmp_path_factory.mktemp("tiny_policy"), texts, vocab_size=512)
+    fine_tune(out, texts)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir):
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir):
+    """The same weights as a plain transformers model, for the reference loops of the tests."""
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="session")
+def prompts(tokenizer) -> list[list[int]]:
+    """Prompts of different lengths (so left padding is exercised), some in the trained format, some not."""
+    texts = [
+        "<think> i need to find the capital of france </think> <search>",
+        "<think> i need to find the longest river </think> <search> the longest river </search> <information>",
+        "<think> i need",
+        "the tallest mountain is everest </information> <answer>",
+        "hamlet",
+    ]
+    return [tokenizer.encode(text) for text in texts]
+
+
+@pytest.fixture(scope="session")
+def state_dict(hf_model) -> dict[str, torch.Tensor]:
+    """The saved weights under HF names (what the actor syncs)."""
+    return {name: t.clone() for name, t in hf_model.state_dict().items()}

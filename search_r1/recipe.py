@@ -1,0 +1,44 @@
+"""The search recipe: the Search-R1 loop, the exact-match reward and the search metrics, plugged into
+the generic trainer (``recipe: search_r1.recipe`` in ``configs/ppo_trainer.yaml``).
+
+``build_recipe`` is called by ``verl.trainer.ppo_trainer.PPOTrainer`` with the driver's generator
+(the rollout engines of all actor ranks); the agent loop runs in the driver and sends one engine
+call and one batched retrieval request per turn.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
+from search_r1.reward.qa_em import compute_score
+from search_r1.search.client import RetrievalClient
+from verl.config import Config
+from verl.protocol import Batch
+from verl.trainer.recipe import Recipe
+from verl.workers.rollout.base import Generator
+
+
+def search_row_metrics(texts: list[str], batch: Batch) -> dict[str, np.ndarray]:
+    """Validation metrics per row: exact match of the response's answer, searches and turns."""
+    em = [compute_score(ds, text, gt, default_scorer="em") for ds, text, gt in
+          zip(batch["data_source"], texts, batch["ground_truth"], strict=True)]
+    return {"em": np.array(em), "searches": np.asarray(batch["num_searches"], dtype=float),
+            "turns": np.asarray(batch["num_turns"], dtype=float)}
+
+
+def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Generator) -> Recipe:
+    """The search agent as the generation function, exact match (``reward.*``) as the score."""
+    client = None
+    if cfg.do_search:
+        r = cfg.retriever
+        client = RetrievalClient(r.url, r.topk, timeout=r.timeout, max_retries=r.max_retries)
+        client.check_health(wait_s=10)
+    agent = LLMGenerationManager(tokenizer, generator, client, AgentConfig.from_config(cfg))
+    score = functools.partial(compute_score, default_scorer=cfg.reward.default_scorer,
+                              format_score=cfg.reward.format_score)
+    return Recipe(generate=agent, score=score, row_metrics=search_row_metrics,
+                  summary_prefixes=("val/em", "val/searches"))

@@ -1,0 +1,86 @@
+"""The driver's generator: one ``generate`` call spread over the rollout engines of all actor ranks.
+
+Every actor rank hosts an engine next to its FSDP shard (``verl.workers.actor_rollout``). Ranks
+``[g*tp, (g+1)*tp)`` form engine ``g`` (``tp`` = ``rollout.tensor_model_parallel_size``; each rank of
+a tensor-parallel engine must see the same prompts), so there are ``dp = world / tp`` engines.
+``GroupRollout.generate`` is a drop-in ``Generator`` for an agent loop that runs in the driver:
+
+* **Split, balanced by tokens.** A row may occupy ``len(prompt) + max_tokens`` tokens (its context
+  plus the budget it may still sample); rows are dealt longest first to the engine with the least
+  work so far (ties: fewer rows, then lower index), so long contexts do not pile up on one engine.
+  An engine may get no rows (a late turn with few active rows): its ranks get an empty list and
+  return at once. All ranks are called in parallel, one round trip per call.
+* **Gathered in order.** Results come back per engine (from its first rank) and are put back at the
+  rows' positions, so the caller sees exactly the order (and the n-samples grouping) it asked for.
+* **Disjoint seeds.** A call with ``params.seed = s`` uses seeds ``s .. s + rows * n - 1`` on one
+  engine (``rollout.base.Generator``); engine g gets ``s + g * rows * n``, so engines never share a
+  seed, duplicated prompts (GRPO groups) on different engines sample independently, and with one
+  engine the call is exactly the single-engine call.
+
+``take_metrics`` reports ``perf/rollout_ranks``: the ranks whose engine generated since the last call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from verl.single_controller.base import WorkerGroup
+from verl.workers.rollout.base import GenerationOutput, SamplingParams
+
+
+def split_by_tokens(costs: list[int], parts: int) -> list[list[int]]:
+    """Row indices for each of ``parts`` engines, balancing the summed ``costs`` (greedy, longest first).
+
+    Deterministic; every index appears in exactly one part; indices ascend within a part.
+    """
+    loads = [0] * parts
+    rows_per_part: list[list[int]] = [[] for _ in range(parts)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        part = min(range(parts), key=lambda p: (loads[p], len(rows_per_part[p]), p))
+        rows_per_part[part].append(i)
+        loads[part] += costs[i]
+    return [sorted(rows) for rows in rows_per_part]
+
+
+class GroupRollout:
+    """``Generator`` over the ``generate`` method of a worker group's ranks (see the module docstring)."""
+
+    def __init__(self, group: WorkerGroup, tensor_parallel_size: int):
+        if group.world_size % tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} does not divide the "
+                             f"world size {group.world_size}")
+        self.group = group
+        self.tp = tensor_parallel_size
+        self.engines = group.world_size // tensor_parallel_size
+        self._ranks_used: set[int] = set()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+        """Continue each prompt on the engines; ``len(prompts) * params.n`` outputs, grouped by prompt."""
+        costs = [len(p) + params.max_tokens for p in prompts]
+        rows_per_engine = split_by_tokens(costs, self.engines)
+        seeds_per_call = len(prompts) * params.n
+        args_per_rank = []
+        for rank in range(self.group.world_size):
+            engine = rank // self.tp
+            seed = None if params.seed is None else params.seed + engine * seeds_per_call
+            args_per_rank.append(([prompts[i] for i in rows_per_engine[engine]],
+                                  dataclasses.replace(params, seed=seed)))
+        results = self.group.execute_each("generate", args_per_rank)
+        n = params.n
+        outputs: list[GenerationOutput | None] = [None] * len(prompts) * n
+        for engine, rows in enumerate(rows_per_engine):
+            engine_outputs = results[engine * self.tp]
+            if len(engine_outputs) != len(rows) * n:
+                raise RuntimeError(f"engine {engine} returned {len(engine_outputs)} outputs for {len(rows)} "
+                                   f"prompts x n={n}")
+            for k, row in enumerate(rows):
+                outputs[row * n:(row + 1) * n] = engine_outputs[k * n:(k + 1) * n]
+            if rows:
+                self._ranks_used.update(range(engine * self.tp, (engine + 1) * self.tp))
+        return outputs
+
+    def take_metrics(self) -> dict[str, float]:
+        """``perf/rollout_ranks`` since the previous call (then reset)."""
+        metrics = {"perf/rollout_ranks": float(len(self._ranks_used))}
+        self._ranks_used.clear()
+        return metrics

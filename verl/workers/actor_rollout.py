@@ -1,0 +1,114 @@
+"""The actor with its rollout engine: one per rank, the engine colocated with the rank's FSDP shard.
+
+Choices:
+
+* **Hybrid engine** (verl's term): every actor rank builds its own engine (``build_rollout``: HF
+  ``generate`` or vLLM) in its own process, next to its shard of the trained weights. vLLM runs
+  inside the worker and joins the worker group's torch.distributed world (vLLM's
+  ``external_launcher``), so ``tensor_model_parallel_size`` consecutive ranks form one engine. The
+  driver spreads each ``generate`` call over the engines (``verl.single_controller.rollout``).
+  Chosen over one engine process per rank driven by the worker because the weights then go from
+  the shard to the engine inside one process (no pipe, no pickling, no driver), and because the same
+  in-worker engine can later serve requests concurrently with training (async rollout) without a
+  second process per device to place and keep alive.
+* **Weight sync per rank, streamed.** For every parameter of the actor (a tied one gathered once) each
+  rank casts its local FSDP2 shard to the engine dtype, all-gathers it (``DTensor.full_tensor``, a
+  collective over the actor's ranks) and hands the full tensor to its engine before gathering the
+  next: extra memory is one full parameter, a bf16 engine halves the bytes on the wire, and no
+  weight passes through the driver. In a single process (no FSDP) the tensors go to the engine
+  directly.
+* **Export**: rank 0 writes the Hugging Face model directory from the gathered full weights
+  (a collective on every rank), built on the meta device so no second fp32 copy is allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from verl.config import Config
+from verl.workers.actor import ActorWorker
+from verl.workers.model_utils import DTYPES, gather_full_state_dict, world
+from verl.workers.rollout import build_rollout
+from verl.workers.rollout.base import GenerationOutput, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class ActorRolloutWorker(ActorWorker):
+    """``ActorWorker`` plus this rank's rollout engine: ``generate``, ``sync_rollout_weights``, ``save_hf_model``."""
+
+    def __init__(self, cfg: Config, total_steps: int):
+        super().__init__(cfg, total_steps)
+        self.engine_dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
+        self.engine = build_rollout(cfg)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+        """This rank's share of a generate call (``Generator.generate``); no rows -> no engine call."""
+        return self.engine.generate(prompts, params) if prompts else []
+
+    def sync_rollout_weights(self) -> dict[str, float]:
+        """Stream the actor's current weights into this rank's engine (call on every rank: collective).
+
+        Returns ``tensors``, ``engine_bytes`` (bytes handed to the engine), ``gathered_bytes`` (bytes
+        this rank received from other ranks in the all-gathers) and ``seconds``.
+        """
+        start = time.perf_counter()
+        stats = {"tensors": 0.0, "engine_bytes": 0.0, "gathered_bytes": 0.0}
+        self.engine.sync_weights(self._full_weights(stats))
+        stats["seconds"] = time.perf_counter() - start
+        return stats
+
+    def _full_weights(self, stats: dict[str, float]) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full tensor in the engine dtype), one parameter at a time.
+
+        A tied weight (one parameter under several names, e.g. embeddings and LM head) is gathered
+        once and given under every name: vLLM's CPU kernels keep a processed copy per layer, so each
+        name must arrive.
+        """
+        named = self.model.state_dict(keep_vars=True)
+        names_per_tensor = Counter(id(t) for t in named.values())
+        tied: dict[int, Tensor] = {}
+        for name, tensor in named.items():
+            if id(tensor) in tied:
+                yield name, tied[id(tensor)]
+                continue
+            if isinstance(tensor, DTensor):
+                local = tensor.detach().to(self.engine_dtype)
+                shard_bytes = local.to_local().numel() * local.element_size()
+                full = local.full_tensor()  # a new tensor, gathered from every rank's shard
+                stats["gathered_bytes"] += full.numel() * full.element_size() - shard_bytes
+            else:  # one process: the parameter itself (a view when the dtypes agree; engines copy from it)
+                full = tensor.detach().to(self.engine_dtype)
+            if names_per_tensor[id(tensor)] > 1:
+                tied[id(tensor)] = full
+            stats["tensors"] += 1
+            stats["engine_bytes"] += full.numel() * full.element_size()
+            yield name, full
+
+    def save_hf_model(self, out: str) -> None:
+        """Write the actor as a Hugging Face model directory (weights, config, generation config,
+        tokenizer) from rank 0. Call on every rank: gathering the weights is a collective."""
+        state = gather_full_state_dict(self.model)
+        if world()[0] != 0:
+            return
+        model_cfg = self.cfg.actor_rollout_ref.model
+        config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+        model.load_state_dict(state, assign=True)
+        model.tie_weights()
+        if (Path(model_cfg.path) / "generation_config.json").exists():
+            model.generation_config = GenerationConfig.from_pretrained(model_cfg.path)
+        model.save_pretrained(out)
+        tokenizer = AutoTokenizer.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+        tokenizer.save_pretrained(out)
+        logger.info("saved the trained policy to %s", out)
