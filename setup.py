@@ -12,6 +12,7 @@ setup(
     install_requires=[
         "torch>=2.5",
         "transformers>=5.16.1,<5.20",
+        "peft>=0.21",
         "tokenizers>=0.23",
         "numpy",
         "omegaconf>=2.3",

@@ -42,8 +42,12 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     path: str = "???"
-    enable_gradient_checkpointing: bool = False
+    enable_gradient_checkpointing: bool | None = None  # None = on for models above 1B parameters
     trust_remote_code: bool = False
+    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_alpha: float = 16.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                                "up_proj", "down_proj"])
 
 
 @dataclass
@@ -67,6 +71,8 @@ class ActorConfig:
     state_masking: bool = True
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 8192
+    offload: bool = False
+    optim_state_dtype: str = "float32"
 
 
 @dataclass
@@ -201,6 +207,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "actor_rollout_ref.actor.kl_loss_type": ("kl", "abs", "mse", "low_var_kl"),
     "actor_rollout_ref.rollout.name": ("vllm", "hf"),
+    "actor_rollout_ref.actor.optim_state_dtype": ("float32", "bfloat16"),
     "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16", "float16"),
     "algorithm.adv_estimator": ("gae", "grpo", "reinforce_plus_plus", "rloo"),
     "algorithm.kl_penalty": ("kl", "abs", "mse", "low_var_kl"),
@@ -251,6 +258,10 @@ def validate(cfg: Config) -> Config:
     for key in ("actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.lr", "critic.lr"):
         value = _get(cfg, key)
         _require(value > 0, key, value, "a number > 0")
+    model = cfg.actor_rollout_ref.model
+    _require(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", model.lora_rank, "0 (off) or an integer >= 1")
+    _require(model.lora_rank == 0 or len(model.target_modules) > 0, "actor_rollout_ref.model.target_modules",
+             model.target_modules, "a non-empty list of module names (e.g. [q_proj, v_proj]) when lora_rank > 0")
     c = cfg.actor_rollout_ref.actor.clip_ratio_c
     _require(c is None or c > 1.0, "actor_rollout_ref.actor.clip_ratio_c", c, "null or a number > 1")
     _require(cfg.data.val_batch_size is None or cfg.data.val_batch_size >= 1, "data.val_batch_size",
@@ -322,8 +333,13 @@ def uses_critic(cfg: Config) -> bool:
 
 
 def uses_reference(cfg: Config) -> bool:
-    """The reference model is needed when any KL term is on."""
+    """Reference log-probs are needed when any KL term is on."""
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def uses_lora(cfg: Config) -> bool:
+    """The actor trains LoRA adapters; the reference is then the actor with its adapters disabled."""
+    return cfg.actor_rollout_ref.model.lora_rank > 0
 
 
 def to_yaml(cfg: Config) -> str:

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from verl.config import Config, to_yaml, uses_critic, uses_reference, world_size
+from verl.config import Config, to_yaml, uses_critic, uses_lora, uses_reference, world_size
 from verl.protocol import Batch
 from verl.single_controller import create_worker_group
 from verl.single_controller.rollout import GroupRollout
@@ -37,6 +37,7 @@ from verl.trainer.recipe import RecipeBuilder
 from verl.trainer.reward import RewardManager, load_custom_score_fn
 from verl.utils import checkpoint
 from verl.utils.dataset import PromptDataset, StatefulLoader
+from verl.utils.memory import report_memory
 from verl.utils.plots import plot_curves
 from verl.utils.tracking import Tracker
 from verl.workers.actor_rollout import ActorRolloutWorker
@@ -88,6 +89,7 @@ class PPOTrainer:
         self.initial_validation: dict[str, float] = {}  # validation before the first step of this run
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+        report_memory(cfg)
         self._build_workers()
         self.rollout = GroupRollout(self.actor, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
         self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)
@@ -103,7 +105,10 @@ class PPOTrainer:
         make = lambda cls: create_worker_group(cls, self.cfg, self.cfg.trainer.backend, world,  # noqa: E731
                                                total_steps=self.total_steps)
         self.actor = make(ActorRolloutWorker)
-        self.ref = make(RefWorker) if uses_reference(self.cfg) else None
+        # The reference: its own frozen model, or under LoRA the actor with its adapters disabled.
+        self.ref = None
+        if uses_reference(self.cfg):
+            self.ref = self.actor if uses_lora(self.cfg) else make(RefWorker)
         self.critic = make(CriticWorker) if uses_critic(self.cfg) else None
 
     # ------------------------------------------------------------------ the loop

@@ -11,6 +11,9 @@ Choices:
   ``loss_agg_mode`` over ``loss_mask`` only, normalised by the mini-batch's global counts
   (``train_utils``). The entropy is computed without gradient when ``entropy_coeff`` is 0.
 * Mini-batches are consecutive rows in batch order (no shuffling), identical on every run.
+* **LoRA** (``model.lora_rank > 0``, ``lora.py``): only the adapters are trained and checkpointed;
+  the reference log-probs come from this same model with its adapters disabled
+  (``compute_ref_log_prob``), so no second copy of the weights exists.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
-from verl.config import Config
+from verl.config import Config, uses_lora
 from verl.protocol import Batch
 from verl.trainer.core_algos import agg_loss, compute_policy_loss, kl_penalty, masked_mean
+from verl.workers.lora import LoraSpec
 from verl.workers.model_utils import (
     DTYPES,
     gather_full_state_dict,
@@ -51,14 +55,17 @@ class ActorWorker:
         model_cfg = cfg.actor_rollout_ref.model
         self.device = resolve_device(cfg.trainer.device)
         self.dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
+        self.lora = LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, tuple(model_cfg.target_modules)) \
+            if uses_lora(cfg) else None
+        a = self.actor_cfg
         self.model = load_model(AutoModelForCausalLM, model_cfg.path, device=self.device, dtype=torch.float32,
                                 seed=cfg.trainer.seed, trainable=True,
                                 gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
-                                trust_remote_code=model_cfg.trust_remote_code)
-        a = self.actor_cfg
+                                trust_remote_code=model_cfg.trust_remote_code, lora=self.lora, offload=a.offload)
         rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
         steps = total_steps * optimizer_steps_per_training_step(rows, a.ppo_mini_batch_size, a.ppo_epochs)
-        self.state = TrainState(self.model, a.lr, a.weight_decay, a.lr_warmup_steps_ratio, steps, a.grad_clip)
+        self.state = TrainState(self.model, a.lr, a.weight_decay, a.lr_warmup_steps_ratio, steps, a.grad_clip,
+                                DTYPES[a.optim_state_dtype])
         self.max_tokens = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
 
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -71,6 +78,17 @@ class ActorWorker:
                 log_probs.append(log_prob.cpu())
                 entropies.append(entropy.cpu())
         return Batch({"old_log_probs": torch.cat(log_probs), "entropy": torch.cat(entropies)})
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """``ref_log_prob`` [B, R] under the base model: the actor with its LoRA adapters disabled (LoRA only;
+        without LoRA the reference is its own worker, ``reference.RefWorker``)."""
+        if self.lora is None:
+            raise RuntimeError("compute_ref_log_prob on the actor needs LoRA (model.lora_rank > 0)")
+        rows = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size
+        with torch.no_grad(), self.model.disable_adapter():
+            log_probs = [response_log_probs(self.model, micro, self.device, self.dtype)[0].cpu()
+                         for micro in micro_batches(batch, rows, self.max_tokens)]
+        return Batch({"ref_log_prob": torch.cat(log_probs)})
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches over this rank's rows; metrics ``actor/*`` over all ranks.

@@ -17,6 +17,8 @@ Choices:
   next: extra memory is one full parameter, a bf16 engine halves the bytes on the wire, and no
   weight passes through the driver. In a single process (no FSDP) the tensors go to the engine
   directly.
+* **LoRA**: engines and the export receive merged weights under the base model's names
+  (``lora.merge_lora``), computed from the gathered tensors as they stream.
 * **Export**: rank 0 writes the Hugging Face model directory from the gathered full weights
   (a collective on every rank), built on the meta device so no second fp32 copy is allocated.
 """
@@ -36,6 +38,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 
 from verl.config import Config
 from verl.workers.actor import ActorWorker
+from verl.workers.lora import merge_lora
 from verl.workers.model_utils import DTYPES, gather_full_state_dict, world
 from verl.workers.rollout import build_rollout
 from verl.workers.rollout.base import GenerationOutput, SamplingParams
@@ -63,12 +66,23 @@ class ActorRolloutWorker(ActorWorker):
         """
         start = time.perf_counter()
         stats = {"tensors": 0.0, "engine_bytes": 0.0, "gathered_bytes": 0.0}
-        self.engine.sync_weights(self._full_weights(stats))
+        self.engine.sync_weights(self._counted(self._hf_weights(self._full_weights(stats)), stats))
         stats["seconds"] = time.perf_counter() - start
         return stats
 
+    def _hf_weights(self, named: Iterator[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+        """The model's own (name, tensor) pairs -> the HF model's: with LoRA, merged under base names."""
+        return named if self.lora is None else merge_lora(named, self.lora.scaling)
+
+    @staticmethod
+    def _counted(named: Iterator[tuple[str, Tensor]], stats: dict[str, float]) -> Iterator[tuple[str, Tensor]]:
+        for name, tensor in named:
+            stats["tensors"] += 1
+            stats["engine_bytes"] += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
     def _full_weights(self, stats: dict[str, float]) -> Iterator[tuple[str, Tensor]]:
-        """(HF name, full tensor in the engine dtype), one parameter at a time.
+        """(name, full tensor in the engine dtype), one parameter at a time.
 
         A tied weight (one parameter under several names, e.g. embeddings and LM head) is gathered
         once and given under every name: vLLM's CPU kernels keep a processed copy per layer, so each
@@ -90,8 +104,6 @@ class ActorRolloutWorker(ActorWorker):
                 full = tensor.detach().to(self.engine_dtype)
             if names_per_tensor[id(tensor)] > 1:
                 tied[id(tensor)] = full
-            stats["tensors"] += 1
-            stats["engine_bytes"] += full.numel() * full.element_size()
             yield name, full
 
     def save_hf_model(self, out: str) -> None:
@@ -100,6 +112,7 @@ class ActorRolloutWorker(ActorWorker):
         state = gather_full_state_dict(self.model)
         if world()[0] != 0:
             return
+        state = dict(self._hf_weights(iter(state.items())))
         model_cfg = self.cfg.actor_rollout_ref.model
         config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
         with torch.device("meta"):

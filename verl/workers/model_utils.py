@@ -34,10 +34,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
 from verl.protocol import Batch
-from verl.trainer.core_algos import entropy_from_logits, logprobs_from_logits
+from verl.trainer.core_algos import logprobs_and_entropy
+from verl.workers.lora import LoraSpec, add_lora
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +80,25 @@ def all_reduce_(x: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> T
 # ----------------------------------------------------------------------------------------------
 
 
+# Models with more parameters than this recompute activations in the backward pass unless the
+# config says otherwise (model.enable_gradient_checkpointing: null).
+GRADIENT_CHECKPOINTING_ABOVE = 1_000_000_000
+
+
 def load_model(auto_cls: type, path: str, *, device: torch.device, dtype: torch.dtype, seed: int,
-               trainable: bool, gradient_checkpointing: bool = False, trust_remote_code: bool = False,
-               **model_kwargs) -> nn.Module:
+               trainable: bool, gradient_checkpointing: bool | None = False, trust_remote_code: bool = False,
+               lora: LoraSpec | None = None, offload: bool = False, **model_kwargs) -> nn.Module:
     """Load ``auto_cls.from_pretrained(path)`` ready for a worker: dropout off, on ``device``, sharded if distributed.
 
     Args:
         dtype: parameter dtype (float32 for trainable models; see the module docstring).
-        seed: seeds the initialisation of weights absent from the checkpoint (e.g. a value head),
-            identical on every rank.
+        seed: seeds the initialisation of weights absent from the checkpoint (e.g. a value head or
+            LoRA adapters), identical on every rank.
         trainable: train mode with gradients, else eval mode with ``requires_grad=False``.
+        gradient_checkpointing: None = on above ``GRADIENT_CHECKPOINTING_ABOVE`` parameters.
+        lora: wrap in LoRA adapters (peft); only they require gradients.
+        offload: FSDP2 CPU offload of parameters, gradients and optimiser state; shards the model
+            even in a single process (a world of one is started if none is).
         model_kwargs: passed to ``from_pretrained`` (e.g. ``num_labels=1``).
     """
     torch.manual_seed(seed)
@@ -96,6 +106,8 @@ def load_model(auto_cls: type, path: str, *, device: torch.device, dtype: torch.
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
+    if gradient_checkpointing is None:
+        gradient_checkpointing = sum(p.numel() for p in model.parameters()) > GRADIENT_CHECKPOINTING_ABOVE
     if trainable:
         model.train()
         if gradient_checkpointing:
@@ -103,23 +115,36 @@ def load_model(auto_cls: type, path: str, *, device: torch.device, dtype: torch.
     else:
         model.eval()
         model.requires_grad_(False)
+    if lora is not None:
+        model = add_lora(model, lora)
     model.to(device)
-    if world()[1] > 1:
-        shard_model(model, device)
+    if offload:
+        init_single_process_group(device)
+    if world()[1] > 1 or offload:
+        shard_model(model, device, offload)
     return model
 
 
-def shard_model(model: nn.Module, device: torch.device) -> None:
-    """FSDP2: ``fully_shard`` every decoder layer, then the root (embeddings, head, tied weights)."""
+def init_single_process_group(device: torch.device) -> None:
+    """A torch.distributed world of this process alone, unless one exists (FSDP2 needs a process group)."""
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def shard_model(model: nn.Module, device: torch.device, offload: bool = False) -> None:
+    """FSDP2: ``fully_shard`` every decoder layer, then the root (embeddings, head, tied weights);
+    with ``offload`` the shards live in host memory (``CPUOffloadPolicy``)."""
     mesh = init_device_mesh(device.type, (world()[1],))
+    policy = {"offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")} if offload else {}
     layer_classes = set(getattr(model, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
     if not layers:
         raise ValueError(f"{type(model).__name__} lists no decoder layer classes in _no_split_modules; "
                          "cannot shard it layer by layer")
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **policy)
+    fully_shard(model, mesh=mesh, **policy)
 
 
 def gather_full_state_dict(model: nn.Module) -> dict[str, Tensor]:
@@ -189,16 +214,13 @@ def response_log_probs(model: nn.Module, batch: Batch, device: torch.device, dty
     """Log-probs [b, R] of ``responses`` under a causal LM, and the policy entropy [b, R] if asked.
 
     ``entropy_grad`` keeps the entropy in the autograd graph (an entropy bonus); otherwise it is
-    computed without gradient (a metric). Padding columns hold 0.
+    computed without gradient (a metric). Both come from ``core_algos.logprobs_and_entropy`` over
+    token chunks, so the model's logits are the only [b, r, V] tensor. Padding columns hold 0.
     """
 
     def head(logits: Tensor, labels: Tensor) -> tuple[Tensor, ...]:
-        log_prob = logprobs_from_logits(logits, labels)  # [b, r]
-        if not with_entropy:
-            return (log_prob,)
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits.float())  # [b, r]
-        return log_prob, entropy
+        log_prob, entropy = logprobs_and_entropy(logits, labels, with_entropy, entropy_grad)  # [b, r] each
+        return (log_prob,) if entropy is None else (log_prob, entropy)
 
     out = response_outputs(model, batch, device, dtype, causal_lm=True, head=head)
     return out[0], (out[1] if with_entropy else None)

@@ -16,8 +16,10 @@ Choices:
   mini-batch, then the mean over mini-batches and epochs. ``grad_norm`` is the global L2 norm
   before clipping.
 * **A non-finite gradient norm skips the optimiser step** (logged); the scheduler still steps.
-* **Checkpoints**: ``torch.distributed.checkpoint`` for model + optimiser (each rank writes its
-  own shard; loads into any world size), the scheduler state in ``extra_state.pt`` from rank 0.
+* **Checkpoints**: ``torch.distributed.checkpoint`` for the trainable weights + optimiser (each
+  rank writes its own shard; loads into any world size), the scheduler state in ``extra_state.pt``
+  from rank 0. Frozen weights (the base model under LoRA) are not written.
+* **Optimiser state dtype**: float32 moments (torch's AdamW) or bfloat16 (``optim.py``).
 """
 
 from __future__ import annotations
@@ -35,14 +37,19 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from verl.protocol import Batch
 from verl.workers.model_utils import all_reduce_, world
+from verl.workers.optim import LowPrecisionStateAdamW
 
 logger = logging.getLogger(__name__)
+
+# Checkpoints hold what training changes: every weight, or only the LoRA adapters (frozen weights are
+# the model directory's); loading fills exactly those.
+TRAINABLE_ONLY = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 @dataclass
@@ -79,10 +86,13 @@ class TrainState:
     """A trainable model with its AdamW optimiser, warmup scheduler and checkpoint I/O."""
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_ratio: float,
-                 total_optimizer_steps: int, grad_clip: float | None):
+                 total_optimizer_steps: int, grad_clip: float | None, state_dtype: torch.dtype = torch.float32):
         self.model = model
         self.grad_clip = grad_clip
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]  # all, or the LoRA adapters
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay) \
+            if state_dtype == torch.float32 else \
+            LowPrecisionStateAdamW(trainable, lr=lr, weight_decay=weight_decay, state_dtype=state_dtype)
         warmup = int(warmup_ratio * total_optimizer_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
@@ -140,9 +150,17 @@ class TrainState:
         self.scheduler.step()
         return float(grad_norm), lr
 
+    def _trainable_state(self) -> tuple[dict, dict]:
+        """(model, optimiser) state dicts of the trainable weights only. ``ignore_frozen_params`` alone
+        keeps a frozen weight's second name when it is tied (a LoRA base's LM head = its embeddings)."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=TRAINABLE_ONLY)
+        trainable = {name for name, p in self.model.named_parameters(remove_duplicate=False) if p.requires_grad}
+        return {k: v for k, v in model_state.items() if k in trainable}, optim_state
+
     def save(self, path: str) -> None:
-        """Write model, optimiser (sharded, every rank) and scheduler (rank 0) under ``path``."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        """Write the trainable weights (all, or the LoRA adapters), optimiser (sharded, every rank) and scheduler
+        (rank 0) under ``path``; frozen weights are the model directory's and are not written."""
+        model_state, optim_state = self._trainable_state()
         with _single_process_dcp():
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path, no_dist=world()[1] == 1)
         if world()[0] == 0:
@@ -152,11 +170,12 @@ class TrainState:
 
     def load(self, path: str) -> None:
         """Restore what ``save`` wrote (any world size); the next update continues exactly."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = self._trainable_state()
         state = {"model": model_state, "optim": optim_state}
         with _single_process_dcp():
             dcp.load(state, checkpoint_id=path, no_dist=world()[1] == 1)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=TRAINABLE_ONLY)
         extra = torch.load(Path(path) / "extra_state.pt", weights_only=True)
         self.scheduler.load_state_dict(extra["scheduler"])
 

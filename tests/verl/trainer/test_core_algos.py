@@ -556,3 +556,29 @@ def test_logprobs_half_precision_upcasts() -> None:
     out = ca.logprobs_from_logits(logits, labels)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ca.logprobs_from_logits(logits.float(), labels))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_logprobs_and_entropy_equal_the_plain_ones(dtype) -> None:
+    """Guards against the chunked (memory-bounded) log-prob/entropy path differing from the plain
+    definitions in value or gradient: chunks of 3 tokens (a budget of 3 vocab rows) over 2 x 5
+    tokens, checkpointed under autograd, must give the same values and gradients (entropy bonus on)."""
+    gen = torch.Generator().manual_seed(11)
+    logits = (torch.randn(2, 5, 13, generator=gen) * 3).to(dtype)
+    labels = torch.randint(0, 13, (2, 5), generator=gen)
+    weights = torch.randn(2, 5, generator=gen)
+    leaves = [logits.clone().requires_grad_(True) for _ in range(2)]
+    log_prob, entropy = ca.logprobs_and_entropy(leaves[0], labels, with_entropy=True, entropy_grad=True,
+                                                chunk_bytes=3 * 4 * 13)
+    plain_log_prob = ca.logprobs_from_logits(leaves[1].float(), labels)
+    plain_entropy = ca.entropy_from_logits(leaves[1].float())
+    torch.testing.assert_close(log_prob, plain_log_prob)
+    torch.testing.assert_close(entropy, plain_entropy)
+    (weights * (log_prob - 0.1 * entropy)).sum().backward()
+    (weights * (plain_log_prob - 0.1 * plain_entropy)).sum().backward()
+    torch.testing.assert_close(leaves[0].grad, leaves[1].grad)
+    # without the bonus the entropy is a metric: no graph through it
+    log_prob, entropy = ca.logprobs_and_entropy(leaves[0], labels, with_entropy=True, entropy_grad=False,
+                                                chunk_bytes=3 * 4 * 13)
+    assert log_prob.requires_grad and not entropy.requires_grad
+    assert ca.logprobs_and_entropy(leaves[0], labels)[1] is None

@@ -84,9 +84,11 @@ def run_main():
 
 
 def final_weights(ws: Path, out: Path) -> dict[str, torch.Tensor]:
+    """The weights of the model directory ``out / "hf_model"`` (or ``out`` itself when it is a model directory)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(out / "hf_model").state_dict()
+    model_dir = out if (out / "config.json").exists() else out / "hf_model"
+    return AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
 
 
 def metrics(out: Path) -> list[dict]:
@@ -157,6 +159,24 @@ def test_two_ranks_train_like_one(workspace, tmp_path, run_main):
     wa, wb = final_weights(workspace, tmp_path / "local"), final_weights(workspace, tmp_path / "ray")
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=3e-5, msg=name)
+
+
+def test_lora_grpo_run_end_to_end(workspace, tmp_path, run_main):
+    """Guards against LoRA breaking the trainer's wiring: GRPO with a KL loss whose reference comes from
+    the actor with adapters disabled (no reference worker), engines synced with merged weights, and
+    an export that is a plain HF model of the base's names."""
+    out = tmp_path / "lora"
+    proc = run_main(overrides(workspace, out, 2, "actor_rollout_ref.model.lora_rank=4", "algorithm.adv_estimator=grpo",
+                              "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.use_kl_loss=true",
+                              "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.lr=0.01"))
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log
+    records = metrics(out)
+    assert [r["step"] for r in records] == [1, 2] and all("actor/kl_loss" in r for r in records)
+    assert records[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)  # adapters start as a no-op
+    assert records[1]["actor/kl_loss"] > 0  # ... and then the policy moved away from the base
+    base, trained = final_weights(workspace, workspace / "model"), final_weights(workspace, out)
+    assert trained.keys() == base.keys() and any(not torch.equal(base[n], trained[n]) for n in base)
 
 
 def test_half_written_checkpoint_is_not_resumed(workspace, tmp_path):
