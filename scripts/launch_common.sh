@@ -43,7 +43,10 @@ run_trainer() {
     PORT=$port PYTHON=$PYTHON bash retrieval_launch.sh > "${RETRIEVAL_LOG:-retrieval_server.log}" 2>&1 &
     SERVICE_PID=$!
     # Wait for it to exit, so that a launcher run right after this one finds the port free and starts its own.
-    trap 'kill $SERVICE_PID 2>/dev/null && wait $SERVICE_PID 2>/dev/null; true' EXIT
+    # The trap runs under `set -e` and must not fail: `wait` returns the stopped service's 143, and that status
+    # would otherwise become the launcher's (a successful run ending in `make: *** Error 143`). The launcher's
+    # own status, the trainer's, is kept.
+    trap 'status=$?; { kill $SERVICE_PID && wait $SERVICE_PID; } 2>/dev/null || true; exit $status' EXIT
     for _ in $(seq 1 600); do
       curl -sf "$url/health" >/dev/null 2>&1 && break
       kill -0 $SERVICE_PID 2>/dev/null || { echo "[launcher] retrieval service failed, see retrieval_server.log"; exit 1; }
