@@ -166,6 +166,8 @@ class PPOTrainer:
             metrics.update(self.actor.execute_split("update_actor", batch))
         with _timed("sync", timing):
             metrics.update(self.sync_weights())
+        per_rank = self.actor.execute_all("peak_memory")  # the largest rank's peak of this step
+        metrics.update({key: max(rank[key] for rank in per_rank) for key in per_rank[0]})
         return {**metrics, **self._data_metrics(batch)}
 
     # ------------------------------------------------------------------ phases

@@ -33,6 +33,7 @@ from verl.workers.model_utils import (
     gather_full_state_dict,
     load_model,
     micro_batches,
+    peak_memory_metrics,
     resolve_device,
     response_log_probs,
 )
@@ -101,6 +102,10 @@ class ActorWorker:
                                     lambda mini: micro_batches(mini, a.ppo_micro_batch_size, self.max_tokens),
                                     self._micro_batch_loss)
         return {f"actor/{name}": value for name, value in metrics.items()}
+
+    def peak_memory(self) -> dict[str, float]:
+        """This rank's ``perf/max_rss_gb`` and, on a GPU, ``perf/max_memory_allocated_gb`` since the previous call."""
+        return peak_memory_metrics(self.device)
 
     def _micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[Tensor, dict[str, float]]:
         a = self.actor_cfg

@@ -27,6 +27,7 @@ Choices:
 from __future__ import annotations
 
 import logging
+import resource
 from collections.abc import Callable
 
 import torch
@@ -62,6 +63,17 @@ def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def peak_memory_metrics(device: torch.device) -> dict[str, float]:
+    """This rank's peak memory: on a GPU the most allocated since the previous call (``perf/max_memory_allocated_gb``,
+    then reset: one training step when called once per step), and the process's peak resident set since it
+    started (``perf/max_rss_gb``, host memory, never reset)."""
+    metrics = {"perf/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)}  # KiB -> GiB
+    if device.type == "cuda":
+        metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / (1 << 30)
+        torch.cuda.reset_peak_memory_stats(device)
+    return metrics
 
 
 def all_reduce_(x: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:

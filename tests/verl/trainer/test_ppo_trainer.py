@@ -156,6 +156,7 @@ def test_two_ranks_train_like_one(workspace, tmp_path, run_main):
         assert (one["perf/rollout_ranks"], two["perf/rollout_ranks"]) == (1, 2)
         assert one["perf/sync_bytes_driver"] == two["perf/sync_bytes_driver"] == 0
         assert one["perf/sync_bytes_gathered"] == 0 < two["perf/sync_bytes_gathered"]
+        assert one["perf/max_rss_gb"] > 0.2 and two["perf/max_rss_gb"] > 0.2  # torch alone takes more; 0 = not read
     wa, wb = final_weights(workspace, tmp_path / "local"), final_weights(workspace, tmp_path / "ray")
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=3e-5, msg=name)
