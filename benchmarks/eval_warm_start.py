@@ -5,7 +5,7 @@
 
 Rolls out test questions with HF ``generate`` turn by turn against the running retrieval service (a small loop
 of its own, in the agent loop's token layout: stop at ``</search>``/``</answer>``/eos, insert the passages as
-``INFO_OPEN`` + passages cut to ``max_obs_length`` + ``INFO_CLOSE``, at most ``max_turns`` searches, response
+the loop does (``observation_ids``: cut to ``max_obs_length``), at most ``max_turns`` searches, response
 budget ``max_response_length``; a turn is cut at ``max_turn_tokens``, far above what a well-formed turn
 takes), and prints EM overall and per data_source, the fraction of trajectories that
 search, EM when the policy searches vs when it does not, searches per trajectory per data_source, and the same

@@ -9,7 +9,7 @@ Choices:
   (``search_r1/llm_agent/generation.py``): the chat-templated prompt, then policy turns
   ``<think> ... </think>\\n<search> q </search>`` / ``<think> ... </think>\\n<answer> a </answer>``, each
   tokenised on its own, and after each search the REAL passages of the retrieval service as the loop inserts
-  them (``INFO_OPEN`` + passages cut to ``max_obs_length`` + ``INFO_CLOSE``, three separate encodings). The final
+  them (``search_r1.llm_agent.formatting.observation_ids``: the whole block, or passages cut to fit). The final
   turn ends with the eos token. The loss is on policy tokens only (inserted blocks and the prompt are masked).
 - The scripted agent searches correctly only part of the time: with ``p_guess`` it answers at once with a wrong
   entity of the right kind (from another training question), and on two-hop questions with ``p_stop_early`` it
@@ -50,6 +50,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from data_prep.demo_kb import Question, load_questions
 from data_prep.tiny_model import TAG_TOKENS, build_model, train_tokenizer
+from search_r1.llm_agent import formatting
 from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, format_passages
 from search_r1.prompts import make_prompt
 
@@ -163,11 +164,8 @@ def prompt_ids(tokenizer: PreTrainedTokenizerFast, question: str) -> list[int]:
 
 
 def observation_ids(tokenizer: PreTrainedTokenizerFast, docs: list[dict], max_obs_length: int) -> list[int]:
-    """The inserted block as the agent loop builds it: open tag, passages cut to fit, close tag."""
-    open_ids = tokenizer.encode(INFO_OPEN, add_special_tokens=False)
-    close_ids = tokenizer.encode(INFO_CLOSE, add_special_tokens=False)
-    body = tokenizer.encode(format_passages(docs), add_special_tokens=False)
-    return open_ids + body[:max_obs_length - len(open_ids) - len(close_ids)] + close_ids
+    """The inserted block exactly as the agent loop builds it (``formatting.observation_ids``)."""
+    return formatting.observation_ids(tokenizer, [docs], max_obs_length)[0][0]
 
 
 def encode_trajectory(tokenizer: PreTrainedTokenizerFast, traj: ScriptedTrajectory,

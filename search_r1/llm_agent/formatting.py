@@ -1,15 +1,22 @@
-"""Text of the blocks the environment inserts into a trajectory (shared by the loop and the SFT data).
+"""Text and token ids of the blocks the environment inserts into a trajectory (shared by the loop and the SFT data).
 
 Choices: passages are rendered as Search-R1 renders them (``Doc i(Title: T) text``) so that
 checkpoints trained with Search-R1 see the format they know. The invalid-action feedback names the
 tags in words and never writes a literal tag: the reward takes the last ``<answer>`` block of the
 response, so a literal example answer inside inserted text would be scored as the policy's answer.
+An observation block is tokenised as one text when it fits (``observation_ids``), so that a real
+BPE vocabulary tokenises it as it would anywhere else (it merges across the tag boundaries, e.g.
+``.</`` or ``>Doc``); only a block that must be cut is tokenised in three parts.
 """
 
 from __future__ import annotations
 
-# The observation block is INFO_OPEN + passages + INFO_CLOSE; the loop tokenises the three parts
-# separately so that it can truncate the passages and still close the block.
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# The observation block is INFO_OPEN + passages + INFO_CLOSE.
 INFO_OPEN = "\n\n<information>"
 INFO_CLOSE = "</information>\n\n"
 # Appended after a turn that ended in neither a well-formed search nor a well-formed answer.
@@ -38,3 +45,33 @@ def format_passages(docs: list[dict]) -> str:
 def information_block(docs: list[dict]) -> str:
     """The observation appended after a search: the passages inside <information> tags."""
     return INFO_OPEN + format_passages(docs) + INFO_CLOSE
+
+
+def observation_ids(tokenizer: PreTrainedTokenizerBase, docs_per_row: list[list[dict]],
+                    max_obs_length: int) -> list[tuple[list[int], bool]]:
+    """Token ids of each row's ``<information>`` block, at most ``max_obs_length`` -> [(ids, truncated)].
+
+    A block that fits is the tokenisation of its whole text. A longer one is cut: the tags and the
+    passages are tokenised separately, the passages cut to the room the tags leave, then the block
+    is closed. ``max_obs_length`` must leave room for at least one passage token.
+    """
+    def encode(texts: list[str]) -> list[list[int]]:
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    open_ids, close_ids = encode([INFO_OPEN, INFO_CLOSE])
+    room = max_obs_length - len(open_ids) - len(close_ids)
+    if room < 1:
+        raise ValueError(f"data.max_obs_length={max_obs_length} leaves no room for passages between "
+                         f"the {len(open_ids) + len(close_ids)} tokens of the information tags")
+    if not docs_per_row:
+        return []
+    passages = [format_passages(docs) for docs in docs_per_row]
+    blocks = encode([INFO_OPEN + text + INFO_CLOSE for text in passages])
+    out = []
+    for block, text in zip(blocks, passages, strict=True):
+        if len(block) <= max_obs_length:
+            out.append((block, False))
+        else:
+            (body,) = encode([text])
+            out.append((open_ids + body[:room] + close_ids, True))
+    return out

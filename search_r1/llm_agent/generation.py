@@ -22,9 +22,10 @@ Choices, and where they differ from Search-R1:
   dataset drops such rows.
 - Length budget. One call per turn means one ``max_tokens`` for all rows: it is the largest
   remaining budget, and a row's output is cut to its own remaining budget (that row then ends with
-  ``MAX_LENGTH``). An observation is truncated to ``max_obs_length`` tokens by cutting the passages
-  and then closing the block (counted); an inserted block that would leave the policy no token of
-  budget ends the row with ``MAX_LENGTH`` instead of being appended.
+  ``MAX_LENGTH``). An observation is the tokenisation of the whole block when it fits in
+  ``max_obs_length`` tokens, else truncated by cutting the passages and then closing the block
+  (counted; ``formatting.observation_ids``); an inserted block that would leave the policy no
+  token of budget ends the row with ``MAX_LENGTH`` instead of being appended.
 - Invalid actions (a stop tag without its opening tag, an empty query) get feedback and cost a
   turn. The feedback never contains literal tags (see ``formatting``). EOS without an answer ends
   the row: the policy said it is done, and text appended after its EOS would be off-distribution.
@@ -38,7 +39,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, INVALID_ACTION_FEEDBACK, format_passages
+from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, INVALID_ACTION_FEEDBACK, observation_ids
 from verl.config import Config
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
@@ -184,10 +185,7 @@ class LLMGenerationManager:
         self._open_ids = self._encode([INFO_OPEN])[0]
         self._close_ids = self._encode([INFO_CLOSE])[0]
         self._feedback_ids = self._encode([INVALID_ACTION_FEEDBACK])[0]
-        self._passage_room = cfg.max_obs_length - len(self._open_ids) - len(self._close_ids)
-        if self._passage_room < 1:
-            raise ValueError(f"data.max_obs_length={cfg.max_obs_length} leaves no room for passages between "
-                             f"the {len(self._open_ids) + len(self._close_ids)} tokens of the information tags")
+        observation_ids(tokenizer, [], cfg.max_obs_length)  # fails now if max_obs_length leaves no passage room
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -283,10 +281,9 @@ class LLMGenerationManager:
                 raise RuntimeError(f"retrieval returned {len(docs_per_row)} results for {len(queries)} queries")
         else:
             docs_per_row = [[] for _ in queries]
-        bodies = self._encode([format_passages(docs) for docs in docs_per_row])
-        for row, body in zip(rows, bodies, strict=True):
-            truncated = len(body) > self._passage_room
-            if self._insert(row, self._open_ids + body[:self._passage_room] + self._close_ids):
+        blocks = observation_ids(self.tokenizer, docs_per_row, self.cfg.max_obs_length)
+        for row, (block, truncated) in zip(rows, blocks, strict=True):
+            if self._insert(row, block):
                 row.num_searches += 1
                 row.truncated_obs += truncated
 

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, INVALID_ACTION_FEEDBACK, information_block
+from search_r1.llm_agent.formatting import (
+    INFO_CLOSE,
+    INFO_OPEN,
+    INVALID_ACTION_FEEDBACK,
+    format_passages,
+    information_block,
+)
 from search_r1.llm_agent.generation import (
     ActionKind,
     AgentConfig,
@@ -187,11 +193,11 @@ def test_long_observation_is_truncated_and_closed(tokenizer, make_engine, servic
     traj = result.trajectories[0]
     sampled = engine.emitted[tuple(prompts[0])][0]
     block = traj.response_ids[len(sampled):len(sampled) + max_obs]
-    full_body = encode(tokenizer, information_block(client.search(["Marie Curie Nobel radium"])[0]))
+    docs = client.search(["Marie Curie Nobel radium"])[0]
+    passages = encode(tokenizer, format_passages(docs))
     open_ids, close_ids = encode(tokenizer, INFO_OPEN), encode(tokenizer, INFO_CLOSE)
-    assert len(full_body) > max_obs
-    assert block[:len(open_ids)] == open_ids and block[-len(close_ids):] == close_ids
-    assert block[:-len(close_ids)] == full_body[:max_obs - len(close_ids)]
+    assert len(encode(tokenizer, information_block(docs))) > max_obs
+    assert block == open_ids + passages[:max_obs - len(open_ids) - len(close_ids)] + close_ids
     assert traj.info_mask[len(sampled):len(sampled) + max_obs] == [0] * max_obs
     assert traj.truncated_obs == 1 and result.metrics()["agent/truncated_obs"] == 1
     assert traj.stop_reason is StopReason.ANSWERED
