@@ -1,4 +1,4 @@
-"""Fixtures of the agent-loop tests: the real tiny tokenizer, a scripted engine, the real retrieval service.
+"""Fixtures of the agent-loop tests: real tokenizers (tiny and Qwen2.5), a scripted engine, the real retrieval service.
 
 The scripted engine is a real implementation of ``RolloutEngine`` whose "policy" is a fixed list of
 texts per row and turn (tokenised with the real tokenizer); it honours ``max_tokens``, the stop
@@ -44,9 +44,12 @@ def corpus_texts() -> list[str]:
     return _corpus_texts()
 
 
-@pytest.fixture(scope="session")
-def tokenizer():
-    """The real tiny BPE tokenizer (tags and chat tokens are single tokens)."""
+@pytest.fixture(scope="session", params=["tiny", "qwen"])
+def tokenizer(request):
+    """Each test runs with two real tokenizers: the tiny BPE one (tags and chat tokens are single tokens), and
+    Qwen2.5's 151k vocabulary (``</search>`` is three tokens whose last one can merge with what follows)."""
+    if request.param == "qwen":
+        return request.getfixturevalue("qwen_tokenizer")
     texts = _corpus_texts() + ["Answer the question. <think> I should search. </think> <search> capital of France "
                               "</search> <answer> Paris </answer> Question: What is the capital of Germany?"] * 5
     return train_tokenizer(texts, vocab_size=600)
