@@ -17,6 +17,7 @@ from worker_test_utils import (
     parameters,
     perturb_masked,
     random_batch,
+    real_vocab_batch,
 )
 
 from verl.protocol import Batch
@@ -101,11 +102,19 @@ def test_targets_at_masked_positions_do_not_change_the_update(tiny_model_dir, mo
     assert_equal_parameters(a, b)
 
 
-def test_logits_at_inserted_positions_get_exactly_zero_gradient(tiny_model_dir):
+@pytest.mark.parametrize("vocab", ["tiny", "qwen"])
+def test_logits_at_inserted_positions_get_exactly_zero_gradient(request, vocab):
     """With state masking on, the actor loss (PPO + entropy + KL) must send exactly zero gradient
-    into the logits of tokens inserted by the environment and of padding, and some elsewhere."""
-    cfg = make_config(tiny_model_dir, *FULL_LOSS)
-    batch = add_targets(random_batch(seed=6), seed=6)
+    into the logits of tokens inserted by the environment and of padding, and some elsewhere; also on
+    agent-loop trajectories of Qwen2.5's real vocabulary (multi-token tags, blocks that start where a
+    re-tokenisation would merge them with the sampled text)."""
+    if vocab == "tiny":
+        model_dir, batch = request.getfixturevalue("tiny_model_dir"), random_batch(seed=6)
+    else:
+        model_dir = request.getfixturevalue("qwen_model_dir")
+        batch = real_vocab_batch(request.getfixturevalue("qwen_tokenizer"))
+    cfg = make_config(model_dir, *FULL_LOSS)
+    batch = add_targets(batch, seed=6)
     actor = ActorWorker(cfg, total_steps=1)
     outputs = capture_outputs(actor.model.lm_head)
     actor.update_actor(batch)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from data_prep.tiny_model import save_tiny_model
+from data_prep.tiny_model import build_model, save_tiny_model
+from search_r1.llm_agent.formatting import INVALID_ACTION_FEEDBACK, observation_ids
 from verl.config import Config, load_config
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
@@ -34,6 +35,46 @@ def build_tiny_model(out_dir: Path) -> Path:
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A saved tiny Qwen2 model + tokenizer (real weights, random init)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="session")
+def qwen_model_dir(tmp_path_factory, qwen_tokenizer) -> Path:
+    """A saved tiny Qwen2 model (hidden 64, 1 layer, random init) with Qwen2.5's real 151,665-id vocabulary."""
+    out = tmp_path_factory.mktemp("qwen_vocab_model")
+    build_model(qwen_tokenizer, hidden_size=64, num_layers=1, num_heads=1, intermediate_size=128,
+                max_positions=512).save_pretrained(out)
+    qwen_tokenizer.save_pretrained(out)
+    return out
+
+
+def real_vocab_batch(tokenizer) -> Batch:
+    """Agent-loop trajectories on a real vocabulary: the sampled turns end in a multi-token ``</search>`` or
+    ``</answer>`` (one whose last token ``>\n\n`` spills past the tag), and the inserted blocks start with
+    ``\n\n``, which would merge with the sampled ``>`` if the text were re-tokenised."""
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    docs = [{"id": "p", "contents": '"Paris"\nParis is the capital of France.'}]
+    (block, _), = observation_ids(tokenizer, [docs], 64)
+    rows = [["<think> look </think>\n<search> capital of France </search>", block, "<answer> Paris </answer>"],
+            ["<search> France </search>\n\n", block, "<think> ok </think>", INVALID_ACTION_FEEDBACK,
+             "<answer> Paris </answer>"],
+            ["<answer> Lyon </answer>"]]
+    prompts, responses, info_masks = [], [], []
+    for parts in rows:
+        prompts.append(tokenizer.apply_chat_template([{"role": "user", "content": "Capital of France?"}],
+                                                     add_generation_prompt=True, tokenize=True, return_dict=False))
+        response, mask = [], []
+        for part in parts:
+            inserted = isinstance(part, list) or part == INVALID_ACTION_FEEDBACK
+            ids = part if isinstance(part, list) else encode(part)
+            response += ids
+            mask += [0 if inserted else 1] * len(ids)  # 1 = sampled by the policy (trained), 0 = inserted
+        responses.append(response)
+        info_masks.append(mask)
+    tensors = pack_trajectories(prompts, responses, info_masks, tokenizer.pad_token_id)
+    tensors["loss_mask"] = tensors["response_mask"] * tensors["info_mask"]
+    return Batch(tensors, {"uid": [f"u{i}" for i in range(len(rows))]})
 
 
 @pytest.fixture

@@ -122,3 +122,35 @@ def test_sync_weights_in_place(engine, state_dict, prompts):
     finally:
         engine.sync_weights(state_dict.items())
     assert [o.token_ids for o in engine.generate(prompts, params)] == before
+
+
+def _scan(ids: list[int], eos: int, stops: list[str], decode) -> tuple[list[int], str, str | None]:
+    """Where a stop is hit, decoding every prefix in turn (the reference for ``truncate_at_stop``)."""
+    for t in range(len(ids)):
+        if ids[t] == eos:
+            return ids[:t + 1], "stop", None
+        hits = [stop for stop in stops if stop in decode(ids[:t + 1])]
+        if hits:
+            return ids[:t + 1], "stop", hits[0]
+    return ids, "length", None
+
+
+def test_truncate_at_stop_on_the_real_vocabulary(qwen_tokenizer):
+    """Guards the binary search of ``truncate_at_stop`` on Qwen2.5's vocabulary, where stop strings span several
+    tokens and end inside one (``>`` + newlines, `` capital``), and tokens may be partial UTF-8 characters: the
+    cut must be the first token whose prefix text holds a stop, as a scan over every prefix finds it."""
+    tok = qwen_tokenizer
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
+    stops = ["</search>", "capital of", "e c"]
+    text = "<search> the capital of France </search>\n\n</search>. e c 東京 é"
+    pool = tok(text, add_special_tokens=False)["input_ids"]
+    gen = torch.Generator().manual_seed(0)
+    inside = 0
+    for _ in range(200):
+        ids = [pool[i] for i in torch.randint(len(pool), (24,), generator=gen).tolist()]
+        ids[int(torch.randint(24, (1,), generator=gen))] = int(torch.randint(len(tok), (1,), generator=gen))
+        expected = _scan(ids, tok.eos_token_id, stops, decode)
+        assert truncate_at_stop(ids, [tok.eos_token_id], stops, decode) == expected
+        kept, _, stop = expected
+        inside += stop is not None and not decode(kept).endswith(stop)  # the stop ended inside the last token
+    assert inside > 10
