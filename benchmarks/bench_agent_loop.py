@@ -117,7 +117,7 @@ def _bench(args: argparse.Namespace, url: str) -> int:
     engine = TimedEngine(build_rollout(cfg))
     print(f"engine {args.engine} loaded in {time.perf_counter() - start:.1f}s")
     client = TimedClient(RetrievalClient(url, cfg.retriever.topk, timeout=cfg.retriever.timeout,
-                                         max_retries=cfg.retriever.max_retries))
+                                         outage_timeout_s=cfg.retriever.outage_timeout_s))
     agent = LLMGenerationManager(tokenizer, engine, client, AgentConfig.from_config(cfg))
     print(f"{len(prompts)} trajectories, max_turns={cfg.max_turns}, topk={cfg.retriever.topk}, "
           f"temperature={args.temperature}")

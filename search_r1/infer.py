@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     client = RetrievalClient(cfg.retriever.url, cfg.retriever.topk, timeout=cfg.retriever.timeout,
-                             max_retries=cfg.retriever.max_retries)
+                             outage_timeout_s=cfg.retriever.outage_timeout_s)
     try:
         client.check_health()
     except RetrievalError as err:

@@ -10,6 +10,7 @@ to defaults of its own.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,7 @@ class ActorConfig:
     ppo_max_token_len_per_gpu: int = 8192
     offload: bool = False
     optim_state_dtype: str = "float32"
+    tis_cap: float | None = None  # truncated importance sampling cap C; None = off
 
 
 @dataclass
@@ -152,7 +154,7 @@ class RetrieverConfig:
     url: str = "http://127.0.0.1:8000"
     topk: int = 3
     timeout: float = 30
-    max_retries: int = 4
+    outage_timeout_s: float = 300
 
 
 @dataclass
@@ -185,6 +187,9 @@ class TrainerConfig:
     default_local_dir: str = "outputs"
     seed: int = 1
     device: str = "auto"
+    max_skipped_updates: int = 3
+    alarm_entropy_below: float = 0.05
+    alarm_clipfrac_above: float = 0.5
 
 
 @dataclass
@@ -245,7 +250,7 @@ def validate(cfg: Config) -> Config:
         "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.micro_batch_size",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size",
         "actor_rollout_ref.rollout.val_kwargs.n", "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size",
-        "critic.ppo_epochs", "retriever.topk", "retriever.max_retries", "trainer.nnodes",
+        "critic.ppo_epochs", "retriever.topk", "trainer.max_skipped_updates", "trainer.nnodes",
         "actor_rollout_ref.rollout.tensor_model_parallel_size",
         "trainer.n_gpus_per_node", "trainer.total_epochs", "max_turns",
     ]
@@ -262,6 +267,11 @@ def validate(cfg: Config) -> Config:
     _require(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", model.lora_rank, "0 (off) or an integer >= 1")
     _require(model.lora_rank == 0 or len(model.target_modules) > 0, "actor_rollout_ref.model.target_modules",
              model.target_modules, "a non-empty list of module names (e.g. [q_proj, v_proj]) when lora_rank > 0")
+    for key in ("retriever.timeout", "retriever.outage_timeout_s"):
+        value = _get(cfg, key)
+        _require(value > 0, key, value, "a number of seconds > 0")
+    tis = cfg.actor_rollout_ref.actor.tis_cap
+    _require(tis is None or tis >= 1.0, "actor_rollout_ref.actor.tis_cap", tis, "null (off) or a number >= 1")
     c = cfg.actor_rollout_ref.actor.clip_ratio_c
     _require(c is None or c > 1.0, "actor_rollout_ref.actor.clip_ratio_c", c, "null or a number > 1")
     _require(cfg.data.val_batch_size is None or cfg.data.val_batch_size >= 1, "data.val_batch_size",
@@ -280,6 +290,33 @@ def validate(cfg: Config) -> Config:
     _require(cfg.trainer.resume_mode in ("auto", "disable") or Path(cfg.trainer.resume_mode).exists(),
              "trainer.resume_mode", cfg.trainer.resume_mode, "auto, disable or an existing checkpoint path")
     return cfg
+
+
+def _check_model_dir(key: str, path: str) -> None:
+    """A local model directory must exist and hold config.json; a missing path that looks like a hub id
+    (``owner/name``) is left to transformers."""
+    p = Path(path)
+    hub_like = re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and not path.startswith(".")
+    if not p.exists() and not hub_like:
+        raise ConfigError(f"config key {key}={path!r} is invalid: no such directory (allowed: a Hugging Face model "
+                          "directory with config.json, tokenizer and weights; build the demo policy with `make demo`)")
+    if p.exists() and not (p / "config.json").is_file():
+        raise ConfigError(f"config key {key}={path!r} is invalid: the directory has no config.json (allowed: a "
+                          "Hugging Face model directory with config.json, tokenizer and weights)")
+
+
+def check_paths(cfg: Config) -> None:
+    """The files the run reads exist: model directories and parquet files (ConfigError naming the key).
+    Checked when a run starts, not in ``validate``, so configs can be built and checked anywhere."""
+    _check_model_dir("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
+    if cfg.critic.model_path is not None and uses_critic(cfg):
+        _check_model_dir("critic.model_path", cfg.critic.model_path)
+    for key in ("data.train_files", "data.val_files"):
+        value = _get(cfg, key)
+        for name in [f.strip() for f in value.split(",") if f.strip()] or [value]:
+            if not Path(name).is_file():
+                raise ConfigError(f"config key {key}={value!r} is invalid: {name!r} does not exist (allowed: "
+                                  "comma-separated parquet files in the Search-R1 schema, e.g. from data_prep)")
 
 
 def world_size(cfg: Config) -> int:

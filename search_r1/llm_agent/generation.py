@@ -97,6 +97,8 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)  # sampled + inserted ids, in order
     # 1 = sampled by the policy (trained), 0 = inserted by the environment (context only)
     info_mask: list[int] = field(default_factory=list)
+    # the engine's log-prob of each sampled id (0.0 on inserted ids); filled when the call asks for log-probs
+    rollout_log_probs: list[float] = field(default_factory=list)
     stop_reason: StopReason | None = None
     num_turns: int = 0  # generation turns (engine calls that included this row)
     num_searches: int = 0  # searches answered with an <information> block
@@ -104,9 +106,10 @@ class Trajectory:
     truncated_obs: int = 0  # <information> blocks cut to max_obs_length
     prompt_truncated: bool = False  # the prompt was cut to max_start_length
 
-    def append(self, ids: list[int], sampled: bool) -> None:
+    def append(self, ids: list[int], sampled: bool, log_probs: list[float] | None = None) -> None:
         self.response_ids.extend(ids)
         self.info_mask.extend([1 if sampled else 0] * len(ids))
+        self.rollout_log_probs.extend(log_probs if log_probs is not None else [0.0] * len(ids))
 
 
 @dataclass
@@ -228,12 +231,14 @@ class LLMGenerationManager:
         if len(outputs) != len(rows):
             raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(rows)} prompts")
         sampled = [out.token_ids[:budget] for out, budget in zip(outputs, budgets, strict=True)]
+        log_probs = [out.logprobs[:budget] if params.logprobs else None for out, budget in zip(outputs, budgets,
+                                                                                              strict=True)]
         texts = self.tokenizer.batch_decode(sampled, skip_special_tokens=True)
         searchers: list[Trajectory] = []
         queries: list[str] = []
-        for row, ids, text, out in zip(rows, sampled, texts, outputs, strict=True):
+        for row, ids, text, out, lps in zip(rows, sampled, texts, outputs, log_probs, strict=True):
             row.num_turns += 1
-            row.append(ids, sampled=True)
+            row.append(ids, sampled=True, log_probs=lps)
             kind, content = parse_action(text, out.finish_reason, out.stop_str, cut=len(ids) < len(out.token_ids))
             if kind is ActionKind.SEARCH and not final:
                 if self._insert_fits(row, len(self._open_ids) + len(self._close_ids)):
@@ -291,9 +296,10 @@ class LLMGenerationManager:
         """The trainer's generation function.
 
         Reads ``batch.non_tensors["raw_prompt_ids"]`` (token ids per row, chat template applied).
-        Returns the tensors of ``pack_trajectories`` ([B, P], [B, R], [B, P + R] ...), every input
-        non-tensor column, the non-tensors ``stop_reason`` (str), ``num_turns`` and ``num_searches``
-        (int), the input meta and ``meta["gen_metrics"]``.
+        Returns the tensors of ``pack_trajectories`` ([B, P], [B, R], [B, P + R] ...; with
+        ``params.logprobs`` also ``rollout_log_probs`` [B, R]), every input non-tensor column, the
+        non-tensors ``stop_reason`` (str), ``num_turns`` and ``num_searches`` (int), the input meta and
+        ``meta["gen_metrics"]``.
         """
         prompts = [[int(t) for t in ids] for ids in batch.non_tensors["raw_prompt_ids"]]
         result = self.run(prompts, params)
@@ -302,7 +308,8 @@ class LLMGenerationManager:
         if pad_id is None:
             pad_id = self.tokenizer.eos_token_id
         tensors = pack_trajectories([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                                    [t.info_mask for t in trajs], pad_id)
+                                    [t.info_mask for t in trajs], pad_id,
+                                    [t.rollout_log_probs for t in trajs] if params.logprobs else None)
         non_tensors = dict(batch.non_tensors)
         non_tensors["stop_reason"] = [t.stop_reason.value for t in trajs]
         non_tensors["num_turns"] = [t.num_turns for t in trajs]

@@ -6,9 +6,13 @@ Choices:
   split into requests of at most ``max_batch`` queries so a large rollout never exceeds the
   server's per-request limit (``--max-queries``, default 1024).
 - Transient failures (connection errors, timeouts, 5xx, including 503 while the index loads) are
-  retried with exponential backoff: ``backoff * 2**i`` seconds before retry ``i + 1``, at most
-  ``max_retries`` retries (``max_retries + 1`` attempts). A 4xx means the request itself is wrong
-  and is raised at once. Every error names the URL.
+  retried with exponential backoff, ``backoff * 2**i`` seconds before retry ``i + 1`` but at most
+  ``max_backoff``, each wait logged, for as long as the service has been failing less than
+  ``outage_timeout_s`` seconds (a last attempt is made at that deadline). A service that comes back
+  within it costs only time: the caller gets real results, never an empty list in their place. One
+  that does not raises ``RetrievalUnavailable``, which the trainer treats as an outage of the task's
+  environment (``verl.trainer.recipe.EnvironmentUnavailable``: save a checkpoint, stop). A 4xx means
+  the request itself is wrong and is raised at once. Every error names the URL.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import logging
 import time
 
 import httpx
+
+from verl.trainer.recipe import EnvironmentUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -27,19 +33,24 @@ class RetrievalError(RuntimeError):
     """The retrieval service could not answer; the message always names the URL."""
 
 
+class RetrievalUnavailable(RetrievalError, EnvironmentUnavailable):
+    """The service kept failing for longer than ``outage_timeout_s``."""
+
+
 class RetrievalClient:
     """Batched search against ``<url>/retrieve``; ``topk`` passages per query."""
 
-    def __init__(self, url: str, topk: int, timeout: float = 30.0, max_retries: int = 4, backoff: float = 0.5,
-                 max_batch: int = 512):
+    def __init__(self, url: str, topk: int, timeout: float = 30.0, outage_timeout_s: float = 300.0,
+                 backoff: float = 0.5, max_backoff: float = 8.0, max_batch: int = 512):
         if topk < 1:
             raise ValueError(f"topk must be at least 1, got {topk}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if outage_timeout_s < 0:
+            raise ValueError(f"outage_timeout_s must be >= 0, got {outage_timeout_s}")
         self.url = url.rstrip("/")
         self.topk = topk
-        self.max_retries = max_retries
+        self.outage_timeout_s = outage_timeout_s
         self.backoff = backoff
+        self.max_backoff = max_backoff
         self.max_batch = max_batch
         self._http = httpx.Client(timeout=timeout)
 
@@ -47,7 +58,8 @@ class RetrievalClient:
         """One POST /retrieve for all queries; per query `topk` docs as {"id": str, "contents": str}.
 
         Retries with exponential backoff on connection errors, timeouts and 5xx; 4xx -> RetrievalError at once;
-        after max_retries -> RetrievalError naming the URL and saying to start it with retrieval_launch.sh.
+        failing for outage_timeout_s -> RetrievalUnavailable naming the URL and saying to start it with
+        retrieval_launch.sh.
         """
         results: list[list[dict]] = []
         for start in range(0, len(queries), self.max_batch):
@@ -55,30 +67,36 @@ class RetrievalClient:
         return results
 
     def _post(self, queries: list[str]) -> list[list[dict]]:
-        """One request with retries (see ``search``)."""
+        """One request, retried while the service has been failing for less than ``outage_timeout_s``."""
         endpoint = self.url + "/retrieve"
         payload = {"queries": queries, "topk": self.topk, "return_scores": False}
-        problem = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                delay = self.backoff * 2 ** (attempt - 1)
-                logger.warning("retrieval at %s failed (%s); retry %d/%d in %.2fs",
-                               endpoint, problem, attempt, self.max_retries, delay)
-                time.sleep(delay)
+        first_failure, retry = None, 0
+        while True:
             try:
                 response = self._http.post(endpoint, json=payload)
             except httpx.TransportError as e:  # connection refused/reset, timeouts
                 problem = f"{type(e).__name__}: {e}"
-                continue
-            if response.status_code >= 500:
+            else:
+                if response.status_code == 200:
+                    return self._parse(response, endpoint, len(queries))
+                if response.status_code < 500:
+                    raise RetrievalError(f"retrieval service at {endpoint} rejected the request "
+                                         f"(HTTP {response.status_code}): {_detail(response)}")
                 problem = f"HTTP {response.status_code}: {_detail(response)}"
-                continue
-            if response.status_code != 200:
-                raise RetrievalError(f"retrieval service at {endpoint} rejected the request "
-                                     f"(HTTP {response.status_code}): {_detail(response)}")
-            return self._parse(response, endpoint, len(queries))
-        raise RetrievalError(f"retrieval service at {endpoint} failed after {self.max_retries + 1} attempts "
-                             f"(last error: {problem}); is it running? {LAUNCH_HINT}")
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            down = now - first_failure
+            if down >= self.outage_timeout_s:
+                raise RetrievalUnavailable(
+                    f"retrieval service at {endpoint} failed for {down:.1f}s, {retry + 1} attempts "
+                    f"(retriever.outage_timeout_s={self.outage_timeout_s:g}; last error: {problem}); "
+                    f"is it running? {LAUNCH_HINT}")
+            delay = min(self.backoff * 2 ** retry, self.max_backoff, self.outage_timeout_s - down)
+            logger.warning("retrieval at %s failed (%s); retry %d in %.2fs (failing for %.1fs of "
+                           "retriever.outage_timeout_s=%gs)", endpoint, problem, retry + 1, delay, down,
+                           self.outage_timeout_s)
+            time.sleep(delay)
+            retry += 1
 
     @staticmethod
     def _parse(response: httpx.Response, endpoint: str, n_queries: int) -> list[list[dict]]:
@@ -90,6 +108,10 @@ class RetrievalClient:
         if not isinstance(result, list) or len(result) != n_queries:
             raise RetrievalError(f"retrieval service at {endpoint} answered {len(result)} result lists "
                                  f"for {n_queries} queries")
+        empty = [i for i, docs in enumerate(result) if not docs]
+        if empty:  # never let an empty <information> block pass for a search result
+            raise RetrievalError(f"retrieval service at {endpoint} answered no passages for query {empty[0]} "
+                                 f"of {n_queries}")
         return [[{"id": doc["id"], "contents": doc["contents"]} for doc in docs] for docs in result]
 
     def check_health(self, wait_s: float = 0.0) -> None:

@@ -30,6 +30,11 @@ Choices and sources:
   "clip-higher", Yu et al. 2025) and dual clip for negative advantages (Ye et al. 2020): the loss
   of a token with A < 0 is bounded by ``-A * c``. The log-ratio is clamped to [-20, 20] before
   ``exp`` so a masked garbage log-prob cannot overflow into a NaN gradient.
+* **Truncated importance sampling** (TIS; Yao et al. 2025, "Your efficient RL framework secretly
+  brings you off-policy RL training", as in verl and SkyRL): the rollout engine samples from
+  pi_rollout, which differs from the trainer's pi_old (kernels, dtype); each token's PPO loss is
+  weighted by ``min(pi_old / pi_rollout, C)``, detached. The same log-prob pair gives the mismatch
+  metrics (mean and max |log pi_old - log pi_rollout|, k3 KL(pi_rollout || pi_old)).
 * **Loss aggregation**: ``token-mean`` (DAPO: every counted token weighs the same),
   ``seq-mean-token-sum`` (Dr. GRPO: per-sequence sums averaged over sequences) and
   ``seq-mean-token-mean`` (original GRPO). ``global_tokens`` / ``global_seqs`` replace this
@@ -48,6 +53,7 @@ Choices and sources:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -307,17 +313,20 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, global_tokens: float | N
 def compute_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, mask: Tensor,
                         clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None,
                         loss_agg_mode: str = "token-mean", global_tokens: float | None = None,
-                        global_seqs: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                        global_seqs: float | None = None,
+                        token_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate (Schulman 2017) with low/high clip (DAPO) and optional dual clip (Ye 2020).
 
     Per token, with ratio r = exp(log_prob - old_log_prob):
         L = max(-A * r, -A * clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)),
-        and for A < 0 with dual clip: L = min(L, -A * clip_ratio_c).
+        and for A < 0 with dual clip: L = min(L, -A * clip_ratio_c);
+        then L = w * L with ``token_weights`` w (truncated importance sampling, ``truncated_is_weights``).
 
     Args:
         old_log_prob, log_prob, advantages, mask: [B, T].
         clip_ratio_c: dual-clip constant (> 1), None = off.
         loss_agg_mode, global_tokens, global_seqs: see ``agg_loss``.
+        token_weights: [B, T] detached per-token weights, None = 1.
     Returns:
         The scalar loss, and detached masked means: ``pg_clipfrac`` (tokens where the clipped
         term is active), ``pg_clipfrac_lower`` (tokens bounded by the dual clip) and ``ppo_kl``
@@ -338,6 +347,8 @@ def compute_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tens
         dual_active = (pg_losses > bound) & (advantages < 0)
         pg_clipfrac_lower = masked_mean(dual_active.float(), mask)
         pg_losses = torch.where(advantages < 0, torch.minimum(pg_losses, bound), pg_losses)
+    if token_weights is not None:
+        pg_losses = pg_losses * token_weights
     loss = agg_loss(pg_losses, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
     metrics = {
         "pg_clipfrac": pg_clipfrac.detach(),
@@ -345,6 +356,32 @@ def compute_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tens
         "ppo_kl": masked_mean(-log_ratio, mask).detach(),
     }
     return loss, metrics
+
+
+def truncated_is_weights(old_log_prob: Tensor, rollout_log_prob: Tensor, cap: float) -> Tensor:
+    """TIS weights ``min(pi_old / pi_rollout, cap)`` per token, detached; [B, T] -> [B, T].
+
+    The log-ratio is capped at log(cap) before ``exp``, so no weight overflows. Mask them with the loss.
+    """
+    if cap <= 0:
+        raise ValueError(f"the TIS cap must be > 0, got {cap}")
+    log_ratio = torch.clamp(old_log_prob - rollout_log_prob, max=math.log(cap))  # [B, T]
+    return torch.exp(log_ratio).detach()
+
+
+def rollout_mismatch(old_log_prob: Tensor, rollout_log_prob: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the trainer's, over the ``mask``ed tokens [B, T].
+
+    Returns ``logprob_diff_mean`` and ``logprob_diff_max`` (of |log pi_old - log pi_rollout|) and
+    ``kl_k3``: the k3 estimate of KL(pi_rollout || pi_old) from the engine's samples (r - 1 - log r,
+    r = pi_old / pi_rollout). An empty mask gives zeros.
+    """
+    abs_diff = (old_log_prob - rollout_log_prob).abs().float()  # [B, T]
+    counted = mask != 0
+    k3 = kl_penalty(rollout_log_prob.float(), old_log_prob.float(), "low_var_kl")  # [B, T]
+    return {"logprob_diff_mean": float(masked_mean(abs_diff, mask)),
+            "logprob_diff_max": float(abs_diff[counted].max()) if counted.any() else 0.0,
+            "kl_k3": float(masked_mean(k3, mask))}
 
 
 def compute_value_loss(vpreds: Tensor, values_old: Tensor, returns: Tensor, mask: Tensor, cliprange_value: float,

@@ -2,7 +2,9 @@
 
 Builds the typed config (the flat YAML + overrides, validated once), loads the recipe the config
 names (``recipe``: generation loop, reward and metrics of the task; the search agent by default),
-builds the trainer and calls ``PPOTrainer.fit()``. Nothing else happens here.
+builds the trainer and calls ``PPOTrainer.fit()``. Nothing else happens here. Exit status: 0 done,
+2 a config error (bad key or value, a missing file, an unusable checkpoint), 3 the run stopped on
+purpose (``TrainingStopped``: too many skipped updates, or the environment stayed down).
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import sys
 import torch
 
 from verl.config import Config, ConfigError, load_config, to_yaml
+from verl.trainer.health import TrainingStopped
 from verl.trainer.ppo_trainer import PPOTrainer
-from verl.trainer.recipe import load_recipe
+from verl.trainer.recipe import EnvironmentUnavailable, load_recipe
+from verl.utils.checkpoint import CheckpointError
+from verl.utils.dataset import DataError
 
 logger = logging.getLogger("verl.trainer.main_ppo")
 
@@ -34,10 +39,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
         logger.info("config:\n%s", to_yaml(cfg))
         trainer = build_trainer(cfg)
-    except ConfigError as err:
+    except (ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    final = trainer.fit()
+    try:
+        final = trainer.fit()
+    except CheckpointError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (TrainingStopped, EnvironmentUnavailable) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     print(json.dumps({"initial_validation": trainer.initial_validation, "final_validation": final}, indent=1))
     for key in sorted(k for k in final if k.startswith(trainer.recipe.summary_prefixes)):
         if cfg.trainer.val_only:

@@ -11,6 +11,13 @@ key ``recipe`` names the module that provides generation, reward and metrics (``
 Masks: ``loss_mask = response_mask * info_mask`` when ``actor.state_masking`` (else
 ``response_mask``) is computed once, right after generation, and is the only mask the reward
 placement, advantages, losses and token metrics use.
+
+Stability (README, "Stability"): every step logs the rollout/trainer mismatch over the policy tokens
+(``rollout/*``, from the engines' log-probs); a NaN/Inf advantage skips the step's updates (a
+NaN/Inf loss or gradient norm skips an optimiser step in the workers), and ``health.HealthMonitor``
+stops the run after ``trainer.max_skipped_updates`` such steps in a row and raises the entropy and
+clip-fraction alarms; when the recipe's environment stays down (``EnvironmentUnavailable``) the run
+saves the last finished step and stops, so a rerun continues with no step lost.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -28,12 +36,13 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from verl.config import Config, to_yaml, uses_critic, uses_lora, uses_reference, world_size
+from verl.config import Config, check_paths, to_yaml, uses_critic, uses_lora, uses_reference, world_size
 from verl.protocol import Batch
 from verl.single_controller import create_worker_group
 from verl.single_controller.rollout import GroupRollout
 from verl.trainer import core_algos
-from verl.trainer.recipe import RecipeBuilder
+from verl.trainer.health import HealthMonitor, TrainingStopped
+from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder
 from verl.trainer.reward import RewardManager, load_custom_score_fn
 from verl.utils import checkpoint
 from verl.utils.dataset import PromptDataset, StatefulLoader
@@ -75,6 +84,7 @@ def tensor_bytes(obj) -> int:
 class PPOTrainer:
     def __init__(self, cfg: Config, build_recipe: RecipeBuilder):
         self.cfg = cfg
+        check_paths(cfg)
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data
@@ -87,6 +97,7 @@ class PPOTrainer:
         self.out_dir = Path(cfg.trainer.default_local_dir)
         self.step = 0
         self.initial_validation: dict[str, float] = {}  # validation before the first step of this run
+        self.last_validation: dict[str, float] = {}
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         report_memory(cfg)
@@ -98,6 +109,8 @@ class PPOTrainer:
         self.reward = RewardManager(self.tokenizer, score)
         self.tracker = Tracker(cfg.trainer.logger, self.out_dir, cfg.trainer.project_name,
                                cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
+        self.health = HealthMonitor(cfg.trainer, self.out_dir)
+        self._trained_step = 0  # the last step whose updates ran (an outage before them rewinds the step)
 
     def _build_workers(self) -> None:
         """Actor (with a rollout engine on every rank), reference and critic groups of world_size ranks."""
@@ -115,40 +128,52 @@ class PPOTrainer:
     def fit(self) -> dict[str, float]:
         """Train for ``total_steps`` steps (continuing a checkpoint if one is resumed); returns the last validation."""
         self.resume()
-        val_metrics: dict[str, float] = {}
         if self.cfg.trainer.val_only or (self.cfg.trainer.val_before_train and self.step == 0):
-            val_metrics = self.initial_validation = self.validate()
-            self.tracker.log(val_metrics, step=self.step)
+            self.last_validation = self.initial_validation = self.validate()
+            self.tracker.log(self.last_validation, step=self.step)
             if self.cfg.trainer.val_only:
-                return val_metrics
+                return self.last_validation
         batches = self._batch_stream()
         with tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step") as progress:
             while self.step < self.total_steps:
+                loader_before = self.loader.state_dict()
                 self.step += 1
                 timing: dict[str, float] = {}
-                with _timed("step", timing):
-                    batch = next(batches)
-                    with _timed("gen", timing):
-                        batch = self.generate(batch, self._train_sampling())
-                    with _timed("reward", timing):
-                        batch = self.score(batch)
-                    metrics = self.train_on(batch, timing)
-                    if self._due(self.cfg.trainer.test_freq):
-                        with _timed("validate", timing):
-                            val_metrics = self.validate()
-                        metrics.update(val_metrics)
-                    if self._due(self.cfg.trainer.save_freq):
-                        with _timed("save", timing):
-                            self.save()
+                try:
+                    with _timed("step", timing):
+                        batch, metrics = self.run_step(next(batches), timing)
+                except EnvironmentUnavailable as err:
+                    self.stop_for_outage(err, loader_before)
+                metrics.update(self.health.observe(self.step, metrics))
                 self.tracker.log({**metrics, **timing, **self._throughput(batch, timing)}, step=self.step)
                 progress.update()
         self.tracker.close()
         self.export_hf(self.out_dir / "hf_model")
         plot_curves(self.tracker.jsonl_path, self.out_dir / "curves.png", self.cfg.trainer.experiment_name)
-        return val_metrics
+        return self.last_validation
+
+    def run_step(self, batch: Batch, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """Generate, score and train on one batch; then validate and save when due."""
+        with _timed("gen", timing):
+            batch = self.generate(batch, self._train_sampling())
+        with _timed("reward", timing):
+            batch = self.score(batch)
+        metrics = self.train_on(batch, timing)
+        self._trained_step = self.step
+        if self._due(self.cfg.trainer.test_freq):
+            with _timed("validate", timing):
+                self.last_validation = self.validate()
+                metrics.update(self.last_validation)
+        if self._due(self.cfg.trainer.save_freq):
+            with _timed("save", timing):
+                self.save()
+        return batch, metrics
 
     def train_on(self, batch: Batch, timing: dict[str, float]) -> dict[str, float]:
-        """Log-probs, values, advantages and the updates for one generated, scored batch."""
+        """Log-probs, values, advantages and the updates for one generated, scored batch.
+
+        A NaN/Inf advantage or return skips both updates (and the weight sync): nothing changes.
+        """
         with _timed("old_log_prob", timing):
             batch = batch.union(self.actor.execute_split("compute_log_prob", batch))
         if self.ref is not None:
@@ -159,6 +184,12 @@ class PPOTrainer:
                 batch = batch.union(self.critic.execute_split("compute_values", batch))
         with _timed("adv", timing):
             batch, metrics = self.compute_advantages(batch)
+        metrics.update(self._mismatch_metrics(batch))
+        if not self._finite_targets(batch):
+            updates = self.cfg.actor_rollout_ref.actor.ppo_epochs * (len(batch) //
+                                                                     self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+            return {**metrics, **self._data_metrics(batch), "actor/skipped_updates": float(updates),
+                    "actor/nonfinite_advantages": 1.0}
         if self.critic is not None:
             with _timed("update_critic", timing):
                 metrics.update(self.critic.execute_split("update_critic", batch))
@@ -209,6 +240,39 @@ class PPOTrainer:
         batch.tensors["advantages"] = advantages  # [B, R]
         batch.tensors["returns"] = returns  # [B, R]
         return batch, metrics
+
+    def _mismatch_metrics(self, batch: Batch) -> dict[str, float]:
+        """``rollout/*``: the engines' log-probs against the trainer's old log-probs over the policy tokens
+        (response tokens the policy sampled, whatever ``state_masking`` says)."""
+        if "rollout_log_probs" not in batch:
+            return {}
+        policy_tokens = batch["response_mask"] * batch["info_mask"]  # [B, R], 1 = sampled by the policy
+        mismatch = core_algos.rollout_mismatch(batch["old_log_probs"], batch["rollout_log_probs"], policy_tokens)
+        return {f"rollout/{name}": value for name, value in mismatch.items()}
+
+    def _finite_targets(self, batch: Batch) -> bool:
+        """Whether the advantages and returns are finite on every counted token (logged when not)."""
+        mask = batch["loss_mask"] != 0
+        bad = [key for key in ("advantages", "returns") if not torch.isfinite(batch[key][mask]).all()]
+        if bad:
+            logger.warning("step %d: non-finite %s: the step's updates are skipped", self.step, " and ".join(bad))
+        return not bad
+
+    def stop_for_outage(self, err: EnvironmentUnavailable, loader_before: dict) -> NoReturn:
+        """The recipe's environment stayed down: checkpoint the last finished step, raise ``TrainingStopped``.
+
+        If the outage came before this step's updates the step is undone (the loader rewound to its batch),
+        so the rerun trains it on real results; after them (during validation) the step is kept.
+        """
+        if self._trained_step < self.step:
+            self.step -= 1
+            self.loader.load_state_dict(loader_before)
+        saved = checkpoint.step_dir(self.out_dir, self.step)
+        if self.step > 0 and not saved.exists():
+            saved = self.save()
+        where = f"saved checkpoint {saved}" if self.step > 0 else "nothing trained yet, no checkpoint"
+        raise TrainingStopped(f"{err}\nstopped after step {self.step} ({where}); start the service and run the same "
+                              f"command again to continue at step {self.step + 1}") from err
 
     def sync_weights(self) -> dict[str, float]:
         """Every actor rank streams its new weights into its own engine (in memory, no disk, not via the driver).
@@ -266,6 +330,7 @@ class PPOTrainer:
         path = None if mode == "disable" else checkpoint.find_latest(self.out_dir) if mode == "auto" else Path(mode)
         if path is None:
             return
+        checkpoint.verify(path, ["actor"] + (["critic"] if self.critic is not None else []))
         logger.info("resuming from %s", path)
         self.actor.execute_all("load_checkpoint", str(path / "actor"))
         if self.critic is not None:
@@ -289,7 +354,7 @@ class PPOTrainer:
         r = self.cfg.actor_rollout_ref.rollout
         # A per-step seed makes a resumed run sample exactly what the uninterrupted run sampled.
         return SamplingParams(max_tokens=self.cfg.data.max_response_length, temperature=r.temperature, top_p=r.top_p,
-                              top_k=r.top_k, seed=self.cfg.trainer.seed * 100_003 + self.step)
+                              top_k=r.top_k, seed=self.cfg.trainer.seed * 100_003 + self.step, logprobs=True)
 
     def _data_metrics(self, batch: Batch) -> dict[str, float]:
         mask, rmask = batch["loss_mask"].float(), batch["response_mask"].float()

@@ -37,6 +37,11 @@ class Recipe:
     summary_prefixes: tuple[str, ...] = ("val/",)  # final metrics main_ppo prints (before -> after)
 
 
+class EnvironmentUnavailable(RuntimeError):
+    """Raised by a recipe's generation when a service its environment needs (the retrieval service) stayed
+    down past its own patience; the trainer then saves a checkpoint of the last finished step and stops."""
+
+
 RecipeBuilder = Callable[[Config, object, Generator], Recipe]
 
 

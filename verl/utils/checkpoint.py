@@ -7,9 +7,14 @@ Layout of one checkpoint:
     global_step_N/trainer.pt    step, dataloader position, KL controller, Python/NumPy/torch RNG states
     global_step_N/config.yaml   the resolved config of the run
 
-Choices: everything is written into ``global_step_N.tmp`` and renamed at the end, and
-``latest_checkpointed_iteration.txt`` is updated last, so a crash while saving never leaves a
-checkpoint that ``resume_mode=auto`` would pick up half-written.
+Choices: everything is written into ``global_step_N.tmp`` and renamed at the end: the rename is
+the commit (atomic on one file system), so a directory named ``global_step_N`` is complete and a
+kill at any moment leaves at worst a ``.tmp`` directory, which ``resume_mode=auto`` never reads and
+the next save deletes. ``find_latest`` scans for the newest complete directory instead of trusting
+``latest_checkpointed_iteration.txt`` (verl's marker, still written last, atomically, for tools
+that read it): a kill between a rename and the marker update must not lose that checkpoint.
+``verify`` checks a checkpoint's files before anything is loaded, so a damaged directory is an
+error naming the path and the fix, not a traceback from deep inside a loader.
 """
 
 from __future__ import annotations
@@ -22,25 +27,36 @@ import numpy as np
 import torch
 
 LATEST = "latest_checkpointed_iteration.txt"
+PREFIX = "global_step_"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory that cannot be resumed from; the message names it and the fix."""
 
 
 def step_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f"global_step_{step}"
+    return Path(root) / f"{PREFIX}{step}"
 
 
-def find_latest(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under ``root``, or None."""
-    marker = Path(root) / LATEST
-    if not marker.exists():
-        return None
-    path = step_dir(root, int(marker.read_text().strip()))
-    return path if (path / "trainer.pt").exists() else None
+def complete_steps(root: str | Path) -> list[int]:
+    """Steps of the committed checkpoints under ``root`` (``global_step_N`` directories), ascending."""
+    if not Path(root).is_dir():
+        return []
+    names = [p.name[len(PREFIX):] for p in Path(root).glob(PREFIX + "*") if p.is_dir()]
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def find_latest(root: str | Path, at_most: int | None = None) -> Path | None:
+    """The newest committed checkpoint under ``root`` (of a step <= ``at_most`` if given), or None."""
+    steps = [s for s in complete_steps(root) if at_most is None or s <= at_most]
+    return step_dir(root, steps[-1]) if steps else None
 
 
 def begin(root: str | Path, step: int) -> Path:
-    """A fresh temporary directory to write step ``step``'s checkpoint into."""
-    tmp = Path(root) / f"global_step_{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    """A fresh temporary directory to write step ``step``'s checkpoint into (left-over ``.tmp`` ones are deleted)."""
+    for stale in Path(root).glob(PREFIX + "*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(root) / f"{PREFIX}{step}.tmp"
     tmp.mkdir(parents=True)
     return tmp
 
@@ -58,6 +74,29 @@ def commit(root: str | Path, tmp: Path, step: int, trainer_state: dict, config_y
     marker.with_suffix(".tmp").write_text(str(step))
     marker.with_suffix(".tmp").rename(marker)
     return final
+
+
+def verify(path: str | Path, parts: list[str]) -> None:
+    """Check that ``path`` holds a complete checkpoint with the worker ``parts`` (``actor``, ``critic``) before
+    anything is loaded; ``CheckpointError`` naming the path, what is wrong and the fix otherwise."""
+    path = Path(path)
+    fix = (f"delete {path} to resume from the checkpoint before it, or set trainer.resume_mode=disable (start "
+           "over) or trainer.resume_mode=<another global_step_N directory>")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is not a directory; {fix}")
+    needed = ["trainer.pt", "config.yaml"] + [f"{part}/{name}" for part in parts
+                                              for name in (".metadata", "extra_state.pt")]
+    missing = [name for name in needed if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete or corrupt: missing {', '.join(missing)}; {fix}")
+    try:
+        state = torch.load(path / "trainer.pt", weights_only=False)
+        if not isinstance(state, dict) or not {"step", "loader", "rng"} <= state.keys():
+            raise ValueError("no step / loader / rng entries")
+        for part in parts:
+            torch.load(path / part / "extra_state.pt", weights_only=True)
+    except Exception as err:  # any unpickling failure means the same thing here
+        raise CheckpointError(f"checkpoint {path} is corrupt: {type(err).__name__}: {err}; {fix}") from err
 
 
 def load_trainer_state(path: str | Path) -> dict:

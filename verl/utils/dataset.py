@@ -2,7 +2,12 @@
 
 Choices: the chat template is applied once, here, and prompts travel as token ids
 (``raw_prompt_ids``) from then on; rows whose prompt exceeds ``data.max_prompt_length`` are
-dropped at load time with a logged count (never silently truncated, which would cut the question).
+dropped at load time with a logged count and their row numbers (never silently truncated, which
+would cut the question); a file in which every prompt is too long is an error saying how long they are.
+Rows are checked when loaded, so bad data fails before any worker starts, with a ``DataError`` that
+names the file, the row and the fix: the prompt column and ``reward_model`` must exist, the prompt
+must be a non-empty list of chat messages and ``reward_model.ground_truth`` must hold at least one
+non-empty answer (an empty one would make every reward 0 without a word).
 The loader's position (epoch, next row) is part of every checkpoint, so a resumed run sees exactly
 the batches an uninterrupted run would.
 """
@@ -21,16 +26,56 @@ from verl.protocol import Batch
 logger = logging.getLogger(__name__)
 
 
-def read_rows(files: str) -> list[dict]:
-    """All rows of the comma-separated parquet ``files``, as dicts."""
+SCHEMA_HINT = ("Search-R1 schema: prompt: [{role, content}], reward_model: {ground_truth: {target: [str, ...]}}, "
+               "data_source: str (optional), extra_info (optional); see DESIGN.md and data_prep/")
+
+
+class DataError(ValueError):
+    """A data file that cannot be trained on; the message names the file, the row and the fix."""
+
+
+def read_rows(files: str, required: tuple[str, ...] = ()) -> list[dict]:
+    """All rows of the comma-separated parquet ``files``, as dicts; every file must have the ``required`` columns."""
     rows: list[dict] = []
     for name in [f.strip() for f in files.split(",") if f.strip()]:
         if not Path(name).exists():
-            raise FileNotFoundError(f"parquet file {name!r} does not exist (data.train_files / data.val_files)")
-        rows.extend(pq.read_table(name).to_pylist())
+            raise DataError(f"parquet file {name!r} does not exist (data.train_files / data.val_files)")
+        try:
+            table = pq.read_table(name)
+        except Exception as err:  # pyarrow raises several types for a damaged file
+            raise DataError(f"{name!r} is not a readable parquet file: {err}") from err
+        missing = [c for c in required if c not in table.column_names]
+        if missing:
+            raise DataError(f"{name!r} lacks the column(s) {missing} (it has {table.column_names}); {SCHEMA_HINT}")
+        rows.extend(table.to_pylist())
     if not rows:
-        raise ValueError(f"no rows in {files!r}")
+        raise DataError(f"no rows in {files!r}")
     return rows
+
+
+def _answers(ground_truth) -> list:
+    """The golden answers of a ``reward_model.ground_truth`` value ({"target": [...]}, a list or a string)."""
+    if isinstance(ground_truth, dict):
+        ground_truth = ground_truth.get("target")
+    if isinstance(ground_truth, str):
+        return [ground_truth]
+    return list(ground_truth) if isinstance(ground_truth, list | tuple | np.ndarray) else []
+
+
+def check_row(row: dict, prompt_key: str, where: str) -> None:
+    """A row's prompt is a non-empty list of chat messages and it has at least one non-empty golden answer."""
+    prompt = row[prompt_key]
+    if not isinstance(prompt, list) or not prompt or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in prompt):
+        raise DataError(f"{where}: column {prompt_key!r} must be a non-empty list of chat messages "
+                        f"{{role, content}}, got {str(prompt)[:120]!r}; {SCHEMA_HINT}")
+    reward_model = row["reward_model"]
+    answers = _answers(reward_model.get("ground_truth") if isinstance(reward_model, dict) else None)
+    if not any(isinstance(a, str) and a.strip() for a in answers):
+        raise DataError(f"{where}: no golden answer (reward_model.ground_truth = "
+                        f"{str(reward_model)[:120]}); every row needs at least one non-empty string in "
+                        "reward_model.ground_truth.target: fix or drop the row (data_prep.qa_search.make_row refuses "
+                        "such rows)")
 
 
 class PromptDataset:
@@ -38,28 +83,31 @@ class PromptDataset:
 
     def __init__(self, files: str, tokenizer, max_prompt_length: int, prompt_key: str = "prompt",
                  max_samples: int | None = None):
-        rows = read_rows(files)
+        rows = read_rows(files, required=(prompt_key, "reward_model"))
         if max_samples is not None:
             rows = rows[:max_samples]
         self.rows: list[dict] = []
         self.prompt_ids: list[list[int]] = []
-        dropped = 0
+        too_long: dict[int, int] = {}  # row -> prompt tokens, for rows over max_prompt_length
         for i, row in enumerate(rows):
-            if prompt_key not in row:
-                raise KeyError(f"row {i} of {files!r} has no {prompt_key!r} column (data.prompt_key)")
+            check_row(row, prompt_key, f"row {i} of {files!r}")
             ids = tokenizer.apply_chat_template(row[prompt_key], add_generation_prompt=True, tokenize=True)
             if hasattr(ids, "input_ids"):  # transformers may return a BatchEncoding
                 ids = ids["input_ids"]
             if len(ids) > max_prompt_length:
-                dropped += 1
+                too_long[i] = len(ids)
                 continue
             self.rows.append(row)
             self.prompt_ids.append(list(ids))
-        if dropped:
-            logger.warning("dropped %d of %d rows of %s longer than data.max_prompt_length=%d tokens",
-                           dropped, len(rows), files, max_prompt_length)
+        if too_long:
+            shown = ", ".join(f"row {i}: {n}" for i, n in list(too_long.items())[:5])
+            logger.warning("dropped %d of %d rows of %s longer than data.max_prompt_length=%d tokens (%s%s)",
+                           len(too_long), len(rows), files, max_prompt_length, shown, ", ..." if len(too_long) > 5
+                           else "")
         if not self.rows:
-            raise ValueError(f"every row of {files!r} is longer than data.max_prompt_length={max_prompt_length}")
+            raise DataError(f"every row of {files!r} is longer than data.max_prompt_length={max_prompt_length} "
+                            f"tokens (prompts have {min(too_long.values())} to {max(too_long.values())} tokens); "
+                            "raise data.max_prompt_length (and data.max_start_length) or shorten the prompts")
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -16,7 +16,7 @@ import torch
 
 
 def pack_trajectories(prompt_ids: list[list[int]], response_ids: list[list[int]], info_masks: list[list[int]],
-                      pad_id: int) -> dict[str, torch.Tensor]:
+                      pad_id: int, rollout_log_probs: list[list[float]] | None = None) -> dict[str, torch.Tensor]:
     """Pad prompts (left) and responses (right) into tensors.
 
     Args:
@@ -25,10 +25,13 @@ def pack_trajectories(prompt_ids: list[list[int]], response_ids: list[list[int]]
         info_masks: per row, one int per response token: 1 = sampled by the policy (trained),
             0 = inserted by the environment (context only).
         pad_id: id written into padding positions.
+        rollout_log_probs: per row, one float per response token: the engine's log-prob of a sampled
+            token (0.0 on inserted ones); None = not packed.
 
     Returns tensors ``prompts`` [B, P], ``responses`` [B, R], ``input_ids`` [B, P+R],
     ``attention_mask`` [B, P+R], ``position_ids`` [B, P+R], ``response_mask`` [B, R] (1 = real
-    response token, 0 = padding) and ``info_mask`` [B, R] (0 on padding as well).
+    response token, 0 = padding), ``info_mask`` [B, R] (0 on padding as well) and, when given,
+    ``rollout_log_probs`` [B, R] float32 (0 on padding).
     """
     if not (len(prompt_ids) == len(response_ids) == len(info_masks)):
         raise ValueError("prompt_ids, response_ids and info_masks must have one entry per row")
@@ -53,7 +56,7 @@ def pack_trajectories(prompt_ids: list[list[int]], response_ids: list[list[int]]
             info_mask[i, :len(r)] = torch.tensor(m)
     attention_mask = torch.cat([prompt_attn, response_mask], dim=1)  # [B, P+R]
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P+R]
-    return {
+    packed = {
         "prompts": prompts,
         "responses": responses,
         "input_ids": torch.cat([prompts, responses], dim=1),
@@ -62,3 +65,10 @@ def pack_trajectories(prompt_ids: list[list[int]], response_ids: list[list[int]]
         "response_mask": response_mask,
         "info_mask": info_mask,
     }
+    if rollout_log_probs is not None:
+        packed["rollout_log_probs"] = torch.zeros((rows, R), dtype=torch.float32)
+        for i, lps in enumerate(rollout_log_probs):
+            if len(lps) != len(response_ids[i]):
+                raise ValueError(f"row {i}: {len(response_ids[i])} response tokens but {len(lps)} rollout log-probs")
+            packed["rollout_log_probs"][i, :len(lps)] = torch.tensor(lps, dtype=torch.float32)
+    return packed

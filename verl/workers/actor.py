@@ -10,6 +10,10 @@ Choices:
   ``use_kl_loss`` (GRPO style, ``kl_loss_type`` estimator). All three aggregate with
   ``loss_agg_mode`` over ``loss_mask`` only, normalised by the mini-batch's global counts
   (``train_utils``). The entropy is computed without gradient when ``entropy_coeff`` is 0.
+* **Truncated importance sampling** (``tis_cap``, off by default): each token's policy loss is
+  weighted by ``min(pi_old / pi_rollout, tis_cap)`` (detached, ``core_algos.truncated_is_weights``),
+  pi_rollout being the engine's log-probs of the sampled tokens (``rollout_log_probs``). Logged:
+  ``tis_weight_mean`` and ``tis_capped_frac`` over the policy tokens.
 * Mini-batches are consecutive rows in batch order (no shuffling), identical on every run.
 * **LoRA** (``model.lora_rank > 0``, ``lora.py``): only the adapters are trained and checkpointed;
   the reference log-probs come from this same model with its adapters disabled
@@ -19,6 +23,7 @@ Choices:
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from torch import Tensor
@@ -26,7 +31,7 @@ from transformers import AutoModelForCausalLM
 
 from verl.config import Config, uses_lora
 from verl.protocol import Batch
-from verl.trainer.core_algos import agg_loss, compute_policy_loss, kl_penalty, masked_mean
+from verl.trainer.core_algos import agg_loss, compute_policy_loss, kl_penalty, masked_mean, truncated_is_weights
 from verl.workers.lora import LoraSpec
 from verl.workers.model_utils import (
     DTYPES,
@@ -95,9 +100,13 @@ class ActorWorker:
         """PPO epochs x mini-batches x micro-batches over this rank's rows; metrics ``actor/*`` over all ranks.
 
         Needs ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``, ``loss_mask``,
-        ``old_log_probs``, ``advantages`` (and ``ref_log_prob`` with ``use_kl_loss``).
+        ``old_log_probs``, ``advantages`` (and ``ref_log_prob`` with ``use_kl_loss``, ``rollout_log_probs``
+        with ``tis_cap``).
         """
         a = self.actor_cfg
+        if a.tis_cap is not None and "rollout_log_probs" not in batch:
+            raise ValueError("actor_rollout_ref.actor.tis_cap is set but the batch has no rollout_log_probs: the "
+                             "recipe's generation must return the engine's log-probs (SamplingParams.logprobs)")
         metrics = self.state.update(batch, a.ppo_mini_batch_size, a.ppo_epochs,
                                     lambda mini: micro_batches(mini, a.ppo_micro_batch_size, self.max_tokens),
                                     self._micro_batch_loss)
@@ -116,12 +125,19 @@ class ActorWorker:
         low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
         high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
         agg = {"mask": mask, "mode": a.loss_agg_mode, "global_tokens": counts.tokens, "global_seqs": counts.seqs}
-        pg_loss, pg_metrics = compute_policy_loss(to_device("old_log_probs"), log_prob, to_device("advantages"),
+        old_log_prob = to_device("old_log_probs")
+        tis = None if a.tis_cap is None else truncated_is_weights(old_log_prob, to_device("rollout_log_probs"),
+                                                                  a.tis_cap)  # [b, R]
+        pg_loss, pg_metrics = compute_policy_loss(old_log_prob, log_prob, to_device("advantages"),
                                                   mask, low, high, a.clip_ratio_c, a.loss_agg_mode,
-                                                  counts.tokens, counts.seqs)
+                                                  counts.tokens, counts.seqs, token_weights=tis)
         share = token_weight(mask, counts)
         metrics = {"pg_loss": pg_loss.item(), "entropy": masked_mean(entropy, mask).item() * share,
                    **{name: value.item() * share for name, value in pg_metrics.items()}}
+        if tis is not None:
+            metrics["tis_weight_mean"] = masked_mean(tis, mask).item() * share
+            capped = (old_log_prob - to_device("rollout_log_probs")) >= math.log(a.tis_cap)  # [b, R]
+            metrics["tis_capped_frac"] = masked_mean(capped.float(), mask).item() * share
         loss = pg_loss
         if a.entropy_coeff != 0:
             loss = loss - a.entropy_coeff * agg_loss(entropy, **agg)

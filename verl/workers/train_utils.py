@@ -15,7 +15,11 @@ Choices:
   means are weighted by the micro-batch's share of the global tokens); one all-reduce per
   mini-batch, then the mean over mini-batches and epochs. ``grad_norm`` is the global L2 norm
   before clipping.
-* **A non-finite gradient norm skips the optimiser step** (logged); the scheduler still steps.
+* **Non-finite guard**: a mini-batch whose loss (any micro-batch, any rank) or global gradient norm
+  is NaN/Inf makes no optimiser step (logged; the scheduler still steps), so it never reaches the
+  weights or Adam's moments. Every rank decides alike: the non-finite-loss count travels in the
+  metrics' all-reduce and the gradient norm is global, so FSDP ranks never desynchronise. Counted
+  in ``skipped_updates`` (with ``nonfinite_loss`` / ``nonfinite_grad_norm`` saying why).
 * **Checkpoints**: ``torch.distributed.checkpoint`` for the trainable weights + optimiser (each
   rank writes its own shard; loads into any world size), the scheduler state in ``extra_state.pt``
   from rank 0. Frozen weights (the base model under LoRA) are not written.
@@ -77,6 +81,10 @@ def token_weight(mask: Tensor, counts: GlobalCounts) -> float:
 LossFn = Callable[[Batch, GlobalCounts], tuple[Tensor, dict[str, float]]]
 
 
+# Metrics that are counts: summed over mini-batches and epochs (the others are averaged).
+COUNTS = ("skipped_updates", "nonfinite_loss", "nonfinite_grad_norm")
+
+
 def optimizer_steps_per_training_step(rows: int, mini_batch_size: int, epochs: int) -> int:
     """Optimiser steps one ``update`` call makes for a batch of ``rows`` rows (all ranks together)."""
     return epochs * math.ceil(rows / mini_batch_size)
@@ -105,7 +113,9 @@ class TrainState:
             mini_batch_size: rows per optimiser step over all ranks; each rank takes its share.
             split_micro: splits a mini-batch into micro-batches (gradients are accumulated).
             loss_fn: the role's micro-batch loss.
-        Returns metrics averaged over mini-batches: the loss_fn's sums plus ``grad_norm`` and ``lr``.
+        Returns metrics averaged over mini-batches: the loss_fn's sums plus ``grad_norm`` and ``lr``; and
+        summed (``COUNTS``): ``skipped_updates``, ``nonfinite_loss`` (micro-batches, all ranks) and
+        ``nonfinite_grad_norm``.
         """
         world_size = world()[1]
         if mini_batch_size % world_size:
@@ -115,7 +125,7 @@ class TrainState:
             for mini in batch.split(mini_batch_size // world_size):
                 for name, value in self._update_mini_batch(mini, split_micro, loss_fn).items():
                     history[name].append(value)
-        return {name: sum(values) / len(values) for name, values in history.items()}
+        return {name: sum(values) if name in COUNTS else sum(values) / len(values) for name, values in history.items()}
 
     def _update_mini_batch(self, mini: Batch, split_micro: Callable[[Batch], list[Batch]],
                            loss_fn: LossFn) -> dict[str, float]:
@@ -128,25 +138,33 @@ class TrainState:
             if isinstance(self.model, FSDPModule):
                 self.model.set_requires_gradient_sync(i == len(micros) - 1)  # reduce-scatter once per step
             loss, metrics = loss_fn(micro, counts)
-            (loss * world_size).backward()
+            (loss * world_size).backward()  # even when non-finite: FSDP's collectives run on every rank
+            sums["nonfinite_loss"] += float(not torch.isfinite(loss.detach()).item())
             for name, value in metrics.items():
                 sums[name] += value
         names = sorted(sums)
-        reduced = all_reduce_(torch.tensor([sums[n] for n in names], dtype=torch.float64)).tolist()
-        grad_norm, lr = self._optimizer_step()
-        return {**dict(zip(names, reduced, strict=True)), "grad_norm": grad_norm, "lr": lr}
+        reduced = dict(zip(names, all_reduce_(torch.tensor([sums[n] for n in names], dtype=torch.float64)).tolist(),
+                           strict=True))
+        grad_norm, lr = self._optimizer_step(skip=reduced["nonfinite_loss"] > 0)
+        finite_norm = math.isfinite(grad_norm)
+        skipped = reduced["nonfinite_loss"] > 0 or not finite_norm
+        return {**reduced, "grad_norm": grad_norm, "lr": lr, "skipped_updates": float(skipped),
+                "nonfinite_grad_norm": float(not finite_norm)}
 
-    def _optimizer_step(self) -> tuple[float, float]:
-        """Clip (global L2 norm), step optimiser and scheduler; returns (grad norm before clipping, lr used)."""
+    def _optimizer_step(self, skip: bool) -> tuple[float, float]:
+        """Clip (global L2 norm), step optimiser and scheduler; returns (grad norm before clipping, lr used).
+
+        No optimiser step when ``skip`` (a non-finite loss) or the gradient norm is non-finite.
+        """
         max_norm = self.grad_clip if self.grad_clip is not None else math.inf
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
         lr = self.scheduler.get_last_lr()[0]
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
+        if skip or not torch.isfinite(grad_norm):
+            logger.warning("non-finite %s: optimiser step skipped", "loss" if skip else f"gradient norm {grad_norm}")
         else:
-            logger.warning("non-finite gradient norm %s: optimiser step skipped", grad_norm.item())
+            self.optimizer.step()
         self.scheduler.step()
         return float(grad_norm), lr
 

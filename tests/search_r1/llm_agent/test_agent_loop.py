@@ -309,7 +309,7 @@ def test_service_killed_mid_rollout_fails_naming_the_url(tokenizer, make_engine,
     engine, prompts = make_engine({"<|im_start|>user\nq<|im_end|>\n": [
         "<search> capital of France </search>", "<search> capital of Japan </search>", "<answer> Tokyo </answer>"]})
     engine.before_call = lambda call: own_service.stop() if call == 1 else None
-    client = CountingClient(own_service.url, TOPK, timeout=2.0, max_retries=2, backoff=0.05)
+    client = CountingClient(own_service.url, TOPK, timeout=2.0, outage_timeout_s=0.3, backoff=0.05)
     agent = LLMGenerationManager(tokenizer, engine, client, agent_cfg())
     with pytest.raises(RetrievalError, match=own_service.url.replace(".", r"\.")):
         agent.run(prompts, GREEDY)

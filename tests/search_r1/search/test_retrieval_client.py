@@ -10,7 +10,7 @@ import pytest
 
 from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess, free_port
-from search_r1.search import RetrievalClient, RetrievalError
+from search_r1.search import RetrievalClient, RetrievalError, RetrievalUnavailable
 
 CORPUS = [
     ("paris", "Paris", "Paris is the capital and largest city of France, on the river Seine."),
@@ -61,7 +61,7 @@ def test_more_queries_than_the_server_accepts_are_split_into_requests(server):
 
 def test_empty_query_list_sends_no_request():
     """Guards against an empty search batch failing (or waiting for a service that is not needed)."""
-    with RetrievalClient(f"http://127.0.0.1:{free_port()}", topk=3, max_retries=0) as client:
+    with RetrievalClient(f"http://127.0.0.1:{free_port()}", topk=3, outage_timeout_s=0) as client:
         assert client.search([]) == []
 
 
@@ -84,13 +84,14 @@ def test_health_check_names_the_url_when_nothing_listens():
 def test_service_killed_mid_use_retries_then_fails_clearly(server, caplog):
     """Guards against the rollout hanging or failing with a bare transport error when the service dies
     between two searches. (Runs last: it kills the module's server.)"""
-    with _client(server, timeout=5.0, max_retries=2, backoff=0.01) as client:
+    with _client(server, timeout=5.0, outage_timeout_s=0.5, backoff=0.01, max_backoff=0.2) as client:
         assert len(client.search(["capital of Japan"])) == 1
         server.proc.kill()
         server.proc.wait()
         with caplog.at_level(logging.WARNING, logger="search_r1.search.client"):
-            with pytest.raises(RetrievalError, match=rf"{server.url}/retrieve failed after 3 attempts.*"
-                                                     "retrieval_launch.sh"):
+            with pytest.raises(RetrievalUnavailable, match=rf"{server.url}/retrieve failed for .*"
+                                                           r"outage_timeout_s=0.5.*retrieval_launch.sh"):
                 client.search(["capital of Japan"])
-    assert len([r for r in caplog.records if "retry" in r.getMessage()]) == 2
+    waits = [r.getMessage() for r in caplog.records if "retry" in r.getMessage()]
+    assert len(waits) >= 3 and "retry 1 in 0.01s" in waits[0] and "retry 3 in 0.04s" in waits[2]
 

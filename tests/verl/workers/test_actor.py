@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 from worker_test_utils import (
+    PAD_ID,
     add_targets,
     assert_equal_parameters,
     assert_same_update,
@@ -21,8 +23,12 @@ from worker_test_utils import (
 )
 
 from verl.protocol import Batch
+from verl.trainer.core_algos import rollout_mismatch, truncated_is_weights
+from verl.utils.seq import pack_trajectories
 from verl.workers.actor import ActorWorker
 from verl.workers.reference import RefWorker
+from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.hf_rollout import HFRollout
 
 FULL_LOSS = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
              "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.clip_ratio_c=3.0")
@@ -190,3 +196,90 @@ def test_bfloat16_compute_keeps_float32_weights_and_close_log_probs(tiny_model_d
     ref = RefWorker(make_config(tiny_model_dir, "actor_rollout_ref.rollout.dtype=bfloat16"), total_steps=1)
     assert next(ref.model.parameters()).dtype == torch.bfloat16
     torch.testing.assert_close(ref.compute_ref_log_prob(batch)["ref_log_prob"], fp32, atol=0.1, rtol=0.02)
+
+
+def engine_batch(engine: HFRollout, seed: int) -> Batch:
+    """8 trajectories sampled by ``engine`` (temperature 1, with its log-probs), packed as the trainer packs them."""
+    gen = random.Random(seed)
+    prompts = [[gen.randrange(3, 300) for _ in range(gen.randint(2, 8))] for _ in range(8)]
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=10, temperature=1.0, logprobs=True, seed=seed))
+    responses = [out.token_ids for out in outputs]
+    tensors = pack_trajectories(prompts, responses, [[1] * len(r) for r in responses], PAD_ID,
+                                [out.logprobs for out in outputs])
+    tensors["loss_mask"] = tensors["response_mask"] * tensors["info_mask"]  # 1 = sampled by the policy (trained)
+    return Batch(tensors)
+
+
+def test_hf_engine_in_float32_gives_tis_weights_of_one(tiny_model_dir):
+    """Guards against engine log-probs read at the wrong step or under the sampling temperature: the fp32 HF
+    engine samples from exactly the trainer's distribution, so the mismatch is ~0 and every TIS weight is 1."""
+    engine = HFRollout(str(tiny_model_dir), dtype="float32")
+    batch = engine_batch(engine, seed=11)
+    actor = ActorWorker(make_config(tiny_model_dir), total_steps=1)
+    old = actor.compute_log_prob(batch)["old_log_probs"]
+    mask = batch["loss_mask"]
+    mismatch = rollout_mismatch(old, batch["rollout_log_probs"], mask)
+    assert mismatch["logprob_diff_max"] < 1e-4 and mismatch["kl_k3"] < 1e-8
+    weights = truncated_is_weights(old, batch["rollout_log_probs"], cap=2.0)
+    torch.testing.assert_close(weights[mask == 1], torch.ones(int(mask.sum())), atol=1e-4, rtol=0)
+
+
+def test_perturbed_engine_gives_capped_tis_weights_and_the_expected_gradient(tiny_model_dir):
+    """Guards against TIS weights applied to the wrong tokens, not capped, or differentiated through: an
+    engine whose weights are perturbed samples off-policy; the actor's gradient must equal
+    -(1/N) sum_t min(pi_old / pi_rollout, C) A_t grad log pi(y_t), computed here row by row."""
+    engine = HFRollout(str(tiny_model_dir), dtype="float32")
+    gen = torch.Generator().manual_seed(0)
+    engine.sync_weights((name, t + 0.05 * torch.randn(t.shape, generator=gen))
+                        for name, t in engine.model.state_dict().items())
+    batch = engine_batch(engine, seed=12)
+    cap = 1.2
+    cfg = make_config(tiny_model_dir, f"actor_rollout_ref.actor.tis_cap={cap}", "actor_rollout_ref.actor.grad_clip=null")
+    actor = ActorWorker(cfg, total_steps=1)
+    batch = add_targets(batch.union(actor.compute_log_prob(batch)), seed=12)
+    mask = batch["loss_mask"].bool()
+    log_ratio = (batch["old_log_probs"] - batch["rollout_log_probs"])[mask]
+    assert 0 < float((log_ratio >= math.log(cap)).float().mean()) < 1, "some weights capped, some not"
+    metrics = actor.update_actor(batch)
+    weights = torch.exp(log_ratio).clamp(max=cap)
+    assert metrics["actor/tis_weight_mean"] == pytest.approx(float(weights.mean()), rel=1e-5)
+    assert metrics["actor/tis_capped_frac"] == pytest.approx(float((log_ratio >= math.log(cap)).float().mean()))
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    P, count = batch["prompts"].shape[1], float(mask.sum())
+    loss = 0.0
+    for i in range(len(batch)):
+        prompt = batch["input_ids"][i, :P][batch["attention_mask"][i, :P].bool()]
+        n = int(batch["response_mask"][i].sum())
+        ids = torch.cat([prompt, batch["responses"][i, :n]])
+        dist = torch.log_softmax(model(input_ids=ids[None]).logits[0], dim=-1)
+        for t in range(n):
+            w = min(math.exp(float(batch["old_log_probs"][i, t] - batch["rollout_log_probs"][i, t])), cap)
+            loss = loss - w * float(batch["advantages"][i, t]) * dist[len(prompt) - 1 + t, ids[len(prompt) + t]]
+    (loss / count).backward()
+    expected = {name: p.grad for name, p in model.named_parameters()}
+    for name, grad in gradients(actor).items():
+        torch.testing.assert_close(grad, expected[name], atol=2e-6, rtol=1e-3, msg=name)
+
+
+def test_non_finite_loss_never_reaches_the_weights(tiny_model_dir):
+    """Guards against a NaN advantage on one policy token writing NaN into every weight (and Adam's moments):
+    the optimiser step is skipped and counted, and the next finite update goes through."""
+    actor = ActorWorker(make_config(tiny_model_dir, "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                    "actor_rollout_ref.actor.ppo_micro_batch_size=2"), total_steps=2)
+    batch = add_targets(random_batch(seed=13), seed=13)
+    poisoned = Batch(dict(batch.tensors))
+    row, col = (batch["loss_mask"][:4] == 1).nonzero()[0].tolist()  # a policy token of the first mini-batch
+    poisoned.tensors["advantages"] = batch["advantages"].clone()
+    poisoned.tensors["advantages"][row, col] = float("nan")
+    before = parameters(actor)
+    metrics = actor.update_actor(poisoned)
+    assert metrics["actor/skipped_updates"] == 1 and metrics["actor/nonfinite_loss"] == 1
+    assert metrics["actor/nonfinite_grad_norm"] == 1  # the NaN reached the gradient, never the weights
+    reference = ActorWorker(make_config(tiny_model_dir, "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                        "actor_rollout_ref.actor.ppo_micro_batch_size=2"), total_steps=2)
+    reference.update_actor(Batch({k: v[4:] for k, v in batch.tensors.items()}))  # only the clean mini-batch
+    assert all(torch.isfinite(p).all() for p in parameters(actor).values())
+    assert any(not torch.equal(before[n], p) for n, p in parameters(actor).items())
+    assert_equal_parameters(actor, reference)
+    assert actor.update_actor(batch)["actor/skipped_updates"] == 0

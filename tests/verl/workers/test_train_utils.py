@@ -17,7 +17,7 @@ from verl.workers.train_utils import TrainState, global_counts, optimizer_steps_
 def one_step(state: TrainState, grad_value: float) -> tuple[float, float]:
     for p in state.model.parameters():
         p.grad = torch.full_like(p, grad_value)
-    return state._optimizer_step()
+    return state._optimizer_step(skip=False)
 
 
 def test_lr_warmup_matches_the_plain_formula():

@@ -1,0 +1,67 @@
+"""Watching a run's health: non-finite updates, entropy collapse, clip-fraction explosion.
+
+Choices:
+
+* A training step whose update was skipped (a NaN/Inf advantage, loss or gradient norm, see
+  ``train_utils``: the weights never see it) is counted; after ``trainer.max_skipped_updates``
+  such steps in a row the run stops with ``TrainingStopped``, naming the step, the quantity and the
+  last checkpoint saved before the streak began (the one to resume from, or to debug with).
+* Alarms are warnings, not stops: the policy entropy falling below ``trainer.alarm_entropy_below``
+  (collapse, the GRPO failure of Search-R1 #88) or the PPO clip fraction rising above
+  ``trainer.alarm_clipfrac_above`` (updates far off-policy) log a console warning and set
+  ``health/entropy_collapse`` / ``health/clipfrac_explosion`` to 1 for that step.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from verl.config import TrainerConfig
+from verl.utils import checkpoint
+
+logger = logging.getLogger(__name__)
+
+# Metric key -> the quantity a skipped update is blamed on, checked in this order.
+NONFINITE_CAUSES = {"actor/nonfinite_advantages": "advantage", "actor/nonfinite_loss": "loss",
+                    "actor/nonfinite_grad_norm": "gradient norm"}
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped on purpose (a health limit or an environment outage); the message says why and how to go on."""
+
+
+class HealthMonitor:
+    def __init__(self, cfg: TrainerConfig, out_dir: Path):
+        self.cfg = cfg
+        self.out_dir = out_dir
+        self.skipped_in_a_row = 0
+        self.last_good_step = 0  # the last step whose update went through (0 = none yet)
+
+    def observe(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Check one step's metrics; returns the ``health/*`` metrics. Raises ``TrainingStopped`` at the limit."""
+        cause = next((name for key, name in NONFINITE_CAUSES.items() if metrics.get(key, 0) > 0), None)
+        if metrics.get("actor/skipped_updates", 0) > 0:
+            self.skipped_in_a_row += 1
+            logger.warning("step %d: %d actor update(s) skipped for a non-finite %s (%d step(s) in a row, limit "
+                           "trainer.max_skipped_updates=%d)", step, metrics["actor/skipped_updates"], cause,
+                           self.skipped_in_a_row, self.cfg.max_skipped_updates)
+        else:
+            self.skipped_in_a_row, self.last_good_step = 0, step
+        if self.skipped_in_a_row >= self.cfg.max_skipped_updates:
+            good = checkpoint.find_latest(self.out_dir, at_most=self.last_good_step)
+            raise TrainingStopped(
+                f"stopped at step {step}: the actor update was skipped {self.skipped_in_a_row} steps in a row "
+                f"(trainer.max_skipped_updates={self.cfg.max_skipped_updates}) because a {cause} was NaN/Inf; "
+                f"last good checkpoint: {good if good is not None else 'none'} (step {self.last_good_step} was the "
+                "last with a finite update)")
+        entropy, clipfrac = metrics.get("actor/entropy"), metrics.get("actor/pg_clipfrac")
+        collapse = entropy is not None and entropy < self.cfg.alarm_entropy_below
+        explosion = clipfrac is not None and clipfrac > self.cfg.alarm_clipfrac_above
+        if collapse:
+            logger.warning("step %d: HEALTH ALARM entropy collapse: actor/entropy=%.4g < trainer.alarm_entropy_below"
+                           "=%g", step, entropy, self.cfg.alarm_entropy_below)
+        if explosion:
+            logger.warning("step %d: HEALTH ALARM clip fraction explosion: actor/pg_clipfrac=%.4g > "
+                           "trainer.alarm_clipfrac_above=%g", step, clipfrac, self.cfg.alarm_clipfrac_above)
+        return {"health/entropy_collapse": float(collapse), "health/clipfrac_explosion": float(explosion)}
