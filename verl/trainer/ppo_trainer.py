@@ -146,6 +146,8 @@ class PPOTrainer:
                     self.stop_for_outage(err, loader_before)
                 metrics.update(self.health.observe(self.step, metrics))
                 self.tracker.log({**metrics, **timing, **self._throughput(batch, timing)}, step=self.step)
+                if self._due(self.cfg.trainer.save_freq):  # after the log: a kill in between redoes the step
+                    self.save()
                 progress.update()
         self.tracker.close()
         self.export_hf(self.out_dir / "hf_model")
@@ -153,7 +155,7 @@ class PPOTrainer:
         return self.last_validation
 
     def run_step(self, batch: Batch, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-        """Generate, score and train on one batch; then validate and save when due."""
+        """Generate, score and train on one batch; then validate when due."""
         with _timed("gen", timing):
             batch = self.generate(batch, self._train_sampling())
         with _timed("reward", timing):
@@ -164,9 +166,6 @@ class PPOTrainer:
             with _timed("validate", timing):
                 self.last_validation = self.validate()
                 metrics.update(self.last_validation)
-        if self._due(self.cfg.trainer.save_freq):
-            with _timed("save", timing):
-                self.save()
         return batch, metrics
 
     def train_on(self, batch: Batch, timing: dict[str, float]) -> dict[str, float]:
@@ -317,12 +316,15 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
+        start = time.perf_counter()
         tmp = checkpoint.begin(self.out_dir, self.step)
         self.actor.execute_all("save_checkpoint", str(tmp / "actor"))
         if self.critic is not None:
             self.critic.execute_all("save_checkpoint", str(tmp / "critic"))
         state = {"step": self.step, "loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
-        return checkpoint.commit(self.out_dir, tmp, self.step, state, to_yaml(self.cfg))
+        path = checkpoint.commit(self.out_dir, tmp, self.step, state, to_yaml(self.cfg))
+        logger.info("saved checkpoint %s in %.1fs", path, time.perf_counter() - start)
+        return path
 
     def resume(self) -> None:
         """Load the checkpoint named by trainer.resume_mode (auto = newest, if any) and continue after its step."""

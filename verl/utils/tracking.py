@@ -45,12 +45,22 @@ class Tracker:
             self._tb = SummaryWriter(str(self.out_dir / "tensorboard"))
 
     def truncate_after(self, step: int) -> None:
-        """Drop JSONL records of steps after ``step`` (a resumed run re-does them)."""
+        """Drop JSONL records of steps after ``step`` (a resumed run re-does them), and a last line torn by a
+        kill mid-write; the file is replaced atomically, so a kill now cannot lose the records kept."""
         if not self.jsonl_path.exists():
             return
-        kept = [line for line in self.jsonl_path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
-        self.jsonl_path.write_text("".join(line + "\n" for line in kept))
+        kept = []
+        for line in self.jsonl_path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                logger.warning("dropping a torn line of %s: %r", self.jsonl_path, line[:80])
+                continue
+            if record.get("step", 0) <= step:
+                kept.append(line)
+        tmp = self.jsonl_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.jsonl_path)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         metrics = {k: float(v) for k, v in metrics.items()}

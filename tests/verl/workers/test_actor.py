@@ -234,7 +234,8 @@ def test_perturbed_engine_gives_capped_tis_weights_and_the_expected_gradient(tin
                         for name, t in engine.model.state_dict().items())
     batch = engine_batch(engine, seed=12)
     cap = 1.2
-    cfg = make_config(tiny_model_dir, f"actor_rollout_ref.actor.tis_cap={cap}", "actor_rollout_ref.actor.grad_clip=null")
+    cfg = make_config(tiny_model_dir, f"actor_rollout_ref.actor.tis_cap={cap}",
+                      "actor_rollout_ref.actor.grad_clip=null")
     actor = ActorWorker(cfg, total_steps=1)
     batch = add_targets(batch.union(actor.compute_log_prob(batch)), seed=12)
     mask = batch["loss_mask"].bool()

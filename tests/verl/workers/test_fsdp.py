@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from worker_test_utils import add_targets, make_config, random_batch
 
+from verl.protocol import Batch
 from verl.workers.actor import ActorWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.reference import RefWorker
@@ -83,3 +84,43 @@ def test_two_process_fsdp_update_equals_single_process_update(tiny_model_dir, tm
     resumed.load_checkpoint(str(tmp_path / "actor_ckpt"))  # written by 2 ranks, read by 1
     for name, value in resumed.full_state_dict().items():
         assert torch.equal(value, ranks[0]["actor_state"][name]), name
+
+
+def nan_on_one_rank(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
+    """One spawned rank: a NaN advantage on rank 1's rows only; then a clean update. Saves what each rank saw."""
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        batch = add_targets(random_batch(seed=21), seed=21).chunk(world_size)[rank]
+        poisoned = Batch(dict(batch.tensors))
+        poisoned.tensors["advantages"] = batch["advantages"].clone()
+        if rank == 1:
+            row, col = (batch["loss_mask"] == 1).nonzero()[0].tolist()
+            poisoned.tensors["advantages"][row, col] = float("inf")
+        actor = ActorWorker(make_config(model_dir), total_steps=2)
+        before = actor.full_state_dict()
+        skipped = actor.update_actor(poisoned)
+        after_skip = actor.full_state_dict()
+        clean = actor.update_actor(batch)
+        torch.save({"before": before, "after_skip": after_skip, "skipped": skipped, "clean": clean},
+                   os.path.join(out_dir, f"nan_rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+def test_non_finite_loss_on_one_rank_is_skipped_by_every_rank(tiny_model_dir, tmp_path):
+    """Guards against ranks that disagree about skipping (one steps its optimiser, the other does not: the
+    shards drift apart, or a collective hangs): an Inf advantage on rank 1 only makes both ranks skip, the
+    weights stay bit for bit, and the next clean update runs on both."""
+    mp.spawn(nan_on_one_rank, args=(2, free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
+    ranks = [torch.load(tmp_path / f"nan_rank{r}.pt", weights_only=False) for r in range(2)]
+    for r in ranks:
+        assert r["skipped"]["actor/skipped_updates"] == 1 and r["skipped"]["actor/nonfinite_loss"] >= 1
+        assert r["clean"]["actor/skipped_updates"] == 0
+    a, b = ranks[0]["skipped"], ranks[1]["skipped"]
+    assert a.keys() == b.keys()  # all-reduced: the same on every rank (the losses are Inf/NaN, hence equal_nan)
+    torch.testing.assert_close(torch.tensor(list(a.values())), torch.tensor(list(b.values())), equal_nan=True)
+    for name, value in ranks[0]["before"].items():
+        assert torch.equal(ranks[0]["after_skip"][name], value), name
