@@ -378,7 +378,7 @@ def rollout_mismatch(old_log_prob: Tensor, rollout_log_prob: Tensor, mask: Tenso
     """
     abs_diff = (old_log_prob - rollout_log_prob).abs().float()  # [B, T]
     counted = mask != 0
-    k3 = kl_penalty(rollout_log_prob.float(), old_log_prob.float(), "low_var_kl")  # [B, T]
+    k3 = kl_penalty(rollout_log_prob.double(), old_log_prob.double(), "low_var_kl")  # [B, T], in float64
     return {"logprob_diff_mean": float(masked_mean(abs_diff, mask)),
             "logprob_diff_max": float(abs_diff[counted].max()) if counted.any() else 0.0,
             "kl_k3": float(masked_mean(k3, mask))}
