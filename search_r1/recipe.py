@@ -22,16 +22,18 @@ from verl.trainer.recipe import Recipe
 from verl.workers.rollout.base import Generator
 
 
-def search_row_metrics(texts: list[str], batch: Batch) -> dict[str, np.ndarray]:
-    """Validation metrics per row: exact match of the response's answer, searches and turns."""
-    em = [compute_score(ds, text, gt, default_scorer="em") for ds, text, gt in
+def search_row_metrics(texts: list[str], batch: Batch, normalize: str) -> dict[str, np.ndarray]:
+    """Validation metrics per row: exact match of the response's answer (``normalize``: reward.normalize),
+    searches and turns."""
+    em = [compute_score(ds, text, gt, default_scorer="em", normalize=normalize) for ds, text, gt in
           zip(batch["data_source"], texts, batch["ground_truth"], strict=True)]
     return {"em": np.array(em), "searches": np.asarray(batch["num_searches"], dtype=float),
             "turns": np.asarray(batch["num_turns"], dtype=float)}
 
 
 def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Generator) -> Recipe:
-    """The search agent as the generation function, exact match (``reward.*``) as the score."""
+    """The search agent as the generation function, exact match (``reward.*``, normalised by
+    ``reward.normalize``) as the score."""
     client = None
     if cfg.do_search:
         r = cfg.retriever
@@ -39,6 +41,7 @@ def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Gen
         client.check_health(wait_s=10)
     agent = LLMGenerationManager(tokenizer, generator, client, AgentConfig.from_config(cfg))
     score = functools.partial(compute_score, default_scorer=cfg.reward.default_scorer,
-                              format_score=cfg.reward.format_score)
-    return Recipe(generate=agent, score=score, row_metrics=search_row_metrics,
+                              format_score=cfg.reward.format_score, normalize=cfg.reward.normalize)
+    row_metrics = functools.partial(search_row_metrics, normalize=cfg.reward.normalize)
+    return Recipe(generate=agent, score=score, row_metrics=row_metrics,
                   summary_prefixes=("val/em", "val/searches"))

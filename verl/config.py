@@ -161,6 +161,7 @@ class RetrieverConfig:
 class RewardConfig:
     default_scorer: str = "em"
     format_score: float = 0.0
+    normalize: str = "squad"
 
 
 @dataclass
@@ -218,6 +219,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.kl_penalty": ("kl", "abs", "mse", "low_var_kl"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "reward.default_scorer": ("em", "subem", "f1"),
+    "reward.normalize": ("squad", "unicode"),
     "trainer.backend": ("local", "ray"),
     "trainer.device": ("auto", "cpu", "cuda"),
 }

@@ -2,6 +2,8 @@
 
 from search_r1.reward.qa_em import (
     DATA_SOURCE_SCORERS,
+    DEFAULT_NORMALIZE,
+    NORMALIZERS,
     SCORERS,
     compute_score,
     em_check,
@@ -14,6 +16,8 @@ from search_r1.reward.qa_em import (
 
 __all__ = [
     "DATA_SOURCE_SCORERS",
+    "DEFAULT_NORMALIZE",
+    "NORMALIZERS",
     "SCORERS",
     "compute_score",
     "em_check",

@@ -2,11 +2,14 @@
 
 Choices:
 
-- Normalisation follows SQuAD's evaluation script (lower case, punctuation removed, the articles
-  a/an/the removed, whitespace squashed) with one addition: Unicode NFKC normalisation first, so
-  composed and decomposed accents, full-width letters and ligatures compare equal. Accents are
-  *kept* ("Chávez" != "Chavez"): NFKC unifies encodings, it does not strip diacritics. Unicode
-  punctuation (category P*, e.g. curly quotes, dashes) is removed like ASCII punctuation.
+- Normalisation (``normalize``, config key ``reward.normalize``) is one of ``NORMALIZERS``:
+  ``squad`` (the default) is SQuAD's evaluation script exactly as Search-R1, FlashRAG and the
+  published tables use it: lower case, ASCII punctuation (``string.punctuation``) removed, the
+  articles a/an/the removed, whitespace squashed. Unicode punctuation is kept, so "—dash—" is not
+  "dash". ``unicode`` is our stricter variant: Unicode NFKC first (composed and decomposed accents,
+  full-width letters and ligatures compare equal; accents are *kept*, "Chávez" != "Chavez"), and
+  every Unicode punctuation character (category P*, e.g. curly quotes, dashes) removed like ASCII
+  punctuation. Scores are only comparable with published ones under ``squad``.
 - The answer is the content of the last complete ``<answer>...</answer>`` block of the RESPONSE
   only; the prompt is never scored (its instruction contains an example answer), so no "needs two
   tags" rule is needed. Text inside ``<information>`` blocks was inserted by the environment, so an
@@ -41,12 +44,36 @@ _INFORMATION_BLOCK = re.compile(r"<information>.*?(?:</information>|\Z)", re.DOT
 _ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 
 
-def normalize_answer(s: str) -> str:
-    """SQuAD normalisation after Unicode NFKC: lower, drop punctuation and articles, squash whitespace."""
+def _squash(s: str) -> str:
+    """Remove the articles a/an/the and squash whitespace (the last two steps of SQuAD's recipe)."""
+    return " ".join(_ARTICLES.sub(" ", s).split())
+
+
+def normalize_squad(s: str) -> str:
+    """SQuAD's recipe: lower case, drop ASCII punctuation and the articles a/an/the, squash whitespace."""
+    return _squash("".join(ch for ch in s.lower() if ch not in _ASCII_PUNCT))
+
+
+def normalize_unicode(s: str) -> str:
+    """SQuAD's recipe after Unicode NFKC, dropping Unicode punctuation (category P*) as well as ASCII."""
     s = unicodedata.normalize("NFKC", s).lower()
-    s = "".join(ch for ch in s if ch not in _ASCII_PUNCT and not unicodedata.category(ch).startswith("P"))
-    s = _ARTICLES.sub(" ", s)
-    return " ".join(s.split())
+    return _squash("".join(ch for ch in s if ch not in _ASCII_PUNCT and not unicodedata.category(ch).startswith("P")))
+
+
+# reward.normalize -> normaliser; "squad" is the published recipe (the default).
+NORMALIZERS: dict[str, Callable[[str], str]] = {"squad": normalize_squad, "unicode": normalize_unicode}
+DEFAULT_NORMALIZE = "squad"
+
+
+def normalize_answer(s: str, normalize: str = DEFAULT_NORMALIZE) -> str:
+    """``s`` normalised by the ``normalize`` recipe (a key of ``NORMALIZERS``)."""
+    _check_normalize(normalize)
+    return NORMALIZERS[normalize](s)
+
+
+def _check_normalize(name: str) -> None:
+    if name not in NORMALIZERS:
+        raise ValueError(f"unknown normalisation {name!r}; valid: {', '.join(sorted(NORMALIZERS))}")
 
 
 def extract_answer(response: str) -> str | None:
@@ -64,25 +91,25 @@ def extract_answer(response: str) -> str | None:
     return policy_text[start + len(_ANSWER_OPEN):end].strip()
 
 
-def _golden_list(golden_answers: Iterable[str] | str) -> list[str]:
+def _golden_list(golden_answers: Iterable[str] | str, normalize: str) -> list[str]:
     """Golden answers as non-empty normalised strings (a str, list or numpy array of strings)."""
     answers = [golden_answers] if isinstance(golden_answers, str) else list(golden_answers)
     if not answers:
         raise ValueError("no golden answers to score against")
-    normalised = [normalize_answer(str(a)) for a in answers]
+    normalised = [normalize_answer(str(a), normalize) for a in answers]
     return [a for a in normalised if a]
 
 
-def em_check(prediction: str, golden_answers: Iterable[str] | str) -> float:
+def em_check(prediction: str, golden_answers: Iterable[str] | str, normalize: str = DEFAULT_NORMALIZE) -> float:
     """1.0 if the normalised prediction equals a normalised golden answer, else 0.0."""
-    pred = normalize_answer(prediction)
-    return float(any(pred == gold for gold in _golden_list(golden_answers)))
+    pred = normalize_answer(prediction, normalize)
+    return float(any(pred == gold for gold in _golden_list(golden_answers, normalize)))
 
 
-def subem_check(prediction: str, golden_answers: Iterable[str] | str) -> float:
+def subem_check(prediction: str, golden_answers: Iterable[str] | str, normalize: str = DEFAULT_NORMALIZE) -> float:
     """1.0 if a normalised golden answer occurs in the normalised prediction on token boundaries."""
-    pred = f" {normalize_answer(prediction)} "
-    return float(any(f" {gold} " in pred for gold in _golden_list(golden_answers)))
+    pred = f" {normalize_answer(prediction, normalize)} "
+    return float(any(f" {gold} " in pred for gold in _golden_list(golden_answers, normalize)))
 
 
 def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
@@ -95,10 +122,11 @@ def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def f1_score(prediction: str, golden_answers: Iterable[str] | str) -> float:
+def f1_score(prediction: str, golden_answers: Iterable[str] | str, normalize: str = DEFAULT_NORMALIZE) -> float:
     """Max over golden answers of the token F1 between normalised prediction and golden answer."""
-    pred_tokens = normalize_answer(prediction).split()
-    return max((_token_f1(pred_tokens, gold.split()) for gold in _golden_list(golden_answers)), default=0.0)
+    pred_tokens = normalize_answer(prediction, normalize).split()
+    golden = _golden_list(golden_answers, normalize)
+    return max((_token_f1(pred_tokens, gold.split()) for gold in golden), default=0.0)
 
 
 _ANY_TAG = re.compile(r"</?(?:think|search|information|answer)>")
@@ -137,7 +165,8 @@ def is_valid_format(response: str) -> bool:
     return sequence is not None and _VALID_SEQUENCE.fullmatch(sequence) is not None
 
 
-SCORERS: dict[str, Callable[[str, Iterable[str] | str], float]] = {
+# scorer(prediction, golden answers, normalize) -> score
+SCORERS: dict[str, Callable[[str, Iterable[str] | str, str], float]] = {
     "em": em_check,
     "subem": subem_check,
     "f1": f1_score,
@@ -170,7 +199,7 @@ def _check_scorer(name: str) -> None:
         raise ValueError(f"unknown scorer {name!r}; valid scorers: {', '.join(sorted(SCORERS))}")
 
 
-def _ground_truth_answers(ground_truth: Mapping | Iterable[str] | str) -> list[str]:
+def ground_truth_answers(ground_truth: Mapping | Iterable[str] | str) -> list[str]:
     """The golden answers of a parquet ``reward_model.ground_truth`` ({"target": [...]}) or a list/str."""
     if isinstance(ground_truth, Mapping):
         if "target" not in ground_truth:
@@ -184,20 +213,23 @@ def _ground_truth_answers(ground_truth: Mapping | Iterable[str] | str) -> list[s
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Mapping | Iterable[str] | str,
-                  extra_info: dict | None = None, *, default_scorer: str = "em", format_score: float = 0.0) -> float:
+                  extra_info: dict | None = None, *, default_scorer: str = "em", format_score: float = 0.0,
+                  normalize: str = DEFAULT_NORMALIZE) -> float:
     """Reward of one trajectory; ``solution_str`` is the decoded RESPONSE (never the prompt).
 
     Score = scorer(answer, golden) when the response has an answer; a well-formed trajectory
-    (``is_valid_format``) gets at least ``format_score``; no answer -> 0.0. ``extra_info`` is accepted
+    (``is_valid_format``) gets at least ``format_score``; no answer -> 0.0. ``normalize`` names the
+    answer normalisation (``NORMALIZERS``, config key ``reward.normalize``). ``extra_info`` is accepted
     for the verl reward-function signature and unused.
     """
     _check_scorer(default_scorer)
+    _check_normalize(normalize)
     name = _scorer_name(data_source, default_scorer)
     _check_scorer(name)
     answer = extract_answer(solution_str)
     if answer is None:
         return 0.0
-    score = SCORERS[name](answer, _ground_truth_answers(ground_truth))
+    score = SCORERS[name](answer, ground_truth_answers(ground_truth), normalize)
     if format_score and is_valid_format(solution_str):
         return max(score, format_score)
     return score

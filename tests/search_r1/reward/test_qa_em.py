@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import re
+import string
+
 import numpy as np
 import pytest
 
+from data_prep.tiny_model import train_tokenizer
 from search_r1.prompts import make_prompt
+from search_r1.recipe import build_recipe
 from search_r1.reward import (
     DATA_SOURCE_SCORERS,
+    DEFAULT_NORMALIZE,
+    NORMALIZERS,
     SCORERS,
     compute_score,
     em_check,
@@ -17,6 +24,8 @@ from search_r1.reward import (
     normalize_answer,
     subem_check,
 )
+from verl.config import CHOICES, ConfigError, load_config
+from verl.protocol import Batch
 
 
 @pytest.mark.parametrize(
@@ -27,20 +36,108 @@ from search_r1.reward import (
         ("U.S.A.!", "usa"),
         ("Theatre of the Absurd", "theatre of absurd"),  # 'the' inside a word stays
         ("“Paris”—France", "parisfrance"),  # unicode quotes and dash are punctuation
+        ("—dash—", "dash"),
+        ("rock–paper–scissors", "rockpaperscissors"),  # en dashes
+        ("‘single’ «guillemets»", "single guillemets"),
         ("ＰＡＲＩＳ", "paris"),  # full-width letters via NFKC
         ("ﬁnal", "final"),  # ligature via NFKC
         ("Cha\u0301vez", "ch\u00e1vez"),  # decomposed accent composed by NFKC, accent kept
         ("", ""),
     ],
 )
-def test_normalize_answer_tricky_strings(raw: str, expected: str) -> None:
-    """Guards against normalisation that misses articles/punctuation/case/width or mangles words containing 'the'."""
+def test_normalize_unicode_tricky_strings(raw: str, expected: str) -> None:
+    """Guards against the unicode mode missing articles/punctuation/case/width or mangling words containing 'the'."""
+    assert normalize_answer(raw, "unicode") == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("The Eiffel Tower", "eiffel tower"),
+        ("  an   apple\t a day\n", "apple day"),
+        ("U.S.A.!", "usa"),
+        ("Theatre of the Absurd", "theatre of absurd"),
+        ("“Paris”—France", "“paris”—france"),  # Unicode punctuation is kept, as in SQuAD's script
+        ("—dash—", "—dash—"),
+        ("rock–paper–scissors", "rock–paper–scissors"),
+        ("rock-paper-scissors", "rockpaperscissors"),  # ASCII hyphens are removed
+        ("‘single’ «guillemets»", "‘single’ «guillemets»"),
+        ("ＰＡＲＩＳ", "ｐａｒｉｓ"),  # no NFKC: full-width letters stay full width (lower-cased)
+        ("Cha\u0301vez", "cha\u0301vez"),  # no NFKC: the decomposed accent stays decomposed
+        ("", ""),
+    ],
+)
+def test_normalize_squad_is_the_published_recipe(raw: str, expected: str) -> None:
+    """Guards against the default drifting from the SQuAD/Search-R1/FlashRAG recipe (ASCII punctuation only,
+    no NFKC), which would make our scores incomparable with published tables."""
     assert normalize_answer(raw) == expected
+    assert normalize_answer(raw, "squad") == expected
+    assert _squad_reference(raw) == expected
+
+
+def _squad_reference(s: str) -> str:
+    """SQuAD v1.1's normalize_answer, written out step by step in the test."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+@pytest.mark.parametrize(
+    ("prediction", "golden", "squad", "unicode"),
+    [
+        ("—dash—", "dash", 0.0, 1.0),
+        ("rock–paper–scissors", "rock paper scissors", 0.0, 0.0),  # the dash is removed, not spaced
+        ("rock–paper–scissors", "rockpaperscissors", 0.0, 1.0),
+        ("“Paris”", "Paris", 0.0, 1.0),
+        ("Paris", "“Paris”", 0.0, 1.0),
+        ('"Paris"', "Paris", 1.0, 1.0),  # ASCII quotes: both modes
+    ],
+)
+def test_em_under_both_normalisations(prediction: str, golden: str, squad: float, unicode: float) -> None:
+    """Guards against the normalize option not reaching EM / compute_score (the reward and the evaluation)."""
+    assert em_check(prediction, [golden], "squad") == squad
+    assert em_check(prediction, [golden], "unicode") == unicode
+    response = f"<answer>{prediction}</answer>"
+    assert compute_score("nq", response, {"target": [golden]}) == squad
+    assert compute_score("nq", response, {"target": [golden]}, normalize="unicode") == unicode
+
+
+def test_unknown_normalisation_names_the_valid_ones() -> None:
+    """Guards against a typo in reward.normalize silently scoring with some other recipe."""
+    with pytest.raises(ValueError, match="squad, unicode"):
+        normalize_answer("x", "ascii")
+    with pytest.raises(ValueError, match="unknown normalisation 'nfkc'"):
+        compute_score("nq", "no answer here", ["x"], normalize="nfkc")
+
+
+def test_config_key_reward_normalize() -> None:
+    """Guards against the config offering other names than the scorer implements, and a bad value passing."""
+    assert CHOICES["reward.normalize"] == tuple(sorted(NORMALIZERS))
+    assert load_config().reward.normalize == DEFAULT_NORMALIZE == "squad"
+    assert load_config(["reward.normalize=unicode"]).reward.normalize == "unicode"
+    with pytest.raises(ConfigError, match=r"reward\.normalize='ascii' is invalid: allowed one of squad, unicode"):
+        load_config(["reward.normalize=ascii"])
+
+
+@pytest.mark.parametrize("mode", ["squad", "unicode"])
+def test_training_reward_and_validation_use_reward_normalize(mode: str) -> None:
+    """Guards against the trainer's reward or its validation EM ignoring reward.normalize (training and
+    evaluation must score alike)."""
+    cfg = load_config([f"reward.normalize={mode}", "do_search=false"])
+    recipe = build_recipe(cfg, train_tokenizer(["<answer> x </answer>"] * 3, vocab_size=300), generator=None)
+    response = "<answer>—Paris—</answer>"
+    expected = 1.0 if mode == "unicode" else 0.0
+    assert recipe.score("nq", response, {"target": ["Paris"]}, None) == expected
+    batch = Batch(non_tensors={"data_source": ["nq"], "ground_truth": [{"target": ["Paris"]}],
+                               "num_searches": [0], "num_turns": [1]})
+    assert recipe.row_metrics([response], batch)["em"].tolist() == [expected]
 
 
 def test_accents_are_kept_but_encodings_unified() -> None:
     """Guards against composed vs decomposed accents scoring differently, and against silently stripping accents."""
-    assert em_check("Chávez", ["Cha\u0301vez"]) == 1.0
+    assert em_check("Chávez", ["Cha\u0301vez"], "unicode") == 1.0
+    assert em_check("Chavez", ["Chávez"], "unicode") == 0.0
     assert em_check("Chavez", ["Chávez"]) == 0.0
 
 
