@@ -3,8 +3,9 @@
     python -m search_r1.infer --model data/demo/tiny_policy --question "Who founded the Guild of X?"
 
 Runs exactly the training loop (``LLMGenerationManager``) for one row: the prompt is
-``search_r1.prompts.make_prompt`` under the model's chat template, the engine is built by the
-trainer's ``build_rollout`` and the lengths come from ``configs/ppo_trainer.yaml``. The printout
+``search_r1.prompts.make_prompt`` under the model's chat template, and the loop is built as the
+evaluation builds it (``search_r1.evaluate.build_agent``: the trainer's ``build_rollout``, lengths
+from ``configs/ppo_trainer.yaml``). The printout
 shows the policy's text and, marked, every block the environment inserted (info_mask 0).
 """
 
@@ -16,11 +17,12 @@ import sys
 from collections.abc import Sequence
 from itertools import groupby
 
-from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, Trajectory
+from search_r1.evaluate import agent_config, build_agent
+from search_r1.llm_agent.generation import Trajectory
 from search_r1.prompts import make_prompt
 from search_r1.reward.qa_em import extract_answer
-from search_r1.search.client import RetrievalClient, RetrievalError
-from verl.config import ConfigError, load_config
+from search_r1.search.client import RetrievalError
+from verl.config import ConfigError
 from verl.workers.rollout.base import SamplingParams
 
 INSERTED_OPEN = "\n[[inserted by the environment >>>"
@@ -56,28 +58,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config([f"actor_rollout_ref.model.path={args.model}",
-                           f"actor_rollout_ref.rollout.name={args.engine}",
-                           f"retriever.url={args.retriever_url}", f"retriever.topk={args.topk}",
-                           f"max_turns={args.max_turns}", f"trainer.seed={args.seed}"])
+        cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed,
+                           [f"retriever.topk={args.topk}", f"max_turns={args.max_turns}"])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    client = RetrievalClient(cfg.retriever.url, cfg.retriever.topk, timeout=cfg.retriever.timeout,
-                             outage_timeout_s=cfg.retriever.outage_timeout_s)
+    from transformers import AutoTokenizer  # heavy import
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
     try:
-        client.check_health()
+        agent = build_agent(cfg, tokenizer)
     except RetrievalError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    from transformers import AutoTokenizer  # heavy imports, only once the service is up
-
-    from verl.workers.rollout import build_rollout
-
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
     messages = [{"role": "user", "content": make_prompt(args.question)}]
     prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    agent = LLMGenerationManager(tokenizer, build_rollout(cfg), client, AgentConfig.from_config(cfg))
     params = SamplingParams(max_tokens=cfg.data.max_response_length, temperature=args.temperature, seed=args.seed)
     traj = agent.run([list(prompt_ids)], params).trajectories[0]
 

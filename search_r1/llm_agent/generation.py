@@ -26,6 +26,10 @@ Choices, and where they differ from Search-R1:
   ``max_obs_length`` tokens, else truncated by cutting the passages and then closing the block
   (counted; ``formatting.observation_ids``); an inserted block that would leave the policy no
   token of budget ends the row with ``MAX_LENGTH`` instead of being appended.
+- Forced prefixes (``run(..., turn_prefix=fn)``, evaluation only): before a turn, ``fn`` may insert
+  ids at the start of a row's turn (e.g. the first words of a search decision) to measure the policy
+  with a behaviour forced; they are inserted ids (info_mask 0) and count towards the budget. The
+  trainer never passes one.
 - Invalid actions (a stop tag without its opening tag, an empty query) get feedback and cost a
   turn. The feedback never contains literal tags (see ``formatting``). EOS without an answer ends
   the row: the policy said it is done, and text appended after its EOS would be off-distribution.
@@ -36,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -139,6 +144,10 @@ class AgentResult:
         return metrics
 
 
+# (row index, turn index, the row's trajectory so far) -> ids inserted at the start of that row's turn ([] = none)
+TurnPrefixFn = Callable[[int, int, Trajectory], list[int]]
+
+
 class ActionKind(enum.Enum):
     """What one turn's output amounts to."""
 
@@ -193,17 +202,24 @@ class LLMGenerationManager:
     def _encode(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
-    def run(self, prompt_ids: list[list[int]], params: SamplingParams) -> AgentResult:
+    def run(self, prompt_ids: list[list[int]], params: SamplingParams,
+            turn_prefix: TurnPrefixFn | None = None) -> AgentResult:
         """Roll out every prompt until it answers or runs out of turns or budget.
 
         ``params`` sets the sampling (temperature, top-p, ...); the loop sets ``max_tokens`` and
         ``stop`` per turn, and needs ``params.n == 1`` (the trainer repeats rows for n samples).
+        ``turn_prefix`` (evaluation only) inserts forced ids at the start of a row's turn (module docstring).
         """
         if params.n != 1:
             raise ValueError(f"the search loop samples one trajectory per row; got n={params.n} "
                              "(repeat the rows instead)")
         rows = [self._start(list(p), i) for i, p in enumerate(prompt_ids)]
         for turn in range(self.cfg.max_turns + 1):
+            if turn_prefix is not None:
+                for i, row in enumerate(rows):
+                    forced = turn_prefix(i, turn, row) if row.stop_reason is None else []
+                    if forced:
+                        self._insert(row, list(forced))
             active = [r for r in rows if r.stop_reason is None]
             if not active:
                 break

@@ -1,56 +1,26 @@
-"""Fixtures of the agent-loop tests: real tokenizers (tiny and Qwen2.5), a scripted engine, the real retrieval service.
+"""Fixtures of the agent-loop tests: real tokenizers (tiny and Qwen2.5) and a scripted engine.
 
 The scripted engine is a real implementation of ``RolloutEngine`` whose "policy" is a fixed list of
 texts per row and turn (tokenised with the real tokenizer); it honours ``max_tokens``, the stop
-strings and EOS the way an engine must, and records every call. The retrieval service is the
-project's own FastAPI service over a BM25 index of a small corpus, started on a free loopback port
-(``retrieval_server.launcher``).
+strings and EOS the way an engine must, and records every call. The retrieval service and its corpus
+are fixtures of ``tests/search_r1/conftest.py``.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from data_prep.tiny_model import train_tokenizer
-from retrieval_server.launcher import ServerProcess, free_port
 from verl.workers.rollout.base import GenerationOutput, SamplingParams
-
-ROOT = Path(__file__).resolve().parents[3]
-
-CORPUS = [
-    ("paris", "Paris", "Paris is the capital and largest city of France, on the river Seine."),
-    ("berlin", "Berlin", "Berlin is the capital of Germany and its largest city by population."),
-    ("everest", "Mount Everest", "Mount Everest is the highest mountain above sea level, in the Himalayas."),
-    ("nile", "Nile", "The Nile is a major river in Africa flowing north into the Mediterranean Sea."),
-    ("curie", "Marie Curie", "Marie Curie was a physicist and chemist who won two Nobel prizes for radioactivity. "
-                             "She was born in Warsaw and worked in Paris, where she discovered polonium and radium "
-                             "with Pierre Curie; she was the first woman to win a Nobel prize."),
-    ("tokyo", "Tokyo", "Tokyo is the capital of Japan and one of the most populous cities in the world."),
-]
-
-
-def _corpus_texts() -> list[str]:
-    return [f"{title}. {text}" for _, title, text in CORPUS]
-
-
-@pytest.fixture(scope="session")
-def corpus_texts() -> list[str]:
-    """The texts of the corpus the test service indexes (to train tokenizers on)."""
-    return _corpus_texts()
 
 
 @pytest.fixture(scope="session", params=["tiny", "qwen"])
-def tokenizer(request):
+def tokenizer(request, corpus_texts):
     """Each test runs with two real tokenizers: the tiny BPE one (tags and chat tokens are single tokens), and
     Qwen2.5's 151k vocabulary (``</search>`` is three tokens whose last one can merge with what follows)."""
     if request.param == "qwen":
         return request.getfixturevalue("qwen_tokenizer")
-    texts = _corpus_texts() + ["Answer the question. <think> I should search. </think> <search> capital of France "
+    texts = corpus_texts + ["Answer the question. <think> I should search. </think> <search> capital of France "
                               "</search> <answer> Paris </answer> Question: What is the capital of Germany?"] * 5
     return train_tokenizer(texts, vocab_size=600)
 
@@ -123,41 +93,3 @@ def make_engine(tokenizer):
         engine = ScriptedEngine(tokenizer, by_prompt)
         return engine, prompts
     return make
-
-
-@pytest.fixture
-def unused_url() -> str:
-    """A loopback URL on which nothing listens."""
-    return f"http://127.0.0.1:{free_port()}"
-
-
-@pytest.fixture(scope="session")
-def retrieval_index(tmp_path_factory) -> tuple[Path, Path]:
-    """A BM25 index of ``CORPUS`` built by the project's index builder -> (corpus path, index dir)."""
-    root = tmp_path_factory.mktemp("retrieval")
-    corpus = root / "corpus.jsonl"
-    with corpus.open("w") as f:
-        for doc_id, title, text in CORPUS:
-            f.write(json.dumps({"id": doc_id, "contents": f'"{title}"\n{text}'}) + "\n")
-    index = root / "index"
-    subprocess.run([sys.executable, "-m", "retrieval_server.build_index", "--corpus", str(corpus), "--out",
-                    str(index), "--retriever", "bm25"], cwd=ROOT, check=True, capture_output=True, timeout=300)
-    return corpus, index
-
-
-@pytest.fixture(scope="session")
-def service_url(retrieval_index):
-    """URL of a retrieval service shared by the tests that do not stop it."""
-    corpus, index = retrieval_index
-    with ServerProcess(index, corpus) as server:
-        server.wait_ready()
-        yield server.url
-
-
-@pytest.fixture
-def own_service(retrieval_index):
-    """A service only this test uses (it may ``stop()`` it); stopped at teardown in any case."""
-    corpus, index = retrieval_index
-    with ServerProcess(index, corpus) as server:
-        server.wait_ready()
-        yield server

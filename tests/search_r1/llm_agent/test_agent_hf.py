@@ -1,4 +1,5 @@
-"""The search loop with a real engine (transformers) and a tiny real policy that memorised two trajectories."""
+"""The search loop with a real engine (transformers) and a tiny real policy that memorised two trajectories
+(``tests/search_r1/memorised_policy.py``; the tiny-vocabulary one is the ``policy`` fixture)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ import sys
 import pytest
 import ray
 import torch
+from memorised_policy import QUESTIONS, TOPK, memorised_policy
 
-from data_prep.tiny_model import build_model, train_tokenizer
-from search_r1.llm_agent.formatting import observation_ids
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, StopReason
-from search_r1.prompts import INSTRUCTION, make_prompt
 from search_r1.search.client import RetrievalClient
 from verl.config import load_config
 from verl.single_controller import create_worker_group
@@ -20,15 +19,6 @@ from verl.single_controller.rollout import GroupRollout
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
-
-TOPK = 2
-# question -> (query, answer); prompts of different lengths, so the engine left-pads one of them.
-QUESTIONS = {"What is the capital of France": ("capital of France", "Paris"),
-             "Which country has Tokyo as its capital city, the largest in the world": ("capital of Japan", "Japan")}
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,66 +30,10 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-def _memorise(model, examples: list[tuple[list[int], list[int]]], steps: int = 400) -> None:
-    """Train until greedy decoding reproduces every labelled token (labels -100 are free).
-
-    The LM head runs on the labelled positions only: with a 151k vocabulary it is most of the cost."""
-    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(steps):
-        correct = True
-        for ids, labels in examples:
-            target = torch.tensor(labels[1:])  # [T-1]
-            keep = target != -100
-            hidden = model.model(torch.tensor([ids])).last_hidden_state[0, :-1][keep]  # [K, H]
-            logits = model.lm_head(hidden)  # [K, V]
-            loss = torch.nn.functional.cross_entropy(logits, target[keep])
-            loss.backward()
-            correct &= bool((logits.argmax(-1) == target[keep]).all())
-        optimiser.step()
-        optimiser.zero_grad()
-        if correct:
-            return
-    raise AssertionError("the tiny policy did not memorise its trajectories")
-
-
-def _memorised_policy(tokenizer, out, service_url):
-    """A tiny Qwen2 model for ``tokenizer``'s vocabulary, saved to ``out``, that greedily searches once and then
-    answers each question -> (model dir, tokenizer, prompts, expected responses, expected info masks)."""
-    client = RetrievalClient(service_url, TOPK)
-    prompts, responses, masks, examples = [], [], [], []
-    for question, (query, answer) in QUESTIONS.items():
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": make_prompt(question)}],
-                                               add_generation_prompt=True, tokenize=True, return_dict=False)
-        search = _encode(tokenizer, f"<think> I need to search </think><search> {query} </search>")
-        (info, truncated), = observation_ids(tokenizer, client.search([query]), 96)
-        assert not truncated, "keep the block under the default data.max_obs_length (used by infer)"
-        final = _encode(tokenizer, f"<think> found it </think><answer> {answer} </answer>")
-        prompts.append(prompt)
-        responses.append(search + info + final)
-        masks.append([1] * len(search) + [0] * len(info) + [1] * len(final))
-        ids = prompt + search + info + final
-        labels = [-100] * len(prompt) + search + [-100] * len(info) + final
-        examples.append((ids, labels))
-    torch.manual_seed(0)
-    model = build_model(tokenizer, max_positions=512)
-    _memorise(model, examples)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out, tokenizer, prompts, responses, masks
-
-
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory, service_url, corpus_texts):
-    """The memorising policy on the tiny tokenizer (tags are single tokens)."""
-    tokenizer = train_tokenizer(corpus_texts + [INSTRUCTION] * 3 + list(QUESTIONS) * 3, vocab_size=700)
-    return _memorised_policy(tokenizer, tmp_path_factory.mktemp("policy"), service_url)
-
-
 @pytest.fixture(scope="module")
 def qwen_policy(tmp_path_factory, service_url, qwen_tokenizer):
     """The memorising policy on Qwen2.5's real vocabulary (151,665 ids; ``</search>`` is three tokens)."""
-    return _memorised_policy(qwen_tokenizer, tmp_path_factory.mktemp("qwen_policy"), service_url)
+    return memorised_policy(qwen_tokenizer, tmp_path_factory.mktemp("qwen_policy"), service_url)
 
 
 @pytest.mark.parametrize("which", ["policy", "qwen_policy"])

@@ -344,3 +344,37 @@ def test_agent_config_reads_the_typed_config():
     assert AgentConfig.from_config(cfg) == AgentConfig(max_turns=5, max_start_length=100, max_prompt_length=120,
                                                        max_response_length=300, max_obs_length=50, do_search=False,
                                                        topk=7)
+
+
+def test_turn_prefix_inserts_forced_ids_before_the_turn(tokenizer, make_engine, service_url):
+    """Guards against the evaluation's forced decisions (``turn_prefix``) being trained on, reaching the engine
+    after the turn instead of before it, breaking the action parse, escaping the length budget, or being asked
+    for finished rows."""
+    engine, prompts = make_engine({
+        "<|im_start|>user\nforced<|im_end|>\n": [" search for it. </think><search> capital of France </search>",
+                                                  "<answer> Paris </answer>"],
+        "<|im_start|>user\nfree<|im_end|>\n": ["<answer> Berlin </answer>"],
+    })
+    forced = encode(tokenizer, "<think> Let me")
+    asked: list[tuple[int, int]] = []
+
+    def prefix(row: int, turn: int, traj) -> list[int]:
+        asked.append((row, turn))
+        return forced if row == 0 and turn == 0 else []
+
+    agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, TOPK), agent_cfg())
+    trajs = agent.run(prompts, GREEDY, turn_prefix=prefix).trajectories
+    first_call_contexts = engine.calls[0][0]
+    assert first_call_contexts[0] == prompts[0] + forced and first_call_contexts[1] == prompts[1]
+    row = trajs[0]
+    assert row.response_ids[:len(forced)] == forced and row.info_mask[:len(forced)] == [0] * len(forced)
+    sampled = engine.emitted[tuple(prompts[0])][0]
+    assert row.response_ids[len(forced):len(forced) + len(sampled)] == sampled
+    assert row.info_mask[len(forced):len(forced) + len(sampled)] == [1] * len(sampled)
+    assert row.stop_reason is StopReason.ANSWERED and row.num_searches == 1 and row.num_invalid == 0
+    assert sorted(asked) == [(0, 0), (0, 1), (1, 0)]  # row 1 answered in turn 0: never asked again
+    budget = len(forced) + 1  # the forced ids leave one token: the row ends at once when its turn is cut
+    engine, prompts = make_engine({"<|im_start|>user\nforced<|im_end|>\n": ["<answer> Paris </answer>"]})
+    agent = LLMGenerationManager(tokenizer, engine, None, agent_cfg(max_response_length=budget, do_search=False))
+    (row,) = agent.run(prompts, GREEDY, turn_prefix=lambda i, t, traj: forced).trajectories
+    assert len(row.response_ids) == budget and row.stop_reason is StopReason.MAX_LENGTH

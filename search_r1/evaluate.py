@@ -1,0 +1,237 @@
+"""Evaluate a policy on QA parquet files with the training agent loop; EM / sub-EM / F1 per data_source.
+
+    python -m search_r1.evaluate --model DIR --data test.parquet [more.parquet ...] \\
+        --retriever-url http://127.0.0.1:8000 [--n K --temperature 1.0] [--limit N] --out DIR [key=value ...]
+
+Runs exactly the loop of training and validation (``LLMGenerationManager`` over the engine that
+``verl.workers.rollout.build_rollout`` builds from the config; prompts templated and length-filtered by
+the trainer's ``PromptDataset``). Settings come from ``configs/ppo_trainer.yaml`` plus the trailing
+``key=value`` overrides, e.g. ``max_turns=4 retriever.topk=5 reward.normalize=unicode``.
+``--out`` receives ``trajectories.jsonl`` (one scored trajectory per line), ``results.json``,
+``results.md`` and ``results.png`` (``search_r1.eval_report``), and ``run.json`` (the settings).
+
+Choices:
+
+- Greedy by default. ``--n K`` samples K trajectories per question at ``--temperature`` (default 1.0
+  then) and adds pass@K; rows are repeated, as the trainer does for n samples.
+- Scores: the answer is the last ``<answer>`` block of the response (``qa_em.extract_answer``);
+  EM, sub-EM and F1 under ``reward.normalize`` (default ``squad``, the published recipe).
+- Resumable: trajectories are appended in batches of ``--batch-size`` and flushed; a rerun with the
+  same ``--out`` skips every (row, sample) already written, drops a torn last line, and refuses to
+  mix runs whose settings (``run.json``) differ. ``--limit N`` evaluates the first N rows only; the
+  report covers the rows of the current invocation. Greedy results do not depend on where a run was
+  cut; sampled ones are reproducible for a given cut (seeds follow the batch's first item).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from search_r1.eval_report import to_markdown, write_reports
+from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, Trajectory
+from search_r1.reward.qa_em import em_check, extract_answer, f1_score, ground_truth_answers, subem_check
+from search_r1.search.client import RetrievalClient, RetrievalError
+from verl.config import Config, ConfigError, load_config
+from verl.workers.rollout.base import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
+TRAJECTORIES = "trajectories.jsonl"
+RUN_SETTINGS = "run.json"
+
+
+class EvalInputError(ValueError):
+    """A bad input of the evaluation (model dir, data file, out dir); the message names it."""
+
+
+def agent_config(model: str, engine: str, retriever_url: str, seed: int, overrides: Sequence[str] = ()) -> Config:
+    """The training config for evaluating ``model``: the YAML defaults, these settings, then ``overrides``."""
+    return load_config([f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.rollout.name={engine}",
+                        f"retriever.url={retriever_url}", f"trainer.seed={seed}", *overrides])
+
+
+def build_agent(cfg: Config, tokenizer) -> LLMGenerationManager:
+    """The training loop over this process's engine and the retrieval service (health-checked first)."""
+    from verl.workers.rollout import build_rollout  # heavy import (torch, transformers), once inputs are checked
+
+    client = None
+    if cfg.do_search:
+        r = cfg.retriever
+        client = RetrievalClient(r.url, r.topk, timeout=r.timeout, outage_timeout_s=r.outage_timeout_s)
+        client.check_health()
+    return LLMGenerationManager(tokenizer, build_rollout(cfg), client, AgentConfig.from_config(cfg))
+
+
+def score_trajectory(tokenizer, traj: Trajectory, golden: list[str], normalize: str) -> dict:
+    """The response text, answer, scores and loop counters of one trajectory (a trajectories.jsonl record)."""
+    response = tokenizer.decode(traj.response_ids, skip_special_tokens=True)
+    answer = extract_answer(response)
+    scores = {name: 0.0 if answer is None else fn(answer, golden, normalize)
+              for name, fn in (("em", em_check), ("subem", subem_check), ("f1", f1_score))}
+    return {"golden": golden, "answer": answer, **scores, "searches": traj.num_searches, "turns": traj.num_turns,
+            "invalid": traj.num_invalid, "stop_reason": traj.stop_reason.value,
+            "response_tokens": len(traj.response_ids),
+            "inserted_tokens": len(traj.info_mask) - sum(traj.info_mask), "response": response}
+
+
+def check_model_dir(model: str) -> None:
+    path = Path(model)
+    if not path.is_dir():
+        raise EvalInputError(f"--model {model}: no such directory")
+    if not (path / "config.json").exists():
+        raise EvalInputError(f"--model {model}: no config.json (not a Hugging Face model directory)")
+
+
+def check_data_files(files: Sequence[str]) -> None:
+    """Every file exists and has the Search-R1 columns."""
+    for name in files:
+        if not Path(name).is_file():
+            raise EvalInputError(f"--data {name}: no such file")
+        try:
+            columns = pq.read_schema(name).names
+        except Exception as err:  # pyarrow raises several types for a file that is not parquet
+            raise EvalInputError(f"--data {name}: not a parquet file ({err})") from err
+        missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+        if missing:
+            raise EvalInputError(f"--data {name}: missing column(s) {', '.join(missing)}; has {', '.join(columns)} "
+                                 f"(needs {', '.join(REQUIRED_COLUMNS)}: the Search-R1 schema, data_prep.qa_search)")
+
+
+def read_done(path: Path) -> list[dict]:
+    """Records already in ``path``; a torn last line (no newline: the run was killed mid-write) is cut off."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    complete = data.rfind(b"\n") + 1
+    if complete < len(data):
+        logger.warning("dropping a torn last line of %s (%d bytes)", path, len(data) - complete)
+        with path.open("r+b") as f:
+            f.truncate(complete)
+    records = []
+    for line_no, line in enumerate(data[:complete].decode().splitlines(), start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise EvalInputError(f"{path}:{line_no} is not valid JSON ({err.msg}); "
+                                 "move the file away to restart") from err
+    return records
+
+
+def check_run_settings(out: Path, settings: dict) -> None:
+    """Write ``run.json``, or check that the one already in ``out`` has the same settings."""
+    path = out / RUN_SETTINGS
+    if path.exists():
+        old = json.loads(path.read_text())
+        changed = sorted(k for k in old.keys() | settings.keys() if old.get(k) != settings.get(k))
+        if changed:
+            diff = "; ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in changed)
+            raise EvalInputError(f"--out {out} holds a run with other settings ({diff}); use another --out "
+                                 "or the same settings to resume")
+    else:
+        path.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m search_r1.evaluate", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="Hugging Face model directory (weights + tokenizer)")
+    p.add_argument("--data", required=True, nargs="+", help="parquet file(s) in the Search-R1 schema")
+    p.add_argument("--retriever-url", default="http://127.0.0.1:8000", help="base URL of the retrieval service")
+    p.add_argument("--out", required=True, type=Path, help="output directory (created; reused to resume)")
+    p.add_argument("--n", type=int, default=1, help="trajectories per question (pass@n when > 1)")
+    p.add_argument("--temperature", type=float, default=None, help="default 0 (greedy) with --n 1, else 1.0")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
+    p.add_argument("--batch-size", type=int, default=64, help="trajectories per loop call and per write")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (configs/ppo_trainer.yaml)")
+    args = p.parse_args(argv)
+    if args.temperature is None:
+        args.temperature = 0.0 if args.n == 1 else 1.0
+    for name in ("n", "batch_size", "limit"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.n > 1 and args.temperature == 0:
+        p.error("--n > 1 needs --temperature > 0 (greedy samples would all be equal)")
+    return args
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    """Check the inputs, roll out every (row, sample) not yet written, write the reports; returns the results."""
+    check_model_dir(args.model)
+    check_data_files(args.data)
+    cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed, args.overrides)
+    args.out.mkdir(parents=True, exist_ok=True)
+    check_run_settings(args.out, {
+        "model": str(Path(args.model).resolve()), "data": [str(Path(d).resolve()) for d in args.data],
+        "n": args.n, "temperature": args.temperature, "seed": args.seed, "engine": args.engine,
+        "overrides": list(args.overrides)})
+    from transformers import AutoTokenizer
+
+    from verl.utils.dataset import PromptDataset
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    dataset = PromptDataset(",".join(args.data), tokenizer, cfg.data.max_prompt_length, cfg.data.prompt_key,
+                            args.limit)
+    items = [(row, sample) for row in range(len(dataset)) for sample in range(args.n)]
+    path = args.out / TRAJECTORIES
+    done = {(r["row"], r["sample"]): r for r in read_done(path)}
+    todo = [item for item in items if item not in done]
+    if todo:
+        agent = build_agent(cfg, tokenizer)
+        _roll_out(agent, tokenizer, dataset, todo, args, cfg.reward.normalize, path, done_before=len(items) - len(todo))
+        done.update({(r["row"], r["sample"]): r for r in read_done(path)})
+    records = [done[item] for item in items]
+    title = f"{Path(args.model).name} on {', '.join(Path(d).name for d in args.data)}"
+    return write_reports(records, args.out, title)
+
+
+def _roll_out(agent: LLMGenerationManager, tokenizer, dataset, todo: list[tuple[int, int]], args: argparse.Namespace,
+              normalize: str, path: Path, done_before: int) -> None:
+    """Run the loop over ``todo`` in batches, appending each batch's scored records to ``path`` (flushed)."""
+    with path.open("a") as f, tqdm(total=done_before + len(todo), initial=done_before, unit="traj",
+                                   desc="evaluate") as bar:
+        for start in range(0, len(todo), args.batch_size):
+            batch = todo[start:start + args.batch_size]
+            first_row, first_sample = batch[0]
+            params = SamplingParams(max_tokens=agent.cfg.max_response_length, temperature=args.temperature,
+                                    seed=args.seed + first_row * args.n + first_sample)
+            result = agent.run([dataset.prompt_ids[row] for row, _ in batch], params)
+            lines = []
+            for (row, sample), traj in zip(batch, result.trajectories, strict=True):
+                source = dataset.rows[row]
+                golden = ground_truth_answers(source["reward_model"]["ground_truth"])
+                record = {"row": row, "sample": sample, "data_source": source["data_source"],
+                          "prompt": source["prompt"][-1]["content"],
+                          **score_trajectory(tokenizer, traj, golden, normalize)}
+                lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+            f.write("".join(lines))
+            f.flush()
+            os.fsync(f.fileno())
+            bar.update(len(batch))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        results = evaluate(args)
+    except (EvalInputError, ConfigError, RetrievalError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2 if not isinstance(err, RetrievalError) else 1
+    print(to_markdown(results, f"results in {args.out}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
