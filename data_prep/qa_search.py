@@ -5,10 +5,19 @@ Hugging Face datasets with the same columns (e.g. ``RUC-NLPIR/FlashRAG_datasets`
 Several sources merge into one ``train.parquet`` and one ``test.parquet`` under ``--out``; each
 row keeps its ``data_source`` so validation can report EM per source.
 
+``--flashrag DIR`` adds the seven QA benchmarks of Search-R1's tables (``FLASHRAG_BENCHMARKS``, or the
+names given with ``--datasets``) from a local copy of FlashRAG's dataset repository, whose layout is
+``DIR/<name>/{train,dev,test}.jsonl`` with one ``{"id", "question", "golden_answers", "metadata"}``
+per line (FlashRAG's dataset card on Hugging Face, ``RUC-NLPIR/FlashRAG_datasets``). Each split file
+that exists goes to the split of the same name (``train``/``dev``/``test.parquet``); a benchmark
+without ``test.jsonl`` (FlashRAG ships none for hotpotqa, 2wikimultihopqa and musique) is tested on
+its ``dev.jsonl``, as Search-R1 does; its rows keep ``extra_info.split = "dev"``.
+
 Choices:
 
 - The prompt is ``search_r1.prompts.make_prompt`` (question stripped, one ``?`` added), the same
-  template as the demo data, so one policy serves every source.
+  template as the demo data, so one policy serves every source; ``--template PATH`` replaces the
+  template by a file's text, whose ``{question}`` placeholder receives the question.
 - ``extra_info.index`` is the record's position in its source (0-based, bad records counted), so
   a row can be traced back to its source record even when bad ones were skipped.
 - A bad record (no question, no non-empty golden answer, invalid JSON) stops the run with an error
@@ -39,7 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from search_r1.prompts import make_prompt
+from search_r1.prompts import DEFAULT_TEMPLATE, load_template, make_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +64,8 @@ PARQUET_SCHEMA = pa.schema([
     ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64())])),
 ])
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+FLASHRAG_BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+SPLITS = ("train", "dev", "test")
 
 
 class BadRowError(ValueError):
@@ -70,6 +81,7 @@ class SourceSpec:
     hf_dataset: str | None = None
     hf_config: str | None = None
     hf_split: str | None = None
+    source_split: str | None = None  # extra_info.split of its rows when it differs from the output split
 
     def describe(self) -> str:
         if self.path is not None:
@@ -96,8 +108,10 @@ def parse_source_spec(spec: str) -> SourceSpec:
     return SourceSpec(data_source=name, hf_dataset=dataset, hf_config=config, hf_split=split)
 
 
-def make_row(data_source: str, question: str, answers: Sequence[str] | str, split: str, index: int) -> dict:
-    """One parquet row in the Search-R1 schema; raises ValueError on an empty question or no answers."""
+def make_row(data_source: str, question: str, answers: Sequence[str] | str, split: str, index: int,
+             template: str = DEFAULT_TEMPLATE) -> dict:
+    """One parquet row in the Search-R1 schema, the prompt under ``template``; raises ValueError on an empty
+    question or no answers."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"missing or empty question: {question!r}")
     if not isinstance(answers, (str, list, tuple)):
@@ -108,7 +122,7 @@ def make_row(data_source: str, question: str, answers: Sequence[str] | str, spli
         raise ValueError(f"no non-empty golden answers: {answers!r}")
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": make_prompt(question)}],
+        "prompt": [{"role": "user", "content": make_prompt(question, template)}],
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": {"target": targets}},
         "extra_info": {"split": split, "index": int(index)},
@@ -171,7 +185,27 @@ def _hf_records(spec: SourceSpec) -> Iterator[tuple[str, dict | None, str]]:
         yield f"{spec.describe()} row {i}", record, ""
 
 
-def load_source(spec: SourceSpec, split: str, skip_bad: bool = False) -> tuple[list[dict], int]:
+def flashrag_specs(root: Path, names: Sequence[str]) -> dict[str, list[SourceSpec]]:
+    """Sources per output split for the FlashRAG benchmarks ``names`` under ``root`` (layout: module docstring)."""
+    unknown = [n for n in names if n not in FLASHRAG_BENCHMARKS]
+    if unknown:
+        raise ValueError(f"unknown FlashRAG benchmark(s) {unknown}; choose among {', '.join(FLASHRAG_BENCHMARKS)}")
+    specs: dict[str, list[SourceSpec]] = {split: [] for split in SPLITS}
+    for name in names:
+        folder = root / name
+        files = {split: folder / f"{split}.jsonl" for split in SPLITS if (folder / f"{split}.jsonl").is_file()}
+        if not files:
+            raise ValueError(f"{folder} holds none of {', '.join(f'{s}.jsonl' for s in SPLITS)} (FlashRAG layout "
+                             f"<dir>/<name>/<split>.jsonl); pass --datasets to choose the benchmarks you have")
+        for split, path in files.items():
+            specs[split].append(SourceSpec(data_source=name, path=path))
+        if "test" not in files and "dev" in files:
+            specs["test"].append(SourceSpec(data_source=name, path=files["dev"], source_split="dev"))
+    return specs
+
+
+def load_source(spec: SourceSpec, split: str, skip_bad: bool = False,
+                template: str = DEFAULT_TEMPLATE) -> tuple[list[dict], int]:
     """All good rows of one source, and the number of bad records skipped (always 0 unless ``skip_bad``).
 
     Raises BadRowError naming the location and id of the first bad record when ``skip_bad`` is False.
@@ -183,7 +217,7 @@ def load_source(spec: SourceSpec, split: str, skip_bad: bool = False) -> tuple[l
             if record is None:
                 raise ValueError(error)
             rows.append(make_row(spec.data_source, record.get("question"), record.get("golden_answers") or [],
-                                 split, index))
+                                 spec.source_split or split, index, template))
         except ValueError as exc:
             record_id = record.get("id") if record is not None else None
             message = f"{where}: bad row (id={record_id!r}): {exc}"
@@ -194,11 +228,12 @@ def load_source(spec: SourceSpec, split: str, skip_bad: bool = False) -> tuple[l
     return rows, skipped
 
 
-def build_split(specs: Iterable[SourceSpec], split: str, skip_bad: bool = False) -> tuple[list[dict], dict[str, int]]:
+def build_split(specs: Iterable[SourceSpec], split: str, skip_bad: bool = False,
+                template: str = DEFAULT_TEMPLATE) -> tuple[list[dict], dict[str, int]]:
     """Merge the rows of several sources (in the given order) and count skipped records per source."""
     rows, skipped_per_source = [], {}
     for spec in specs:
-        source_rows, skipped = load_source(spec, split, skip_bad)
+        source_rows, skipped = load_source(spec, split, skip_bad, template)
         rows.extend(source_rows)
         skipped_per_source[spec.data_source] = skipped
         logger.info("%s %s: %d rows, %d skipped", split, spec.data_source, len(source_rows), skipped)
@@ -213,22 +248,27 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="training source, name=path.jsonl or name=hf:dataset[/config]:split (repeatable)")
     parser.add_argument("--test", action="append", default=[], metavar="SPEC",
                         help="test source, same format as --train (repeatable)")
+    parser.add_argument("--flashrag", type=Path, metavar="DIR",
+                        help="FlashRAG dataset directory (DIR/<name>/{train,dev,test}.jsonl): adds --datasets")
+    parser.add_argument("--datasets", nargs="+", default=list(FLASHRAG_BENCHMARKS), metavar="NAME",
+                        help=f"FlashRAG benchmarks to take from --flashrag (default: {' '.join(FLASHRAG_BENCHMARKS)})")
+    parser.add_argument("--template", type=Path, metavar="PATH",
+                        help="prompt template file with a {question} placeholder (default: search_r1.prompts)")
     parser.add_argument("--out", required=True, type=Path,
-                        help="output directory; gets train.parquet and/or test.parquet")
+                        help="output directory; gets train.parquet, dev.parquet (FlashRAG only) and/or test.parquet")
     parser.add_argument("--skip-bad", action="store_true",
                         help="skip records without a question or golden answers (counted) instead of failing")
     args = parser.parse_args(argv)
-    if not args.train and not args.test:
-        parser.error("give at least one --train or --test source")
+    if not args.train and not args.test and args.flashrag is None:
+        parser.error("give --flashrag DIR or at least one --train or --test source")
     return args
 
 
-def _parse_specs(raw_specs: list[str], split: str) -> list[SourceSpec]:
-    specs = [parse_source_spec(s) for s in raw_specs]
+def _check_unique(specs: list[SourceSpec], split: str) -> list[SourceSpec]:
     names = [s.data_source for s in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"--{split} names a data_source more than once: {duplicates}")
+        raise ValueError(f"the {split} split names a data_source more than once: {duplicates}")
     return specs
 
 
@@ -240,8 +280,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        jobs = [(split, _parse_specs(raw, split)) for split, raw in (("train", args.train), ("test", args.test)) if raw]
-        built = [(split, *build_split(specs, split, args.skip_bad)) for split, specs in jobs]
+        template = load_template(args.template) if args.template is not None else DEFAULT_TEMPLATE
+        specs = {"train": [parse_source_spec(s) for s in args.train], "dev": [],
+                 "test": [parse_source_spec(s) for s in args.test]}
+        if args.flashrag is not None:
+            for split, extra in flashrag_specs(args.flashrag, args.datasets).items():
+                specs[split] += extra
+        jobs = [(split, _check_unique(specs[split], split)) for split in SPLITS if specs[split]]
+        built = [(split, *build_split(split_specs, split, args.skip_bad, template)) for split, split_specs in jobs]
         for split, rows, skipped in built:
             out_path = args.out / f"{split}.parquet"
             rows_to_parquet(rows, out_path)

@@ -2,10 +2,14 @@
 
 It follows Search-R1's protocol (think, then search or answer, with retrieved passages returned
 inside <information> tags); the wording is ours. One template serves every data source, so a
-policy trained on the demo data and one trained on NQ see the same instructions.
+policy trained on the demo data and one trained on NQ see the same instructions. Data prep can take
+another template from a file (``load_template``; ``data_prep.qa_search --template``), e.g. the exact
+prompt of a paper one compares with: its ``{question}`` placeholder receives the question.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 INSTRUCTION = (
     "Answer the question. First reason inside <think> and </think>. "
@@ -14,13 +18,24 @@ INSTRUCTION = (
     "You may search several times. When you know the answer, give only the answer inside "
     "<answer> and </answer>, for example <answer> Paris </answer>. Question: "
 )
+PLACEHOLDER = "{question}"
+DEFAULT_TEMPLATE = INSTRUCTION + PLACEHOLDER + "\n"
 
 
-def make_prompt(question: str) -> str:
-    """The user message for ``question``: whitespace stripped, a final '?' added if missing."""
+def load_template(path: str | Path) -> str:
+    """A prompt template read from ``path`` (UTF-8); it must hold the ``{question}`` placeholder."""
+    text = Path(path).read_text(encoding="utf-8")
+    if PLACEHOLDER not in text:
+        raise ValueError(f"prompt template {path} has no {PLACEHOLDER} placeholder (where the question goes)")
+    return text
+
+
+def make_prompt(question: str, template: str = DEFAULT_TEMPLATE) -> str:
+    """The user message for ``question`` under ``template``: the question stripped, a final '?' added if missing,
+    put in place of every ``{question}`` (other braces in the template are kept as they are)."""
     question = question.strip()
     if not question:
         raise ValueError("empty question")
     if not question.endswith("?"):
         question += "?"
-    return INSTRUCTION + question + "\n"
+    return template.replace(PLACEHOLDER, question)

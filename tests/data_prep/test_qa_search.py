@@ -12,11 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_prep.qa_search import (
+    FLASHRAG_BENCHMARKS,
     PARQUET_SCHEMA,
     BadRowError,
     SourceSpec,
     build_split,
     load_source,
+    main,
     make_row,
     parse_source_spec,
     rows_to_parquet,
@@ -214,3 +216,93 @@ def test_cli_failing_hf_load_is_clear(tmp_path: Path) -> None:
     assert ("could not load Hugging Face dataset 'no-such-owner/no-such-dataset' config 'nq' split 'test'"
             in result.stderr)
     assert "Traceback" not in result.stderr
+
+
+# FlashRAG's splits per benchmark (its dataset repository): no test.jsonl for hotpotqa, 2wikimultihopqa, musique.
+FLASHRAG_SPLITS = {"nq": ("train", "dev", "test"), "triviaqa": ("train", "dev", "test"), "popqa": ("test",),
+                   "hotpotqa": ("train", "dev"), "2wikimultihopqa": ("train", "dev"), "musique": ("train", "dev"),
+                   "bamboogle": ("test",)}
+# One record per benchmark in its own style (ids, metadata shapes and answer lists as FlashRAG writes them).
+FLASHRAG_RECORDS = {
+    "nq": {"id": "test_0", "question": "who got the first nobel prize in physics",
+           "golden_answers": ["Wilhelm Conrad Röntgen"], "metadata": {}},
+    "triviaqa": {"id": "test_1", "question": "Who was the man behind The Chipmunks?",
+                 "golden_answers": ["David Seville", "Ross Bagdasarian"], "metadata": {}},
+    "popqa": {"id": "4222632", "question": "What is George Rankin's occupation?",
+              "golden_answers": ["politician", "political leader"],
+              "metadata": {"s_wiki_title": "George Rankin", "prop": "occupation"}},
+    "hotpotqa": {"id": "5a8b57f25542995d1e6f1371", "question": "Were Scott Derrickson and Ed Wood of the same "
+                 "nationality?", "golden_answers": ["yes"], "metadata": {"type": "comparison", "level": "hard"}},
+    "2wikimultihopqa": {"id": "8813f87c0bdd11eba7f7acde48001122", "question": "Who is the mother of the director "
+                        "of film Polish-Russian War (Film)?", "golden_answers": ["Małgorzata Braunek"],
+                        "metadata": {"type": "compositional", "evidences": [["x", "director", "y"]]}},
+    "musique": {"id": "2hop__13548_13529", "question": "When was the person who Messi's goals in Copa del Rey "
+                "compared to get signed by Barcelona?", "golden_answers": ["June 1982", "1982"],
+                "metadata": {"answerable": True}},
+    "bamboogle": {"id": "test_0", "question": "Who was president of the United States in the year that Citibank "
+                  "was founded?", "golden_answers": ["james madison"], "metadata": {}},
+}
+
+
+def _flashrag_dir(root: Path) -> Path:
+    """A FlashRAG dataset directory: <root>/<name>/<split>.jsonl, two records per file, questions tagged by split."""
+    for name, splits in FLASHRAG_SPLITS.items():
+        for split in splits:
+            base = FLASHRAG_RECORDS[name]
+            records = [{**base, "id": f"{base['id']}-{split}-{i}", "question": f"{base['question']} ({split} {i})"}
+                       for i in range(2)]
+            (root / name).mkdir(parents=True, exist_ok=True)
+            _write_jsonl(root / name / f"{split}.jsonl", records)
+    return root
+
+
+def test_flashrag_directory_gives_the_seven_benchmarks_per_split(tmp_path: Path) -> None:
+    """Guards against a benchmark missing from a split, a split file read into the wrong split, lost golden answers,
+    and the three benchmarks without test.jsonl being left out of test.parquet (Search-R1 tests them on dev)."""
+    root = _flashrag_dir(tmp_path / "flashrag")
+    assert main(["--flashrag", str(root), "--out", str(tmp_path / "out")]) == 0
+    tables = {split: pq.read_table(tmp_path / "out" / f"{split}.parquet").to_pylist()
+              for split in ("train", "dev", "test")}
+    for split, rows in tables.items():
+        expected = {n for n, splits in FLASHRAG_SPLITS.items() if split in splits or
+                    (split == "test" and "dev" in splits)}
+        assert {r["data_source"] for r in rows} == expected, split
+        for row in rows:
+            name = row["data_source"]
+            source_split = split if split in FLASHRAG_SPLITS[name] else "dev"
+            assert row["extra_info"]["split"] == source_split
+            assert f"({source_split} {row['extra_info']['index']})?" in row["prompt"][0]["content"]
+            assert row["reward_model"]["ground_truth"]["target"] == FLASHRAG_RECORDS[name]["golden_answers"]
+    assert len(tables["test"]) == 2 * len(FLASHRAG_BENCHMARKS)
+
+
+def test_flashrag_names_and_missing_folders_are_clear(tmp_path: Path, capsys) -> None:
+    """Guards against a misspelt benchmark or a missing download being skipped silently."""
+    root = _flashrag_dir(tmp_path / "flashrag")
+    assert main(["--flashrag", str(root), "--datasets", "nq", "hotpot", "--out", str(tmp_path / "o")]) == 1
+    assert "unknown FlashRAG benchmark(s) ['hotpot']; choose among nq, triviaqa" in capsys.readouterr().err
+    (root / "musique" / "train.jsonl").unlink()
+    (root / "musique" / "dev.jsonl").unlink()
+    assert main(["--flashrag", str(root), "--out", str(tmp_path / "o")]) == 1
+    assert f"{root / 'musique'} holds none of train.jsonl, dev.jsonl, test.jsonl" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    assert main(["--flashrag", str(root), "--datasets", "bamboogle", "popqa", "--out", str(tmp_path / "o")]) == 0
+    sources = [r["data_source"] for r in pq.read_table(tmp_path / "o" / "test.parquet").to_pylist()]
+    assert sources == ["bamboogle"] * 2 + ["popqa"] * 2
+
+
+def test_template_file_sets_the_prompt(tmp_path: Path, capsys) -> None:
+    """Guards against --template being ignored, the question not reaching its placeholder, other braces in the
+    template (e.g. a JSON example) breaking it, and a template without the placeholder passing unnoticed."""
+    template = tmp_path / "paper.txt"
+    template.write_text('Answer {"like": "this"}.\nQuestion: {question}\n', encoding="utf-8")
+    source = _write_jsonl(tmp_path / "nq.jsonl", NQ_RECORDS[:2])
+    out = tmp_path / "out"
+    assert main(["--test", f"nq={source}", "--template", str(template), "--out", str(out)]) == 0
+    prompts = [r["prompt"][0]["content"] for r in pq.read_table(out / "test.parquet").to_pylist()]
+    assert prompts == ['Answer {"like": "this"}.\nQuestion: who wrote hamlet?\n',
+                       'Answer {"like": "this"}.\nQuestion: capital of France?\n']
+    template.write_text("Answer the question: {q}\n", encoding="utf-8")
+    assert main(["--test", f"nq={source}", "--template", str(template), "--out", str(tmp_path / "o2")]) == 1
+    assert f"prompt template {template} has no {{question}} placeholder" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
