@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from retrieval_server.bm25 import build_bm25_index
 from retrieval_server.corpus import CorpusError, CorpusScan, iter_passages, scan_corpus
 from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX
-from retrieval_server.manifest import MANIFEST_NAME, RETRIEVERS, Manifest, ManifestError
+from retrieval_server.manifest import INDEX_FILE, MANIFEST_NAME, RETRIEVERS, Manifest, ManifestError
 
 logger = logging.getLogger("retrieval_server.build_index")
 
@@ -51,7 +52,7 @@ def _build_dense(scan: CorpusScan, out: Path, model: str, kind: str, e5_prefixes
                  from_flat: Path | None, progress: bool) -> Manifest:
     import faiss
 
-    from retrieval_server.dense import INDEX_FILE, build_dense_index, flat_batches
+    from retrieval_server.dense import build_dense_index, flat_batches
     from retrieval_server.encoder import Encoder
 
     if from_flat is not None:
@@ -63,7 +64,7 @@ def _build_dense(scan: CorpusScan, out: Path, model: str, kind: str, e5_prefixes
                                 f"than {scan.path}")
         model, dim, probe = source.model, source.dim, source.probe
         prefixes = (source.query_prefix, source.passage_prefix)
-        batches = flat_batches(from_flat)
+        batches = flat_batches(source.index_path(from_flat))
         desc = f"copy vectors from {from_flat}"
     else:
         prefixes = (E5_QUERY_PREFIX, E5_PASSAGE_PREFIX) if e5_prefixes else ("", "")
@@ -72,7 +73,9 @@ def _build_dense(scan: CorpusScan, out: Path, model: str, kind: str, e5_prefixes
         batches = (encoder.encode_passages(texts) for texts in _batched(iter_passages(scan.path), batch_size))
         desc = "encode"
     index, params = build_dense_index(_with_progress(batches, scan.count, desc, progress), kind, dim, scan.count)
-    faiss.write_index(index, str(out / INDEX_FILE))
+    tmp = out / (INDEX_FILE + ".tmp")  # renamed over the old file: a server still mapping that one is unaffected
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, out / INDEX_FILE)
     return Manifest(retriever="dense", count=scan.count, corpus_sha256=scan.sha256, corpus_bytes=scan.n_bytes,
                     corpus_path=str(scan.path), model=model, dim=dim, index=kind, query_prefix=prefixes[0],
                     passage_prefix=prefixes[1], probe=probe, index_params=params)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 
 class CorpusError(ValueError):
@@ -44,7 +45,7 @@ class CorpusScan:
         return len(self.offsets)
 
 
-def scan_corpus(path: str | Path) -> CorpusScan:
+def scan_corpus(path: str | Path, progress: bool = False) -> CorpusScan:
     """One pass over the file: SHA-256 of all bytes and the offset/length of every non-blank line."""
     path = Path(path)
     if not path.is_file():
@@ -52,7 +53,8 @@ def scan_corpus(path: str | Path) -> CorpusScan:
     digest = hashlib.sha256()
     offsets, lengths = array("q"), array("q")
     position = 0
-    with path.open("rb") as f:
+    with path.open("rb") as f, tqdm(total=path.stat().st_size, desc=f"scan {path.name}", unit="B", unit_scale=True,
+                                    disable=not progress) as bar:
         for line in f:
             digest.update(line)
             body = line.rstrip(b"\r\n")
@@ -60,6 +62,9 @@ def scan_corpus(path: str | Path) -> CorpusScan:
                 offsets.append(position)
                 lengths.append(len(body))
             position += len(line)
+            if len(offsets) % 65536 == 0:
+                bar.update(position - bar.n)
+        bar.update(position - bar.n)
     return CorpusScan(path=path, sha256=digest.hexdigest(), n_bytes=position,
                       offsets=np.frombuffer(offsets, dtype=np.int64), lengths=np.frombuffer(lengths, dtype=np.int64))
 

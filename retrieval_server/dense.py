@@ -8,8 +8,18 @@ Choices:
   single streaming pass; shuffle a sorted corpus first if that sample is unrepresentative.
 - The build streams: embeddings arrive in batches and are added as they come (IVF buffers only its
   training sample), so peak memory is the index itself.
-- GPU: when the FAISS GPU build is installed and sees a GPU, flat and IVF indexes are copied to all
-  GPUs (FAISS has no GPU HNSW); otherwise search runs on CPU.
+- Loading memory-maps the vectors (``IO_FLAG_MMAP_IFC``: flat codes, HNSW storage, IVF lists) instead
+  of copying them into RAM: a 60 GB flat index costs page cache that the OS can evict, not 60 GB of
+  private memory, and several servers on one machine share it. The first search of a cold file
+  reads it from disk (the service's warm-up query does that before ``/health`` says ready). A file
+  must not be rewritten in place while it is served (a truncated mapping kills the server with
+  SIGBUS); ``build_index`` writes a new file and renames it over the old one, which is safe.
+- GPU (``gpu_mode``): when the FAISS GPU build is installed and sees GPUs, flat and IVF indexes are
+  copied to all visible GPUs, by default sharded (``index_cpu_to_all_gpus`` with ``shard=True``: each
+  GPU holds 1/n of the vectors and answers for its rows, so a 60 GB fp32 flat index takes 7.5 GB
+  on each of 8 GPUs and leaves them to the trainer), or replicated (each GPU a full copy: faster
+  for many small batches, n times the memory). ``gpu_fp16`` stores the vectors on GPU in fp16
+  (half the memory; scores round to fp16). FAISS has no GPU HNSW: it stays on CPU.
 """
 
 from __future__ import annotations
@@ -27,7 +37,6 @@ from retrieval_server.encoder import Encoder
 logger = logging.getLogger(__name__)
 
 INDEX_KINDS = ("flat", "hnsw", "ivf")
-INDEX_FILE = "faiss.index"
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 200
 HNSW_EF_SEARCH = 128
@@ -84,22 +93,46 @@ def _train_and_flush(index: faiss.Index, pending: list[np.ndarray]) -> None:
     index.add(sample)
 
 
-def flat_batches(index_dir: str | Path, batch_size: int = 16384) -> Iterator[np.ndarray]:
-    """The vectors stored in a flat index, in corpus order, as ``[n, dim]`` batches (to rebuild without encoding)."""
-    index = faiss.read_index(str(Path(index_dir) / INDEX_FILE))
+def read_index(path: str | Path) -> faiss.Index:
+    """A FAISS index file, its vectors memory-mapped (read-only)."""
+    return faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
+
+
+def index_kind(index: faiss.Index) -> str:
+    """``flat``, ``hnsw`` or ``ivf`` for the index types this service searches (exact vectors stored)."""
+    if isinstance(index, faiss.IndexFlat):
+        return "flat"
+    if isinstance(index, faiss.IndexHNSWFlat):
+        return "hnsw"
+    if isinstance(index, faiss.IndexIVFFlat):
+        return "ivf"
+    raise ValueError(f"FAISS index type {type(index).__name__} is not served; supported: IndexFlatIP (flat), "
+                     "IndexHNSWFlat (hnsw), IndexIVFFlat (ivf)")
+
+
+def flat_batches(index_path: str | Path, batch_size: int = 16384) -> Iterator[np.ndarray]:
+    """The vectors stored in a flat index file, in corpus order, as ``[n, dim]`` batches (to rebuild without
+    encoding)."""
+    index = read_index(index_path)
     if not isinstance(index, faiss.IndexFlat):
-        raise ValueError(f"{index_dir} does not hold a flat index")
+        raise ValueError(f"{index_path} does not hold a flat index")
     for start in range(0, index.ntotal, batch_size):
         yield index.reconstruct_n(start, min(batch_size, index.ntotal - start))
 
 
-def _to_gpu_if_available(index: faiss.Index, kind: str) -> faiss.Index:
+def place_on_gpus(index: faiss.Index, kind: str, mode: str, fp16: bool) -> faiss.Index:
+    """The index sharded or replicated over all visible GPUs (``mode``: service.GPU_MODES), or itself where that
+    does not apply (CPU build, no GPU, ``off``, HNSW)."""
     n_gpus = faiss.get_num_gpus()  # 0 with the CPU build
-    if n_gpus == 0 or kind == "hnsw":
-        logger.info("FAISS %s index on CPU", kind)
+    if n_gpus == 0 or mode == "off" or kind == "hnsw":
+        logger.info("FAISS %s index on CPU%s", kind, " (FAISS has no GPU HNSW)" if n_gpus and kind == "hnsw" else "")
         return index
-    logger.info("FAISS %s index copied to %d GPU(s)", kind, n_gpus)
-    return faiss.index_cpu_to_all_gpus(index)
+    options = faiss.GpuMultipleClonerOptions()
+    options.shard = mode == "shard"
+    options.useFloat16 = fp16
+    logger.info("FAISS %s index %s over %d GPU(s)%s", kind, "sharded" if options.shard else "replicated", n_gpus,
+                ", fp16 storage" if fp16 else "")
+    return faiss.index_cpu_to_all_gpus(index, co=options)
 
 
 class DenseRetriever:
@@ -111,13 +144,18 @@ class DenseRetriever:
         self.num_passages = int(index.ntotal)
 
     @classmethod
-    def load(cls, index_dir: str | Path, kind: str, params: dict, encoder: Encoder) -> DenseRetriever:
-        index = faiss.read_index(str(Path(index_dir) / INDEX_FILE))
+    def load(cls, index_path: str | Path, kind: str, params: dict, encoder: Encoder, gpu_mode: str = "shard",
+             gpu_fp16: bool = False) -> DenseRetriever:
+        """The index at ``index_path`` (memory-mapped), with the search parameters of ``params``, placed on GPUs
+        by ``gpu_mode`` when there are any."""
+        index = read_index(index_path)
+        if index_kind(index) != kind:
+            raise ValueError(f"{index_path} holds a {index_kind(index)} index, the manifest says {kind}")
         if kind == "hnsw":
             index.hnsw.efSearch = params["efSearch"]
         elif kind == "ivf":
             index.nprobe = params["nprobe"]
-        return cls(_to_gpu_if_available(index, kind), encoder)
+        return cls(place_on_gpus(index, kind, gpu_mode, gpu_fp16), encoder)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """``[B]`` queries -> scores ``[B, k]`` float32 (descending) and row ids ``[B, k]`` int64 (-1 = no hit)."""

@@ -6,6 +6,10 @@ Choices:
 - The encoder is identified by behaviour, not by name: the manifest stores the embedding of a fixed
   probe sentence, and the server re-encodes it with the encoder it loaded. The same model under
   another path passes; a different model (or prefix setting) fails, whatever its name.
+- A FAISS index built elsewhere and imported (``import_index``) stays where it is: the manifest
+  records its path and byte size (``index_file``, ``index_bytes``; the size is checked before the
+  port is bound). Such a manifest is format version 2; a manifest of an index inside its own
+  directory is still written as version 1, so servers of either version read it.
 - Every refusal says which part does not match and how to rebuild.
 """
 
@@ -19,8 +23,10 @@ import numpy as np
 
 from retrieval_server.corpus import CorpusScan
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest version this code reads and writes (see ``Manifest.save``)
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
+INDEX_FILE = "faiss.index"  # a dense index's FAISS file inside its directory, unless ``index_file`` says otherwise
 # Cosine between the stored and the recomputed probe embedding above which the encoders count as
 # the same (leaves room for CPU/GPU and batch-size rounding differences, far below any other model).
 PROBE_MIN_COSINE = 0.999
@@ -47,14 +53,26 @@ class Manifest:
     passage_prefix: str = ""  # dense: prepended to passages ("passage: " for e5 models)
     index_params: dict = field(default_factory=dict)  # FAISS / BM25 parameters used
     format_version: int = FORMAT_VERSION
-    probe: list[float] | None = None  # dense: embedding of encoder.PROBE_TEXT (encoder fingerprint)
+    probe: list[float] | None = None  # dense: fp32 embedding of encoder.PROBE_TEXT (encoder fingerprint)
+    index_file: str | None = None  # dense, imported: absolute path of the FAISS file (None: <index_dir>/faiss.index)
+    index_bytes: int | None = None  # dense, imported: byte size of that file
 
     def save(self, index_dir: str | Path) -> None:
         """Write the manifest (last step of a build: an index without one is incomplete)."""
+        data = asdict(self)
+        if self.index_file is None:  # nothing that needs version 2: readable by version-1 servers too
+            del data["index_file"], data["index_bytes"]
+            data["format_version"] = 1
+        else:
+            data["format_version"] = 2
         path = Path(index_dir) / MANIFEST_NAME
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(path)
+
+    def index_path(self, index_dir: str | Path) -> Path:
+        """The FAISS file of a dense index."""
+        return Path(self.index_file) if self.index_file else Path(index_dir) / INDEX_FILE
 
     @classmethod
     def load(cls, index_dir: str | Path) -> Manifest:
@@ -67,8 +85,9 @@ class Manifest:
         except json.JSONDecodeError as e:
             raise ManifestError(f"{path} is not valid JSON ({e.msg})") from None
         known = {f.name for f in fields(cls)}
-        if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION or set(data) - known:
-            raise ManifestError(f"{path} is not a version-{FORMAT_VERSION} manifest; rebuild the index")
+        if not isinstance(data, dict) or data.get("format_version") not in READABLE_VERSIONS or set(data) - known:
+            raise ManifestError(f"{path} is not a manifest of a version this server reads {READABLE_VERSIONS}; "
+                                "rebuild the index")
         manifest = cls(**data)
         if manifest.retriever not in RETRIEVERS:
             raise ManifestError(f"{path}: retriever must be one of {RETRIEVERS}, got {manifest.retriever!r}")
@@ -76,6 +95,9 @@ class Manifest:
 
 
 def _rebuild_hint(manifest: Manifest, index_dir: str | Path, corpus: str | Path) -> str:
+    if manifest.index_file:
+        return (f"import the FAISS index of that corpus with `python -m retrieval_server.import_index --faiss FILE "
+                f"--corpus {corpus} --model MODEL --out {index_dir}`")
     return (f"rebuild it with `python -m retrieval_server.build_index --corpus {corpus} --out {index_dir} "
             f"--retriever {manifest.retriever}`")
 
@@ -87,6 +109,19 @@ def check_corpus_size(manifest: Manifest, index_dir: str | Path, corpus: str | P
         raise ManifestError(
             f"corpus mismatch: index {index_dir} was built from a corpus of {manifest.corpus_bytes} bytes "
             f"({manifest.corpus_path}), but {corpus} has {size} bytes; {_rebuild_hint(manifest, index_dir, corpus)}")
+
+
+def check_index_file(manifest: Manifest, index_dir: str | Path) -> None:
+    """Cheap check (existence, and size for an imported file) done before the server binds its port."""
+    if manifest.retriever != "dense":
+        return
+    path = manifest.index_path(index_dir)
+    if not path.is_file():
+        raise ManifestError(f"FAISS index file {path} (named by {Path(index_dir) / MANIFEST_NAME}) not found")
+    if manifest.index_bytes is not None and path.stat().st_size != manifest.index_bytes:
+        raise ManifestError(
+            f"index mismatch: {path} has {path.stat().st_size} bytes, but it had {manifest.index_bytes} when it was "
+            f"imported into {index_dir}; re-run `python -m retrieval_server.import_index` for the new file")
 
 
 def check_corpus(manifest: Manifest, index_dir: str | Path, scan: CorpusScan) -> None:

@@ -8,9 +8,9 @@ import pytest
 from retrieval_test_corpus import PASSAGES
 
 from retrieval_server.build_index import build_index
-from retrieval_server.dense import INDEX_FILE, build_dense_index
+from retrieval_server.dense import build_dense_index
 from retrieval_server.encoder import DEFAULT_MODEL, Encoder
-from retrieval_server.manifest import Manifest
+from retrieval_server.manifest import INDEX_FILE, Manifest
 from retrieval_server.service import load_retriever
 
 
