@@ -1,9 +1,10 @@
-"""The HTTP API: ``POST /retrieve`` (Search-R1 request/response shape) and ``GET /health``.
+"""The HTTP API: ``POST /retrieve`` (Search-R1 request/response shape), ``GET /health``, ``GET /stats``.
 
 Choices:
 - The port is bound before the index is loaded: ``/health`` answers 503 ``{"status": "loading"}``
-  until the index is ready, then 200 with what is served. A load failure (corpus or encoder
-  mismatch) is logged and handed to ``on_failure``, which stops the server.
+  until the index is ready, then 200 with what is served (retriever, index, encoder and its dtype,
+  cache size, reranker). ``/stats`` answers the counters of the deduplicating query cache. A load
+  failure (corpus or encoder mismatch) is logged and handed to ``on_failure``, which stops the server.
 - The request body is read and validated by hand, not by a pydantic model, so each bad input gets
   its own status and a message naming the field: 400 body is not JSON; 413 body, query count or
   query length over the limits; 422 wrong types, empty query strings, ``topk`` outside
@@ -197,11 +198,15 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
         if state.service is None:
             status = {"status": "failed", "detail": state.error} if state.error else {"status": "loading"}
             return JSONResponse(status, status_code=503)
-        manifest = state.service.manifest
-        return JSONResponse({"status": "ok", "retriever": manifest.retriever, "index": manifest.index,
-                             "model": manifest.model, "passages": state.service.num_passages,
+        return JSONResponse({"status": "ok", **state.service.describe(),
                              "default_topk": limits.default_topk, "max_topk": limits.max_topk,
                              "max_queries": limits.max_queries, "max_query_chars": limits.max_query_chars})
+
+    @app.get("/stats")
+    async def stats() -> JSONResponse:
+        if state.service is None:
+            return JSONResponse({"detail": "the index is still loading; poll GET /health"}, status_code=503)
+        return JSONResponse(state.service.stats())
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> Response:

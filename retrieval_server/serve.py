@@ -3,8 +3,10 @@
 Choices:
 - Binds 127.0.0.1 unless ``--host`` says otherwise: the service has no authentication.
 - The retriever kind (dense / BM25), the encoder and its prefixes come from the index manifest.
-- Cheap checks (manifest present, corpus file size) run before the port is bound and exit with
-  status 2; the full checks (corpus checksum, encoder fingerprint) run while loading, and a failure
+- Serving choices (encoder dtype, query cache, reranker, FAISS GPU placement) are flags, collected
+  into one ``ServeOptions`` (validated once); ``/health`` reports them.
+- Cheap checks (manifest present, corpus and imported index file sizes) run before the port is
+  bound and exit with status 2; the full checks (corpus checksum, encoder fingerprint) run while loading, and a failure
   stops the server with status 1. Either way the message says which part does not match.
 - One process, one event loop: the index is held once in memory and all search work goes through
   one worker thread (see ``batcher.py``).
@@ -20,8 +22,9 @@ import uvicorn
 
 from retrieval_server.app import Limits, create_app
 from retrieval_server.corpus import CorpusError
-from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size
-from retrieval_server.service import load_service
+from retrieval_server.encoder import ENCODER_DTYPES
+from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
+from retrieval_server.service import GPU_MODES, ServeOptions, load_service
 
 logger = logging.getLogger("retrieval_server.serve")
 
@@ -39,12 +42,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-queries", type=int, default=1024, help="most queries in one request")
     p.add_argument("--max-query-chars", type=int, default=2048, help="longest query, in characters")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for encode + search (0: library default)")
+    p.add_argument("--encoder-dtype", choices=ENCODER_DTYPES, default="auto",
+                   help="dense query encoder precision; auto: fp16 on GPU, bf16 on CPUs with bf16 instructions, "
+                        "else fp32 (each checked against fp32 at load)")
+    p.add_argument("--cache-size", type=int, default=ServeOptions.cache_size,
+                   help="(query, topk) answers kept in the LRU cache (0: off; repeats inside a batch are always "
+                        "searched once)")
+    p.add_argument("--reranker", default=None,
+                   help="local cross-encoder directory: rerank the first stage's --rerank-topk candidates (off by "
+                        "default)")
+    p.add_argument("--rerank-topk", type=int, default=ServeOptions.rerank_topk,
+                   help="candidates per query given to the reranker (at least the request's topk)")
+    p.add_argument("--faiss-gpu", choices=GPU_MODES, default=ServeOptions.gpu_mode,
+                   help="with FAISS GPU and GPUs present: shard the flat/IVF index over all GPUs (each holds 1/n), "
+                        "replicate it on each, or keep it on CPU")
+    p.add_argument("--faiss-gpu-fp16", action="store_true", help="store the vectors on GPU in fp16 (half the memory)")
     args = p.parse_args(argv)
     if not 1 <= args.topk <= args.max_topk:
         p.error(f"--topk must be between 1 and --max-topk ({args.max_topk}), got {args.topk}")
     for name in ("max_queries", "max_query_chars"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    try:
+        args.options = ServeOptions(model=args.model, threads=args.threads, encoder_dtype=args.encoder_dtype,
+                                    cache_size=args.cache_size, reranker=args.reranker, rerank_topk=args.rerank_topk,
+                                    gpu_mode=args.faiss_gpu, gpu_fp16=args.faiss_gpu_fp16)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -54,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = Manifest.load(args.index)
         check_corpus_size(manifest, args.index, args.corpus)
+        check_index_file(manifest, args.index)
     except FileNotFoundError:
         logger.error("corpus file not found: %s", args.corpus)
         return 2
@@ -68,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         failures.append(exc)
         server.should_exit = True
 
-    app = create_app(lambda: load_service(args.index, args.corpus, args.model, args.threads), limits, on_failure)
+    app = create_app(lambda: load_service(args.index, args.corpus, args.options), limits, on_failure)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
                                            timeout_graceful_shutdown=5))
     logger.info("serving %s index %s on http://%s:%d (loading in the background; GET /health)",

@@ -3,14 +3,20 @@
 Choices:
 - ``load_service`` does every check before the first query: the corpus checksum (in the same pass
   that records line offsets), then the encoder fingerprint (dense), then one warm-up query so that
-  numba compilation and first-call allocations are not paid by a client.
-- Both retrievers expose ``search(queries, k) -> (scores [B, k], row ids [B, k])``; the service
-  turns row ids into passages (their corpus lines, as raw JSON). ``k`` is capped at the corpus size.
+  numba compilation, first-call allocations and the first read of a memory-mapped index are not
+  paid by a client.
+- Both retrievers expose ``search(queries, k) -> (scores [B, k], row ids [B, k])``. The service puts
+  the optional cross-encoder stage after the retriever and the deduplicating cache in front of both
+  (``query_cache.py``: a cached answer is the final, reranked one), then turns row ids into passages
+  (their corpus lines, as raw JSON). ``k`` is capped at the corpus size.
+- ``ServeOptions`` holds every serving choice, typed and validated once, here; ``serve.py`` fills it
+  from the command line.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -18,11 +24,39 @@ import numpy as np
 
 from retrieval_server.bm25 import BM25Retriever
 from retrieval_server.corpus import CorpusStore, scan_corpus
+from retrieval_server.encoder import ENCODER_DTYPES
 from retrieval_server.manifest import Manifest, check_corpus, check_encoder
+from retrieval_server.query_cache import CachedSearch
 
 logger = logging.getLogger(__name__)
 
 Hit = tuple[bytes, float]  # (the passage's corpus line: a JSON object {"id", "contents"}, score)
+# How a FAISS GPU build spreads a flat / IVF index over the visible GPUs (dense.place_on_gpus).
+GPU_MODES = ("shard", "replicate", "off")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How an index is served (the index itself is described by its manifest)."""
+
+    model: str | None = None  # encoder path overriding the manifest's (must embed identically)
+    threads: int = 0  # CPU threads of torch, FAISS and numba; 0 = library default
+    encoder_dtype: str = "auto"  # one of ENCODER_DTYPES (encoder.py says what auto picks)
+    cache_size: int = 65536  # (query, k) answers kept by the LRU cache; 0 = off (repeats in a batch still merge)
+    reranker: str | None = None  # cross-encoder directory; None = no rerank stage
+    rerank_topk: int = 10  # candidates the reranker rescores per query (at least the request's topk)
+    gpu_mode: str = "shard"  # one of GPU_MODES: how a FAISS GPU build spreads the index over the GPUs
+    gpu_fp16: bool = False  # FAISS GPU: store the vectors in fp16
+
+    def __post_init__(self) -> None:
+        if self.encoder_dtype not in ENCODER_DTYPES:
+            raise ValueError(f"encoder dtype must be one of {ENCODER_DTYPES}, got {self.encoder_dtype!r}")
+        if self.gpu_mode not in GPU_MODES:
+            raise ValueError(f"FAISS GPU mode must be one of {GPU_MODES}, got {self.gpu_mode!r}")
+        for name, value, least in (("threads", self.threads, 0), ("cache size", self.cache_size, 0),
+                                   ("rerank topk", self.rerank_topk, 1)):
+            if value < least:
+                raise ValueError(f"{name} must be at least {least}, got {value}")
 
 
 class Retriever(Protocol):
@@ -33,41 +67,54 @@ class Retriever(Protocol):
         ...
 
 
-def load_retriever(index_dir: str | Path, manifest: Manifest, model: str | None = None, threads: int = 0) -> Retriever:
-    """The retriever the manifest describes. ``model`` overrides the manifest's encoder path (dense);
-    ``threads`` > 0 caps the CPU threads of torch, FAISS and numba."""
+def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOptions = ServeOptions()) -> Retriever:
+    """The retriever the manifest describes, with the encoder, threads and GPU placement of ``options``."""
     if manifest.retriever == "bm25":
-        return BM25Retriever.load(index_dir, threads)
+        return BM25Retriever.load(index_dir, options.threads)
     import faiss
 
     from retrieval_server.dense import DenseRetriever
     from retrieval_server.encoder import Encoder
 
-    if threads > 0:
+    if options.threads > 0:
         import torch
 
-        torch.set_num_threads(threads)
-        faiss.omp_set_num_threads(threads)
-    encoder = Encoder(model or manifest.model, manifest.query_prefix, manifest.passage_prefix)
+        torch.set_num_threads(options.threads)
+        faiss.omp_set_num_threads(options.threads)
+    encoder = Encoder(options.model or manifest.model, manifest.query_prefix, manifest.passage_prefix,
+                      dtype=options.encoder_dtype)
     check_encoder(manifest, index_dir, encoder.name, encoder.fingerprint())
-    return DenseRetriever.load(index_dir, manifest.index, manifest.index_params, encoder)
+    return DenseRetriever.load(manifest.index_path(index_dir), manifest.index, manifest.index_params, encoder,
+                               options.gpu_mode, options.gpu_fp16)
 
 
 class SearchService:
-    """A retriever plus the corpus it indexes: queries in, passages (with scores) out."""
+    """A retriever (plus optional reranker) and the corpus it indexes: queries in, passages (with scores) out."""
 
-    def __init__(self, retriever: Retriever, corpus: CorpusStore, manifest: Manifest):
+    def __init__(self, retriever: Retriever, corpus: CorpusStore, manifest: Manifest,
+                 options: ServeOptions = ServeOptions(), reranker=None):
         self.retriever = retriever
         self.corpus = corpus
         self.manifest = manifest
+        self.options = options
+        self.reranker = reranker  # rerank.Reranker or None
+        self.cache = CachedSearch(self._search_distinct, options.cache_size)
 
     @property
     def num_passages(self) -> int:
         return len(self.corpus)
 
+    def _search_distinct(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Retriever, then reranker: scores ``[B, k]`` and row ids ``[B, k]`` of distinct queries."""
+        if self.reranker is None:
+            return self.retriever.search(queries, k)
+        n_candidates = min(max(k, self.options.rerank_topk), self.num_passages)
+        _, rows = self.retriever.search(queries, n_candidates)  # [B, n_candidates]
+        return self.reranker.rerank(queries, rows, self.corpus.fetch(rows), k)
+
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         """Top ``min(k, num_passages)`` hits per query, best first (fewer where an ANN index finds fewer)."""
-        scores, rows = self.retriever.search(queries, min(k, self.num_passages))  # [B, k], [B, k]
+        scores, rows = self.cache.search(queries, min(k, self.num_passages))  # [B, k], [B, k]
         docs_per_query = self.corpus.fetch(rows)
         found = rows >= 0  # [B, k]; False where an approximate index found fewer than k
         if found.all():
@@ -76,13 +123,28 @@ class SearchService:
             scores_per_query = [s[f].tolist() for s, f in zip(scores, found, strict=True)]
         return [list(zip(docs, s, strict=True)) for docs, s in zip(docs_per_query, scores_per_query, strict=True)]
 
+    def warm_up(self) -> None:
+        """One query through retriever and reranker (not the cache, whose counters start at 0)."""
+        self._search_distinct(["warm-up query"], 1)
+
+    def describe(self) -> dict:
+        """What is served (for ``GET /health``)."""
+        encoder = getattr(self.retriever, "encoder", None)
+        return {"retriever": self.manifest.retriever, "index": self.manifest.index, "model": self.manifest.model,
+                "encoder_dtype": encoder.dtype if encoder is not None else None,
+                "passages": self.num_passages, "cache_size": self.options.cache_size,
+                "reranker": self.options.reranker, "rerank_topk": self.options.rerank_topk if self.reranker else None}
+
+    def stats(self) -> dict:
+        """Counters of the deduplicating cache (for ``GET /stats``)."""
+        return asdict(self.cache.stats())
+
     def close(self) -> None:
         self.corpus.close()
 
 
-def load_service(index_dir: str | Path, corpus: str | Path, model: str | None = None,
-                 threads: int = 0) -> SearchService:
-    """Verify the index against ``corpus`` and the encoder, load it, and warm it up.
+def load_service(index_dir: str | Path, corpus: str | Path, options: ServeOptions = ServeOptions()) -> SearchService:
+    """Verify the index against ``corpus`` and the encoder, load it (and the reranker), and warm it up.
 
     Raises ``ManifestError`` saying which of corpus / encoder does not match.
     """
@@ -91,10 +153,16 @@ def load_service(index_dir: str | Path, corpus: str | Path, model: str | None = 
     scan = scan_corpus(corpus)
     check_corpus(manifest, index_dir, scan)
     logger.info("loading %s index from %s (%d passages)", manifest.retriever, index_dir, manifest.count)
-    retriever = load_retriever(index_dir, manifest, model, threads)
+    retriever = load_retriever(index_dir, manifest, options)
     if retriever.num_passages != manifest.count:
         raise RuntimeError(f"index {index_dir} holds {retriever.num_passages} passages, manifest says {manifest.count}")
-    service = SearchService(retriever, CorpusStore(scan), manifest)
-    service.search(["warm-up query"], 1)
+    reranker = None
+    if options.reranker is not None:
+        from retrieval_server.rerank import Reranker
+
+        encoder = getattr(retriever, "encoder", None)
+        reranker = Reranker(options.reranker, device=str(encoder.model.device) if encoder is not None else None)
+    service = SearchService(retriever, CorpusStore(scan), manifest, options, reranker)
+    service.warm_up()
     logger.info("index ready")
     return service

@@ -1,0 +1,62 @@
+"""Half-precision query encoder: agrees with fp32 at top-1, is still recognised by the manifest check, and
+``auto`` / refusals follow the device (bf16 on CPU runs here; fp16/bf16 on GPU only where a GPU is present)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from retrieval_server.encoder import DEFAULT_MODEL, Encoder, EncoderError, cpu_has_bf16
+from retrieval_server.manifest import Manifest
+from retrieval_server.service import ServeOptions, load_retriever
+
+QUERIES = ["Which river flows into the Sallow Sea?", "who made glass in Kelbrook", "cheese aged in caves",
+           "a telescope made of brass", "folk songs about ferrymen", "who built the stone arches",
+           "a green sky for eleven nights", "the ship wrecked near Dunmere", "a plant burned to make glass",
+           "the quixotrian clock", "where do marsh herons nest", "which college teaches astronomy"]
+
+
+def _top1_and_vectors(flat_index, dtype: str):
+    retriever = load_retriever(flat_index, Manifest.load(flat_index), ServeOptions(threads=1, encoder_dtype=dtype))
+    _, rows = retriever.search(QUERIES, 1)
+    return retriever.encoder, rows[:, 0].tolist(), retriever.encoder.encode_queries(QUERIES)
+
+
+def test_bf16_agrees_with_fp32_at_top1_and_passes_the_manifest_check(flat_index):
+    """Guards against a half-precision encoder that changes which passage comes first, that is refused by the
+    manifest's fp32 fingerprint check, or that silently stays in fp32."""
+    fp32, top1_fp32, vectors_fp32 = _top1_and_vectors(flat_index, "fp32")
+    bf16, top1_bf16, vectors_bf16 = _top1_and_vectors(flat_index, "bf16")  # load_retriever checks the manifest
+    assert (fp32.dtype, bf16.dtype) == ("fp32", "bf16")
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    assert vectors_bf16.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors_bf16, axis=1), 1.0, atol=1e-5)  # normalised in fp32
+    assert (vectors_fp32 * vectors_bf16).sum(axis=1).min() >= 0.99
+    assert top1_bf16 == top1_fp32
+    np.testing.assert_array_equal(bf16.fingerprint(), fp32.fingerprint())  # taken before the cast
+
+
+def test_auto_follows_the_cpu_and_fp16_needs_a_gpu():
+    """Guards against auto choosing an emulated (slower) half precision on a CPU without bf16 instructions, and
+    against fp16 on CPU being accepted (PyTorch emulates it, far slower than fp32)."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU rules apply without a GPU")
+    assert Encoder(DEFAULT_MODEL, dtype="auto").dtype == ("bf16" if cpu_has_bf16() else "fp32")
+    with pytest.raises(EncoderError, match="fp16 needs a GPU"):
+        Encoder(DEFAULT_MODEL, dtype="fp16")
+    with pytest.raises(ValueError, match="must be one of"):
+        Encoder(DEFAULT_MODEL, dtype="int8")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_half_precision_agrees_with_fp32_at_top1(flat_index):
+    """Guards against fp16/bf16 on GPU changing the top passage or being refused by the manifest check, and
+    against auto not picking fp16 on GPU."""
+    _, top1_fp32, vectors_fp32 = _top1_and_vectors(flat_index, "fp32")
+    for dtype in ("fp16", "bf16"):
+        encoder, top1, vectors = _top1_and_vectors(flat_index, dtype)
+        assert encoder.model.device.type == "cuda" and encoder.dtype == dtype
+        assert top1 == top1_fp32 and (vectors * vectors_fp32).sum(axis=1).min() >= 0.99
+    assert Encoder(DEFAULT_MODEL, dtype="auto").dtype == "fp16"
