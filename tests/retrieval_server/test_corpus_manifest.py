@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +126,33 @@ def test_corpus_truncated_after_load_is_an_error_not_garbage(tmp_path):
     with pytest.raises(CorpusError, match="truncated"):
         store.fetch(np.array([[3]]))
     store.close()
+
+
+CORPUS_RSS_SCRIPT = """
+import json, sys, numpy as np
+from retrieval_server.corpus import CorpusStore, scan_corpus
+def anon_kb():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("RssAnon")).split()[1])
+before = anon_kb()
+scan = scan_corpus(sys.argv[1])
+store = CorpusStore(scan)
+rows = np.array([[scan.count - 1, 0, scan.count // 2]])
+print(anon_kb() - before, json.dumps([json.loads(line)["id"] for line in store.fetch(rows)[0]]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RssAnon from /proc")
+def test_corpus_is_read_by_offset_not_loaded(tmp_path):
+    """Guards against the server holding the corpus in RAM (wiki-18's 21M passages are ~14 GB of text): after
+    the scan it keeps 16 bytes of offsets per passage and reads the lines it returns from the file."""
+    n = 40_000
+    path = tmp_path / "big.jsonl"
+    filler = "lorem ipsum dolor sit amet " * 36  # ~1 kB per line
+    path.write_text("".join(json.dumps({"id": f"p{i}", "contents": f'"T{i}"\n{filler}{i}'}) + "\n" for i in range(n)))
+    done = subprocess.run([sys.executable, "-c", CORPUS_RSS_SCRIPT, str(path)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    growth_kb, ids = done.stdout.split(maxsplit=1)
+    assert json.loads(ids) == [f"p{n - 1}", "p0", f"p{n // 2}"]
+    corpus_kb = path.stat().st_size // 1024
+    assert int(growth_kb) < corpus_kb / 8, (growth_kb, corpus_kb)  # offsets: 16 B per ~1 kB line
