@@ -1,163 +1,65 @@
-"""Throughput and latency of the retrieval service against the same encode + search called in-process.
+"""Retrieval speed and memory: encoder dtypes, the service at batch 1-512, a GRPO-like load with and without
+the query cache, resident memory at 100k and 1M passages, and the service's overhead over in-process search.
 
-    python benchmarks/bench_retrieval.py                      # 100k passages, dense-flat, dense-hnsw, bm25
-    python benchmarks/bench_retrieval.py --retrievers bm25    # one of them
+    python benchmarks/bench_retrieval.py                                  # parts encoder,service,grpo,rss
+    git worktree add /tmp/base <older commit>                             # optional: today's code as baseline
+    python benchmarks/bench_retrieval.py --baseline-src /tmp/base         # ... measured side by side
+    python benchmarks/bench_retrieval.py --parts overhead                 # in-process vs service, 3 retrievers
 
-Builds (once, cached under ``data/bench/``) a synthetic corpus of text-like passages about fictional
-entities and its indexes: BM25, dense flat (encoding the corpus with the default MiniLM encoder, the
-slow step), and dense HNSW (from the flat index's vectors, no re-encoding). Then, per retriever and
-per batch size (1, 16, 128, 512): the in-process ``retriever.search`` (encode + search) and the
-service with one client sending requests back to back, in alternating rounds so that both see the
-same machine load, then the service with 8 concurrent clients. Prints queries/s and p50/p99 latency
-per request, and the goals: service overhead < 20% over in-process at batch 512 (one client), BM25
-> 500 queries/s on one core. BM25 runs with a single search thread (numba's serial kernel), in-process and
-in the server (``--threads 1``); it is not pinned with taskset, because on a shared machine a pinned
-process waits whenever someone else's job lands on its core.
-Figures, not pass/fail: on a shared machine they move with the load (printed with the results).
+Parts (``--parts``, comma-separated):
+- ``encoder``: the query encoder alone, in-process, per dtype (CPU: fp32, bf16; GPU: fp32, fp16, bf16):
+  queries/s at batch 1/16/128/512 and top-1 agreement with fp32 (exact inner-product search over the
+  corpus vectors, in torch) on the benchmark's queries. Needs no FAISS, so it runs on a GPU machine too.
+- ``service``: one client, distinct queries, the service with ``--encoder-dtype fp32`` and, on a CPU with bf16
+  instructions, ``bf16`` (cache off) and, with ``--baseline-src``, the server of another checkout: queries/s,
+  p50/p99 per request.
+- ``grpo``: a GRPO-like load: each request holds 100 prompts' queries 5 times each (n=5), and half of
+  each request's prompts were already asked in earlier requests. The service with its defaults (query
+  cache on), with ``--cache-size 0`` (deduplication inside a request only), and the baseline.
+- ``rss``: the server's resident memory (private and file-backed) once ready and after searches, at 100k
+  passages (our build) and 1M (``retrieval_corpus.ensure_tiled``, imported with ``import_index``); the
+  baseline serves the same vectors at both sizes.
+- ``overhead``: the in-process ``retriever.search`` against the service (1 and 8 clients) for dense flat,
+  dense HNSW and BM25 (BM25 on one search thread).
+Servers run side by side and are measured in alternating rounds, so that all see the same machine load
+(which moves a lot on a shared machine; the load average is printed). Figures, not pass/fail.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
-import shutil
 import signal
 import statistics
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retrieval_server.build_index import build_index  # noqa: E402
+from retrieval_corpus import ensure_indexes, ensure_tiled, make_queries  # noqa: E402
+
 from retrieval_server.launcher import ServerProcess  # noqa: E402
-from retrieval_server.manifest import Manifest, ManifestError  # noqa: E402
-from retrieval_server.service import load_retriever  # noqa: E402
 
 BATCH_SIZES = (1, 16, 128, 512)
-CONCURRENT_CLIENTS = 8
-ROUNDS = 3  # in-process and service x1 alternate this many times per batch size
+ROUNDS = 3
 TOPK = 3
-
-# ---------------------------------------------------------------------------------------------------------------
-# Synthetic corpus: fictional entities, two sentences each, ~30 words (~45 MiniLM tokens) per passage.
-
-SYLLABLES = ("ar bel cor dan el fen gar hal in jor kel lun mar nor ol pen quin ros sal tor ul vel wen yar zan "
-             "bra cle dro fia gri hel isk jun kra lia mor nia opa pra rei sto tha uvi vra wyn xel yor zel").split()
-OCCUPATIONS = ("glassmaker weaver astronomer bridge-builder poet cartographer physician merchant sailor painter "
-               "composer botanist mason judge teacher brewer clockmaker printer").split()
-PRODUCTS = "wool cheese salt timber glass wine copper linen pottery honey iron silk".split()
-LANDMARKS = ("old lighthouse", "stone bridge", "market hall", "clock tower", "ruined abbey", "harbour wall",
-             "copper mine", "great library", "winter fair", "botanical garden")
-ORG_KINDS = "Guild Society Company Academy Brotherhood Trust Observatory Press".split()
-WORK_KINDS = ("novel", "atlas", "symphony", "treatise", "ballad", "chronicle", "map", "painting")
-EVENTS = ("a great flood", "a long famine", "the comet year", "a border war", "a plague winter", "the salt riots")
-
-
-def _name(rng: random.Random, syllables: int) -> str:
-    return "".join(rng.choice(SYLLABLES) for _ in range(syllables)).capitalize()
-
-
-def _passage(i: int, rng: random.Random) -> dict:
-    kind = i % 5
-    town, province, river = _name(rng, 2), _name(rng, 3), _name(rng, 2)
-    year = rng.randint(1400, 1950)
-    if kind == 0:
-        title = f"{_name(rng, 2)} {_name(rng, 2)}"
-        job = rng.choice(OCCUPATIONS)
-        text = (f"{title} was a {job} born in {town} in {year}. {title.split()[0]} settled on the {river} river "
-                f"and wrote a {rng.choice(WORK_KINDS)} about {rng.choice(EVENTS)} in {province}.")
-    elif kind == 1:
-        title = town
-        text = (f"{town} is a town in {province} on the {river} river, known for its {rng.choice(PRODUCTS)} "
-                f"and its {rng.choice(LANDMARKS)}. It was founded in {year} and suffered {rng.choice(EVENTS)}.")
-    elif kind == 2:
-        title = f"{river} River"
-        text = (f"The {river} is a river of {province} that flows {rng.randint(20, 900)} km from {town} into the "
-                f"{_name(rng, 2)} Sea. Its valley is known for {rng.choice(PRODUCTS)} since {year}.")
-    elif kind == 3:
-        title = f"{_name(rng, 2)} {rng.choice(ORG_KINDS)}"
-        text = (f"The {title} is based in {town}, {province}, and was founded in {year} by a "
-                f"{rng.choice(OCCUPATIONS)} named {_name(rng, 2)} {_name(rng, 2)} to trade {rng.choice(PRODUCTS)}.")
-    else:
-        title = f"The {_name(rng, 3)} {rng.choice(WORK_KINDS).capitalize()}"
-        text = (f"{title} is a {rng.choice(WORK_KINDS)} completed in {year} by a {rng.choice(OCCUPATIONS)} "
-                f"from {town}. It describes {rng.choice(EVENTS)} along the {river} river.")
-    return {"id": str(i), "contents": f'"{title}"\n{text}'}
-
-
-def write_corpus(path: Path, n: int, seed: int = 0) -> None:
-    rng = random.Random(seed)
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        for i in range(n):
-            f.write(json.dumps(_passage(i, rng)) + "\n")
-    tmp.replace(path)
-
-
-def make_queries(corpus: Path, n: int, seed: int = 1) -> list[str]:
-    """Questions about random passages (title + a question pattern), like a policy's searches."""
-    rng = random.Random(seed)
-    lines = corpus.read_text().splitlines()
-    patterns = ("where was {t} born?", "what is {t} known for?", "who founded {t}?", "which river flows past {t}?",
-                "when was {t} completed", "{t} history and trade")
-    queries = []
-    for _ in range(n):
-        title = json.loads(rng.choice(lines))["contents"].split("\n")[0].strip('"')
-        queries.append(rng.choice(patterns).format(t=title))
-    return queries
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Index cache
-
-
-def ensure_indexes(data: Path, n_passages: int, names: list[str]) -> Path:
-    data.mkdir(parents=True, exist_ok=True)
-    corpus = data / "corpus.jsonl"
-    if not corpus.exists() or _count_lines(corpus) != n_passages:
-        print(f"writing a synthetic corpus of {n_passages} passages to {corpus}", flush=True)
-        write_corpus(corpus, n_passages)
-        for stale in data.glob("index_*"):
-            shutil.rmtree(stale)
-    builds = {"bm25": dict(retriever="bm25"), "dense-flat": dict(retriever="dense", index="flat"),
-              "dense-hnsw": dict(retriever="dense", index="hnsw", from_flat=data / "index_dense-flat")}
-    needed = set(names) | ({"dense-flat"} if "dense-hnsw" in names else set())
-    for name in ("bm25", "dense-flat", "dense-hnsw"):
-        if name in needed and not _index_ok(data / f"index_{name}", n_passages):
-            print(f"building {name} index (cached in {data}/index_{name})", flush=True)
-            start = time.perf_counter()
-            build_index(corpus, data / f"index_{name}", **builds[name])
-            print(f"  built in {time.perf_counter() - start:.0f}s", flush=True)
-    return corpus
-
-
-def _count_lines(path: Path) -> int:
-    with path.open("rb") as f:
-        return sum(1 for _ in f)
-
-
-def _index_ok(index_dir: Path, n_passages: int) -> bool:
-    try:
-        return Manifest.load(index_dir).count == n_passages
-    except ManifestError:
-        return False
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Measurement
+N_QUERIES = 2048
+GRPO_PROMPTS, GRPO_N, GRPO_REQUESTS, GRPO_REPEAT = 100, 5, 12, 0.5
+PARTS = ("encoder", "service", "grpo", "rss", "overhead")
 
 
 @dataclass
 class Figures:
-    retriever: str
+    name: str
     mode: str
     batch: int
     requests: int
@@ -176,9 +78,21 @@ def _figures(name: str, mode: str, batch: int, latencies: list[float], n_queries
                    1000 * _percentile(latencies, 0.99))
 
 
+HEADER = f"{'config':<14} {'mode':<12} {'batch':>5} {'req':>4} {'queries/s':>10} {'p50 ms':>9} {'p99 ms':>9}"
+
+
+def _row(f: Figures) -> str:
+    return (f"{f.name:<14} {f.mode:<12} {f.batch:>5} {f.requests:>4} {f.queries_per_s:>10.1f} "
+            f"{f.p50_ms:>9.1f} {f.p99_ms:>9.1f}")
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def requests_for(batch: int, scale: float) -> int:
-    """Requests per measurement: ~4096 queries, between 8 and 50 requests (scaled by --scale)."""
-    return max(ROUNDS, round(scale * min(50, max(8, 4096 // batch))))
+    """Requests per measurement: ~2048 queries, between 4 and 100 requests (scaled by --scale)."""
+    return max(ROUNDS, round(scale * min(100, max(4, 2048 // batch))))
 
 
 def _chunk(queries: list[str], r: int, batch: int) -> list[str]:
@@ -186,33 +100,21 @@ def _chunk(queries: list[str], r: int, batch: int) -> list[str]:
     return queries[start:start + batch]
 
 
-def measure_in_process(retriever, queries: list[str], batch: int, n: int) -> tuple[list[float], float]:
-    """``n`` calls of ``retriever.search`` (encode + search) back to back: per-call latencies and wall time."""
-    latencies = []
-    for r in range(n):
-        chunk = _chunk(queries, r, batch)
-        start = time.perf_counter()
-        retriever.search(chunk, TOPK)
-        latencies.append(time.perf_counter() - start)
-    return latencies, sum(latencies)
-
-
-def _client_loop(url: str, queries: list[str], batch: int, n: int, offset: int, latencies: list[float]) -> None:
-    with httpx.Client(timeout=600) as client:
-        for r in range(n):
-            chunk = _chunk(queries, offset + r, batch)
+def _timed_posts(url: str, batches: list[list[str]], latencies: list[float]) -> None:
+    with httpx.Client(timeout=900) as client:
+        for queries in batches:
             start = time.perf_counter()
-            response = client.post(url + "/retrieve", json={"queries": chunk, "topk": TOPK})
+            response = client.post(url + "/retrieve", json={"queries": queries, "topk": TOPK})
             response.raise_for_status()
-            assert len(response.json()["result"]) == batch
+            assert len(response.json()["result"]) == len(queries)
             latencies.append(time.perf_counter() - start)
 
 
-def measure_service(url: str, queries: list[str], batch: int, n: int, clients: int) -> tuple[list[float], float]:
-    """``clients`` threads, each sending ``n`` requests back to back: all latencies and the wall time."""
-    per_client: list[list[float]] = [[] for _ in range(clients)]
-    threads = [threading.Thread(target=_client_loop, args=(url, queries, batch, n, 97 * c, per_client[c]))
-               for c in range(clients)]
+def measure_service(url: str, batches_per_client: list[list[list[str]]]) -> tuple[list[float], float]:
+    """One thread per client, each sending its batches back to back: all latencies and the wall time."""
+    per_client: list[list[float]] = [[] for _ in batches_per_client]
+    threads = [threading.Thread(target=_timed_posts, args=(url, batches, lat))
+               for batches, lat in zip(batches_per_client, per_client, strict=True)]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -221,91 +123,291 @@ def measure_service(url: str, queries: list[str], batch: int, n: int, clients: i
     return [x for lat in per_client for x in lat], time.perf_counter() - start
 
 
-def bench_retriever(name: str, retriever, server: ServerProcess, queries: list[str], scale: float) -> list[Figures]:
-    """Per batch size: in-process and service x1 in alternating rounds (so that both see the same machine
-    load, which moves a lot on a shared machine), then service x8."""
-    out = []
-    for batch in BATCH_SIZES:
-        retriever.search(queries[:batch], TOPK)  # warm-up
-        _client_loop(server.url, queries, batch, 1, 0, [])
-        n = requests_for(batch, scale)
-        local: tuple[list[float], float] = ([], 0.0)
-        served: tuple[list[float], float] = ([], 0.0)
-        for round_ in range(ROUNDS):
-            count = n // ROUNDS + (round_ < n % ROUNDS)
-            lat, wall = measure_in_process(retriever, queries, batch, count)
-            local = (local[0] + lat, local[1] + wall)
-            lat, wall = measure_service(server.url, queries, batch, count, clients=1)
-            served = (served[0] + lat, served[1] + wall)
-        out.append(_figures(name, "in-process", batch, local[0], batch * len(local[0]), local[1]))
-        out.append(_figures(name, "service x1", batch, served[0], batch * len(served[0]), served[1]))
-        latencies, wall = measure_service(server.url, queries, batch, max(2, n // 4), CONCURRENT_CLIENTS)
-        out.append(_figures(name, f"service x{CONCURRENT_CLIENTS}", batch, latencies, batch * len(latencies), wall))
-        for f in out[-3:]:
+def _alternate(servers: dict[str, ServerProcess], batches: list[list[str]], mode: str, batch: int) -> list[Figures]:
+    """Each server gets ``batches`` back to back from one client (kept connected), in ROUNDS rounds taken in turn
+    by the servers; queries/s = queries / summed latency."""
+    latencies: dict[str, list[float]] = {name: [] for name in servers}
+    with ExitStack() as stack:
+        clients = {name: stack.enter_context(httpx.Client(base_url=server.url, timeout=900))
+                   for name, server in servers.items()}
+        for r in range(ROUNDS):
+            for name, client in clients.items():
+                for queries in batches[r::ROUNDS]:
+                    start = time.perf_counter()
+                    response = client.post("/retrieve", json={"queries": queries, "topk": TOPK})
+                    response.raise_for_status()
+                    latencies[name].append(time.perf_counter() - start)
+    n_queries = sum(map(len, batches))
+    return [_figures(name, mode, batch, lat, n_queries, sum(lat)) for name, lat in latencies.items()]
+
+
+def start_servers(stack: ExitStack, index_dir: Path, corpus: Path, configs: dict[str, list[str]],
+                  baseline: Path | None, threads: int) -> dict[str, ServerProcess]:
+    """``configs``: name -> extra server args; with ``baseline``, a ``today`` server of that checkout first."""
+    common = ["--threads", str(threads), "--topk", str(TOPK), "--max-queries", "1024"]
+    servers = {}
+    if baseline is not None:
+        servers["today"] = stack.enter_context(ServerProcess(index_dir, corpus, common, source=baseline))
+    for name, args in configs.items():
+        servers[name] = stack.enter_context(ServerProcess(index_dir, corpus, [*common, *args]))
+    for name, server in servers.items():
+        health = server.wait_ready(timeout=1800)
+        print(f"  {name}: encoder {health.get('encoder_dtype', 'fp32 (today)')}, cache {health.get('cache_size', 0)}",
+              flush=True)
+    return servers
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parts
+
+
+def part_encoder(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[str]:
+    """Encoder throughput per dtype (batches of ``_chunk``, their number scaled by ``--scale``) and top-1 agreement
+    with fp32 on all ``queries`` (exact search over the corpus vectors)."""
+    import torch
+
+    from retrieval_server.encoder import DEFAULT_MODEL, Encoder
+
+    on_gpu = torch.cuda.is_available()
+    device = "cuda" if on_gpu else "cpu"
+    fp32 = Encoder(DEFAULT_MODEL, dtype="fp32", batch_size=512)
+    if (data / "index_dense-flat").exists():
+        from retrieval_server.dense import read_index
+        from retrieval_server.manifest import Manifest
+
+        flat = read_index(Manifest.load(data / "index_dense-flat").index_path(data / "index_dense-flat"))
+        passages = torch.from_numpy(flat.reconstruct_n(0, flat.ntotal))  # [N, dim]
+    else:  # no FAISS index here (GPU machine): encode the corpus
+        from retrieval_server.corpus import iter_passages
+
+        passages = torch.from_numpy(fp32.encode_passages(list(iter_passages(corpus))))
+    passages = passages.to(device)
+
+    def top1(vectors) -> torch.Tensor:
+        q = torch.from_numpy(vectors).to(device)  # [B, dim]
+        return torch.cat([(q[i:i + 256] @ passages.T).argmax(dim=1) for i in range(0, len(q), 256)]).cpu()
+
+    reference = top1(fp32.encode_queries(queries))
+    lines = []
+    for dtype in ["fp32", "fp16", "bf16"] if on_gpu else ["fp32", "bf16"]:
+        encoder = fp32 if dtype == "fp32" else Encoder(DEFAULT_MODEL, dtype=dtype, batch_size=512)
+        agreement = float((top1(encoder.encode_queries(queries)) == reference).float().mean())
+        rates = []
+        for batch in BATCH_SIZES:
+            chunks = [_chunk(queries, r, batch) for r in range(max(3, round(args.scale * min(50, 1024 // batch))))]
+            for chunk in chunks if on_gpu else chunks[:1]:  # warm-up; on GPU every shape (cuBLAS picks per shape)
+                encoder.encode_queries(chunk)
+            start = time.perf_counter()
+            for chunk in chunks:
+                encoder.encode_queries(chunk)  # returns numpy: synchronised
+            rates.append(len(chunks) * batch / (time.perf_counter() - start))
+        line = (f"  {device} {dtype:<5} top-1 agreement with fp32 {100 * agreement:6.2f}% | queries/s at batch "
+                + " / ".join(f"{b}: {r:.0f}" for b, r in zip(BATCH_SIZES, rates, strict=True)))
+        print(line, flush=True)
+        lines.append(line)
+    return lines
+
+
+def part_service(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[Figures]:
+    from retrieval_server.encoder import cpu_has_bf16
+
+    configs = {"fp32": ["--encoder-dtype", "fp32", "--cache-size", "0"]}
+    if cpu_has_bf16():  # emulated bf16 is many times slower than fp32 (the encoder part shows by how much)
+        configs["bf16"] = ["--encoder-dtype", "bf16", "--cache-size", "0"]
+    figures = []
+    with ExitStack() as stack:
+        servers = start_servers(stack, data / "index_dense-flat", corpus, configs, args.baseline_src, args.threads)
+        for batch in BATCH_SIZES:
+            for server in servers.values():
+                measure_service(server.url, [[queries[:batch]]])  # warm-up
+            n = requests_for(batch, args.scale)
+            figures += _alternate(servers, [_chunk(queries, r, batch) for r in range(n)], "service x1", batch)
+            for f in figures[-len(servers):]:
+                print(_row(f), flush=True)
+    return figures
+
+
+def grpo_requests(queries: list[str], seed: int = 2) -> list[list[str]]:
+    """GRPO_REQUESTS requests of GRPO_PROMPTS prompts x GRPO_N copies of each prompt's query (shuffled); a
+    GRPO_REPEAT fraction of each request's prompts were asked before (a later epoch, validation)."""
+    rng = random.Random(seed)
+    fresh = iter(queries)
+    asked: list[str] = []
+    requests = []
+    for _ in range(GRPO_REQUESTS):
+        n_old = round(GRPO_REPEAT * GRPO_PROMPTS) if asked else 0
+        prompts = rng.sample(asked, min(n_old, len(asked))) + [next(fresh) for _ in range(GRPO_PROMPTS - n_old)]
+        asked += prompts[n_old:]
+        batch = [q for q in prompts for _ in range(GRPO_N)]  # [GRPO_PROMPTS * GRPO_N]
+        rng.shuffle(batch)
+        requests.append(batch)
+    return requests
+
+
+def part_grpo(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[Figures]:
+    configs = {"cache": [], "dedupe only": ["--cache-size", "0"]}
+    requests = grpo_requests(queries)
+    with ExitStack() as stack:
+        servers = start_servers(stack, data / "index_dense-flat", corpus, configs, args.baseline_src, args.threads)
+        figures = _alternate(servers, requests, "grpo x1", GRPO_PROMPTS * GRPO_N)
+        for f in figures:
             print(_row(f), flush=True)
-    return out
+        for name, server in servers.items():
+            if name != "today":
+                print(f"  {name} /stats: {httpx.get(server.url + '/stats').json()}", flush=True)
+    return figures
 
 
-HEADER = f"{'retriever':<11} {'mode':<12} {'batch':>5} {'req':>4} {'queries/s':>10} {'p50 ms':>9} {'p99 ms':>9}"
+def _serve_and_measure(index_dir: Path, corpus: Path, args: list[str], queries: list[str],
+                       source: Path | None = None) -> tuple[float, dict, dict]:
+    """Seconds to ready, and the server's memory once ready and after 40 requests of 16 queries."""
+    start = time.perf_counter()
+    with ServerProcess(index_dir, corpus, args, source=source) as server:
+        server.wait_ready(timeout=1800)
+        ready_s, ready = time.perf_counter() - start, server.memory()
+        measure_service(server.url, [[_chunk(queries, r, 16) for r in range(40)]])
+        return ready_s, ready, server.memory()
 
 
-def _row(f: Figures) -> str:
-    return (f"{f.retriever:<11} {f.mode:<12} {f.batch:>5} {f.requests:>4} {f.queries_per_s:>10.1f} "
-            f"{f.p50_ms:>9.1f} {f.p99_ms:>9.1f}")
+def part_rss(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[str]:
+    from retrieval_server.import_index import import_index
+    from retrieval_server.manifest import INDEX_FILE, Manifest
+
+    n = Manifest.load(data / "index_dense-flat").count
+    tiled_corpus, tiled_faiss = ensure_tiled(data, copies=10)
+    imported = data / f"index_import_{10 * n}"
+    if not (imported / "manifest.json").exists():
+        print(f"importing {tiled_faiss} (import_index, sample check on)", flush=True)
+        start = time.perf_counter()
+        import_index(tiled_faiss, tiled_corpus, imported)
+        print(f"  imported in {time.perf_counter() - start:.0f}s", flush=True)
+    cases = [(n, data / "index_dense-flat", corpus, data / "index_dense-flat" / INDEX_FILE),
+             (10 * n, imported, tiled_corpus, tiled_faiss)]
+    _serve_and_measure(data / "index_dense-flat", corpus, ["--threads", str(args.threads)], queries)  # warm disk cache
+    lines = [f"{'passages':<9} {'server':<6} {'index MiB':>9} {'ready s':>8} | MiB once ready: VmRSS RssAnon RssFile"
+             " | after 40 x 16 queries: VmRSS RssAnon RssFile VmHWM"]
+    print(lines[0], flush=True)
+    for size, index_dir, case_corpus, faiss_file in cases:
+        runs = [("ours", index_dir, None)]
+        if args.baseline_src is not None:  # a version-1 index directory (the baseline reads no other) on the same file
+            v1 = data / f"index_v1_{size}"
+            v1.mkdir(exist_ok=True)
+            if not (v1 / INDEX_FILE).exists():
+                (v1 / INDEX_FILE).symlink_to(faiss_file.resolve())
+            manifest = Manifest.load(index_dir)
+            manifest.index_file = manifest.index_bytes = None
+            manifest.save(v1)
+            runs.append(("today", v1, args.baseline_src))
+        for name, run_dir, source in runs:
+            extra = [] if source else ["--encoder-dtype", "fp32"]
+            ready_s, ready, after = _serve_and_measure(run_dir, case_corpus, ["--threads", str(args.threads), *extra],
+                                                       queries, source)
+            line = (f"{size:<9,} {name:<6} {faiss_file.stat().st_size / 2**20:>9.0f} {ready_s:>8.1f} | "
+                    f"{ready['VmRSS']:>20} {ready['RssAnon']:>7} {ready['RssFile']:>7} | "
+                    f"{after['VmRSS']:>28} {after['RssAnon']:>7} {after['RssFile']:>7} {after['VmHWM']:>5}")
+            print(line, flush=True)
+            lines.append(line)
+    return lines
 
 
-def run_retriever(name: str, data: Path, corpus: Path, queries: list[str], scale: float,
-                  dense_threads: int) -> list[Figures]:
-    """BM25 runs with one search thread (numba serial kernel), in-process and in the server."""
-    index_dir = data / f"index_{name}"
-    threads = 1 if name == "bm25" else dense_threads
-    args = ["--threads", str(threads), "--topk", str(TOPK), "--max-queries", "1024"]
-    retriever = load_retriever(index_dir, Manifest.load(index_dir), threads=threads)
-    with ServerProcess(index_dir, corpus, args) as server:
-        server.wait_ready(timeout=900)
-        return bench_retriever(name, retriever, server, queries, scale)
+def part_overhead(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[Figures]:
+    """In-process ``retriever.search`` vs the service (x1 alternating, then x8) per retriever, cache off."""
+    from retrieval_server.manifest import Manifest
+    from retrieval_server.service import ServeOptions, load_retriever
+
+    figures = []
+    for name in ("dense-flat", "dense-hnsw", "bm25"):
+        threads = 1 if name == "bm25" else args.threads
+        index_dir = data / f"index_{name}"
+        options = ServeOptions(threads=threads, encoder_dtype="fp32", cache_size=0)
+        retriever = load_retriever(index_dir, Manifest.load(index_dir), options)
+        server_args = ["--threads", str(threads), "--topk", str(TOPK), "--max-queries", "1024",
+                       "--encoder-dtype", "fp32", "--cache-size", "0"]
+        with ServerProcess(index_dir, corpus, server_args) as server:
+            server.wait_ready(timeout=1800)
+            for batch in BATCH_SIZES:
+                retriever.search(queries[:batch], TOPK)
+                measure_service(server.url, [[queries[:batch]]])
+                n = requests_for(batch, args.scale)
+                local, served = ([], 0.0), ([], 0.0)
+                for r in range(ROUNDS):
+                    chunks = [_chunk(queries, i, batch) for i in range(r, n, ROUNDS)]
+                    lat = []
+                    for chunk in chunks:
+                        start = time.perf_counter()
+                        retriever.search(chunk, TOPK)
+                        lat.append(time.perf_counter() - start)
+                    local = (local[0] + lat, local[1] + sum(lat))
+                    lat, wall = measure_service(server.url, [chunks])
+                    served = (served[0] + lat, served[1] + wall)
+                figures.append(_figures(name, "in-process", batch, local[0], batch * len(local[0]), local[1]))
+                figures.append(_figures(name, "service x1", batch, served[0], batch * len(served[0]), served[1]))
+                per_client = [[_chunk(queries, 97 * c + r, batch) for r in range(max(2, n // 4))] for c in range(8)]
+                lat, wall = measure_service(server.url, per_client)
+                figures.append(_figures(name, "service x8", batch, lat, batch * len(lat), wall))
+                for f in figures[-3:]:
+                    print(_row(f), flush=True)
+    return figures
 
 
-def summarise(figures: list[Figures]) -> None:
-    print("\nGoals")
-    by_key = {(f.retriever, f.mode, f.batch): f for f in figures}
-    for name in dict.fromkeys(f.retriever for f in figures):
-        local, served = by_key.get((name, "in-process", 512)), by_key.get((name, "service x1", 512))
-        if local and served:
-            by_median = 100 * (served.p50_ms / local.p50_ms - 1)
-            by_throughput = 100 * (local.queries_per_s / served.queries_per_s - 1)
-            print(f"  {name}: service overhead at batch 512 = {by_median:+.1f}% on median latency "
-                  f"({served.p50_ms:.0f} vs {local.p50_ms:.0f} ms), {by_throughput:+.1f}% on throughput "
-                  f"({served.queries_per_s:.0f} vs {local.queries_per_s:.0f} queries/s); goal < 20%")
-    bm25 = [f for f in figures if f.retriever == "bm25" and f.mode != "in-process"]
-    if bm25:
-        best = max(bm25, key=lambda f: f.queries_per_s)
-        print(f"  bm25 on one core: best {best.queries_per_s:.0f} queries/s through the service ({best.mode}, "
-              f"batch {best.batch}); goal > 500")
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def summarise(figures: list[Figures]) -> list[str]:
+    by_key = {(f.name, f.mode, f.batch): f for f in figures}
+    lines = []
+    for batch in (1, 512):
+        today, new = by_key.get(("today", "service x1", batch)), by_key.get(("fp32", "service x1", batch))
+        bf16 = by_key.get(("bf16", "service x1", batch))
+        if today and new:
+            half = f", bf16 {bf16.queries_per_s / today.queries_per_s:.2f}x" if bf16 else ""
+            lines.append(f"dense flat, batch {batch}: fp32 {new.queries_per_s / today.queries_per_s:.2f}x today's "
+                         f"throughput{half}; goal >= 2x")
+    grpo = {f.name: f for f in figures if f.mode == "grpo x1"}
+    if "today" in grpo:
+        lines += [f"GRPO-like load: {name} {grpo[name].queries_per_s / grpo['today'].queries_per_s:.2f}x today's "
+                  "throughput; goal >= 4x" for name in ("cache", "dedupe only")]
+    return lines
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--parts", default="encoder,service,grpo,rss", help=f"comma-separated, of {PARTS}")
     p.add_argument("--passages", type=int, default=100_000)
     p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "bench")
-    p.add_argument("--retrievers", default="dense-flat,dense-hnsw,bm25")
+    p.add_argument("--baseline-src", type=Path, default=None,
+                   help="a checkout of this project (e.g. `git worktree add /tmp/base COMMIT`) whose server is "
+                        "measured as 'today' beside this one")
     p.add_argument("--scale", type=float, default=1.0, help="multiply the number of requests per measurement")
-    p.add_argument("--dense-threads", type=int, default=0,
-                   help="CPU threads of the dense retrievers, in-process and served (0: torch/FAISS default)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads of the servers (0: torch/FAISS default)")
     args = p.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the server subprocess on kill, too
-    names = args.retrievers.split(",")
-    corpus = ensure_indexes(args.data, args.passages, names)
-    queries = make_queries(corpus, 4096)
-    print(f"\n{args.passages} passages, top-{TOPK}, {os.cpu_count()} CPUs, dense threads "
-          f"{args.dense_threads or 'default'}, load average {os.getloadavg()[0]:.1f} at start\n{HEADER}", flush=True)
-    figures = []
-    for name in names:
-        figures += run_retriever(name, args.data, corpus, queries, args.scale, args.dense_threads)
-    print(f"\nload average {os.getloadavg()[0]:.1f} at the end\n{HEADER}")
+    parts = args.parts.split(",")
+    if set(parts) - set(PARTS):
+        p.error(f"--parts must be a comma-separated subset of {PARTS}, got {args.parts!r}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the server subprocesses on kill, too
+    needed = ["dense-flat"] + (["dense-hnsw", "bm25"] if "overhead" in parts else [])
+    if parts == ["encoder"] and not (args.data / "index_dense-flat").exists():
+        needed = []  # e.g. a GPU machine without FAISS: the encoder part encodes the corpus itself
+    corpus = ensure_indexes(args.data, args.passages, needed)
+    queries = make_queries(corpus, N_QUERIES)
+    print(f"\n{args.passages} passages, top-{TOPK}, {os.cpu_count()} CPUs, server threads {args.threads or 'default'}, "
+          f"{_load()} at start", flush=True)
+    figures, notes = [], []
+    if "encoder" in parts:
+        print("\nencoder alone, in-process", flush=True)
+        notes += part_encoder(args.data, corpus, queries, args)
+    for name, part in (("service", part_service), ("grpo", part_grpo), ("overhead", part_overhead)):
+        if name in parts:
+            print(f"\n{name}\n{HEADER}", flush=True)
+            figures += part(args.data, corpus, queries, args)
+    if "rss" in parts:
+        print("\nresident memory of the server (MiB)", flush=True)
+        notes += part_rss(args.data, corpus, queries, args)
+    print(f"\n{_load()} at the end\n{HEADER}")
     for f in figures:
         print(_row(f))
-    summarise(figures)
+    for line in notes + summarise(figures):
+        print(line)
 
 
 if __name__ == "__main__":

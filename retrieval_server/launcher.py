@@ -3,10 +3,12 @@
 Choices: the server's output goes to a temporary log file (a pipe nobody reads would fill up and
 block the server); ``wait_ready`` polls ``/health`` and fails fast, with the log tail, if the
 process exits; ``stop`` sends SIGTERM (graceful uvicorn shutdown), then SIGKILL after a grace period.
+``source`` runs the server of another checkout of this project (the benchmark's baseline).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -28,14 +30,23 @@ class ServerProcess:
     """A running ``python -m retrieval_server.serve``; use as a context manager to stop it on exit."""
 
     def __init__(self, index_dir: str | Path, corpus: str | Path, extra_args: list[str] | None = None,
-                 port: int | None = None):
+                 port: int | None = None, source: str | Path | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.health_seen: list[str] = []  # "status" values /health answered, in order (deduplicated)
         self._log = tempfile.NamedTemporaryFile(prefix="retrieval_server_", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "retrieval_server.serve", "--index", str(index_dir), "--corpus", str(corpus),
                "--port", str(self.port), *(extra_args or [])]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        env = None if source is None else {**os.environ, "PYTHONPATH": str(Path(source).resolve())}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=source, env=env)
+
+    def memory(self) -> dict[str, int]:
+        """The server process's resident memory in MiB (Linux): ``VmRSS`` = ``RssAnon`` (private) + ``RssFile``
+        (file pages, e.g. a memory-mapped index; the OS can evict them) + ``RssShmem``; ``VmHWM`` = peak VmRSS."""
+        fields = ("VmRSS", "RssAnon", "RssFile", "VmHWM")
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            rows = [line.split() for line in f if line.split(":")[0] in fields]
+        return {row[0].rstrip(":"): int(row[1]) // 1024 for row in rows}
 
     def log_text(self) -> str:
         return Path(self._log.name).read_text(errors="replace")
