@@ -43,8 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-query-chars", type=int, default=2048, help="longest query, in characters")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for encode + search (0: library default)")
     p.add_argument("--encoder-dtype", choices=ENCODER_DTYPES, default="auto",
-                   help="dense query encoder precision; auto: fp16 on GPU, bf16 on CPUs with bf16 instructions, "
-                        "else fp32 (each checked against fp32 at load)")
+                   help="dense query encoder precision; auto: fp16 on GPU, fp32 on CPU (the fastest that keeps "
+                        "top-1 agreement with fp32 >= 99%%; a half precision is checked against fp32 at load)")
     p.add_argument("--cache-size", type=int, default=ServeOptions.cache_size,
                    help="(query, topk) answers kept in the LRU cache (0: off; repeats inside a batch are always "
                         "searched once)")
