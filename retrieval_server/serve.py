@@ -25,6 +25,7 @@ from retrieval_server.corpus import CorpusError
 from retrieval_server.encoder import ENCODER_DTYPES
 from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
 from retrieval_server.service import GPU_MODES, ServeOptions, load_service
+from retrieval_server.slow_clients import header_timeout_protocol
 
 logger = logging.getLogger("retrieval_server.serve")
 
@@ -41,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-topk", type=int, default=50, help="largest topk a request may ask for")
     p.add_argument("--max-queries", type=int, default=1024, help="most queries in one request")
     p.add_argument("--max-query-chars", type=int, default=2048, help="longest query, in characters")
+    p.add_argument("--client-timeout", type=float, default=10.0,
+                   help="seconds a client may take to send a request's headers, and again its body (slow clients)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for encode + search (0: library default)")
     p.add_argument("--encoder-dtype", choices=ENCODER_DTYPES, default="auto",
                    help="dense query encoder precision; auto: fp16 on GPU, fp32 on CPU (the fastest that keeps "
@@ -60,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 1 <= args.topk <= args.max_topk:
         p.error(f"--topk must be between 1 and --max-topk ({args.max_topk}), got {args.topk}")
+    if args.client_timeout <= 0:
+        p.error("--client-timeout must be positive")
     for name in ("max_queries", "max_query_chars"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s", e)
         return 2
     limits = Limits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
-                    max_query_chars=args.max_query_chars)
+                    max_query_chars=args.max_query_chars, client_timeout_s=args.client_timeout)
     failures: list[BaseException] = []
 
     def on_failure(exc: BaseException) -> None:
@@ -95,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
     app = create_app(lambda: load_service(args.index, args.corpus, args.options), limits, on_failure)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=5,
+                                           http=header_timeout_protocol(args.client_timeout)))
     logger.info("serving %s index %s on http://%s:%d (loading in the background; GET /health)",
                 manifest.retriever, args.index, args.host, args.port)
     server.run()
