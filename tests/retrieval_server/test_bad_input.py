@@ -200,10 +200,13 @@ def _stall(server: ServerProcess, request: bytes, outcome: dict) -> None:
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=SLOW_CLIENT_TIMEOUT_S * 10) as sock:
         sock.sendall(request)
+        answer = b""
         try:
-            outcome["answer"] = sock.recv(65536)  # b"" when the server drops the connection
+            while chunk := sock.recv(65536):  # until the server closes the connection
+                answer += chunk
         except (TimeoutError, ConnectionResetError) as exc:
-            outcome["answer"] = repr(exc).encode()
+            answer += repr(exc).encode()
+        outcome["answer"] = answer  # b"" when the server dropped the connection without a word
 
 
 @pytest.mark.parametrize("partial", [

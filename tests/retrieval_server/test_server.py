@@ -70,7 +70,7 @@ def test_bm25_ranks_the_rare_term_passage_first(bm25_server):
 
 BAD_INPUTS = [  # (body, status, fragment of the message); the server runs with --max-topk 10 --max-queries 8
     (b"{not json", 400, "not valid JSON"),                   # --max-query-chars 64
-    (b'{"queries": ["\xff\xfe"]}', 400, "not valid JSON"),
+    (b'{"queries": ["\xff\xfe"]}', 400, "not UTF-8"),
     (b"[" * 5000 + b"]" * 5000, 400, "not valid JSON"),      # nesting deeper than the parser's recursion limit
     (b'["river"]', 422, "JSON object"),
     (b"{}", 422, "'queries' is missing"),
