@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from retrieval_server.batcher import Coalescer
 from retrieval_server.service import Hit, SearchService
@@ -145,6 +146,8 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
                 chunks.append(chunk)
     except TimeoutError:
         raise RequestError(408, f"request body not received within {timeout_s:g} s ({size} bytes came)") from None
+    except ClientDisconnect:  # nobody reads the answer, but the server logs a 4xx, not a traceback
+        raise RequestError(400, f"the client disconnected after {size} bytes of the body") from None
     return b"".join(chunks)
 
 

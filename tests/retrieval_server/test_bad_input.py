@@ -234,6 +234,17 @@ def test_slow_client_is_cut_off_while_others_are_served(server, partial):
         assert outcome["answer"] == b"", outcome["answer"]
 
 
+def test_client_that_disconnects_mid_body_leaves_no_error(server):
+    """Guards against a client that hangs up mid-body (a crashed trainer) ending in an unhandled exception in the
+    server (a traceback per dropped client, and a 500 path) instead of a logged 4xx."""
+    for partial in (b"", b'{"quer'):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(POST + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n" + partial)
+            time.sleep(0.2)  # let the server start reading the body
+    assert _served(server)
+    assert "Traceback" not in server.log_text() and "ClientDisconnect" not in server.log_text()
+
+
 def test_server_is_healthy_after_the_table(server):
     """Guards against bad input leaving damage behind: the process is alive, /health is ok, search still answers
     correctly, and no request ended in an unhandled exception (each would log a traceback)."""
