@@ -209,29 +209,37 @@ def _stall(server: ServerProcess, request: bytes, outcome: dict) -> None:
         outcome["answer"] = answer  # b"" when the server dropped the connection without a word
 
 
+STALLED_CONNECTIONS = 20
+
+
 @pytest.mark.parametrize("partial", [
     POST + b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"quer',
     POST + b"Content-Type: appl",
-], ids=["mid-body", "mid-headers"])
-def test_slow_client_is_cut_off_while_others_are_served(server, partial):
-    """Guards against a slowloris client (a request started and never finished) holding its connection forever or
-    stalling other clients: while it stalls, other requests are answered; after --client-timeout the server
-    answers 408 (mid-body) or drops the connection (mid-headers, where no HTTP answer can be framed)."""
-    outcome: dict = {}
-    stalled = threading.Thread(target=_stall, args=(server, partial, outcome))
-    stalled.start()
+    b"",
+], ids=["mid-body", "mid-headers", "silent"])
+def test_slow_clients_are_cut_off_while_others_are_served(server, partial):
+    """Guards against slowloris clients (a connection opened, a request started and never finished) holding their
+    connections forever or stalling other clients: while 20 of them stall, other requests are answered; after
+    --client-timeout the server answers 408 (mid-body) or drops the connection (before complete headers, where
+    no HTTP answer can be framed)."""
+    outcomes = [{} for _ in range(STALLED_CONNECTIONS)]
+    stalled = [threading.Thread(target=_stall, args=(server, partial, outcome)) for outcome in outcomes]
+    for thread in stalled:
+        thread.start()
     served_meanwhile = 0
-    while stalled.is_alive() and served_meanwhile < 3:
+    while any(thread.is_alive() for thread in stalled) and served_meanwhile < 3:
         served_meanwhile += _served(server)
         time.sleep(0.1)
-    stalled.join(timeout=SLOW_CLIENT_TIMEOUT_S * 15)
-    assert not stalled.is_alive()
-    assert served_meanwhile >= 1  # at least one answer came while the connection was held
-    if b"\r\n\r\n" in partial:  # the headers are complete: an HTTP answer is possible
-        assert outcome["answer"].startswith(b"HTTP/1.1 408"), outcome["answer"]
-        assert b"request body not received within 2 s" in outcome["answer"]
-    else:
-        assert outcome["answer"] == b"", outcome["answer"]
+    for thread in stalled:
+        thread.join(timeout=SLOW_CLIENT_TIMEOUT_S * 15)
+        assert not thread.is_alive()
+    assert served_meanwhile >= 1  # at least one answer came while the connections were held
+    for outcome in outcomes:
+        if b"\r\n\r\n" in partial:  # the headers are complete: an HTTP answer is possible
+            assert outcome["answer"].startswith(b"HTTP/1.1 408"), outcome["answer"]
+            assert b"request body not received within 2 s" in outcome["answer"]
+        else:
+            assert outcome["answer"] == b"", outcome["answer"]
 
 
 def test_client_that_disconnects_mid_body_leaves_no_error(server):
