@@ -65,7 +65,8 @@ async def _burst(url: str, clients: int, seed: int) -> list[tuple[list[str], int
 def test_burst_answers_equal_answers_alone(index, corpus_path, request):
     """Guards against coalescing changing what a query gets: hits of another request's queries or k, a different
     order of tied passages, or different scores because the encoder ran on a larger padded batch."""
-    args = ["--threads", "1", "--max-topk", "10", "--max-queries", "128"]
+    # no answer cache: every query of the burst must be searched, merged with the others
+    args = ["--threads", "1", "--max-topk", "10", "--max-queries", "128", "--cache-size", "0"]
     with ServerProcess(request.getfixturevalue(index), corpus_path, args) as server:
         server.wait_ready()
         alone = asyncio.run(_alone(server.url))
