@@ -216,13 +216,23 @@ def test_kill_9_at_random_moments_resumes_at_the_right_step(workspace, tmp_path,
     (never a .tmp one), and the metrics hold each step exactly once."""
     out, rng = tmp_path / "run", random.Random(14)
     args = overrides(workspace, out, 5)
+
+    def written_since(start_ns: int) -> bool:
+        """A ``.tmp`` checkpoint directory made by this run (a killed run may have left an older one)."""
+        for tmp in out.glob("global_step_*.tmp"):
+            with contextlib.suppress(FileNotFoundError):  # renamed meanwhile
+                if tmp.stat().st_mtime_ns >= start_ns:
+                    return True
+        return False
+
     for kill in range(4):
         expected = checkpoint.find_latest(out)
+        start_ns = time.time_ns()
         run = runs(args, tmp_path / f"log{kill}")
         if kill == 3:
             assert run.finish() == 0, run.text()[-3000:]
         elif kill == 1:  # during a checkpoint write: its .tmp directory exists, the rename has not happened yet
-            run.wait_for(lambda: any(out.glob("global_step_*.tmp")), poll=0.005)
+            run.wait_for(lambda start_ns=start_ns: written_since(start_ns), poll=0.005)
             run.kill()
         else:
             done = len(checkpoint.complete_steps(out))
