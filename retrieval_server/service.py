@@ -24,7 +24,7 @@ import numpy as np
 
 from retrieval_server.bm25 import BM25Retriever
 from retrieval_server.corpus import CorpusStore, scan_corpus
-from retrieval_server.encoder import ENCODER_DTYPES
+from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
 from retrieval_server.manifest import Manifest, check_corpus, check_encoder
 from retrieval_server.query_cache import CachedSearch
 
@@ -42,6 +42,7 @@ class ServeOptions:
     model: str | None = None  # encoder path overriding the manifest's (must embed identically)
     threads: int = 0  # CPU threads of torch, FAISS and numba; 0 = library default
     encoder_dtype: str = "auto"  # one of ENCODER_DTYPES (encoder.py says what auto picks)
+    encoder_backend: str = "auto"  # one of ENCODER_BACKENDS: auto = ONNX Runtime on a CPU in fp32, else torch
     cache_size: int = 65536  # (query, k) answers kept by the LRU cache; 0 = off (repeats in a batch still merge)
     reranker: str | None = None  # cross-encoder directory; None = no rerank stage
     rerank_topk: int = 10  # candidates the reranker rescores per query (at least the request's topk)
@@ -51,6 +52,8 @@ class ServeOptions:
     def __post_init__(self) -> None:
         if self.encoder_dtype not in ENCODER_DTYPES:
             raise ValueError(f"encoder dtype must be one of {ENCODER_DTYPES}, got {self.encoder_dtype!r}")
+        if self.encoder_backend not in ENCODER_BACKENDS:
+            raise ValueError(f"encoder backend must be one of {ENCODER_BACKENDS}, got {self.encoder_backend!r}")
         if self.gpu_mode not in GPU_MODES:
             raise ValueError(f"FAISS GPU mode must be one of {GPU_MODES}, got {self.gpu_mode!r}")
         for name, value, least in (("threads", self.threads, 0), ("cache size", self.cache_size, 0),
@@ -82,7 +85,7 @@ def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOpti
         torch.set_num_threads(options.threads)
         faiss.omp_set_num_threads(options.threads)
     encoder = Encoder(options.model or manifest.model, manifest.query_prefix, manifest.passage_prefix,
-                      dtype=options.encoder_dtype)
+                      dtype=options.encoder_dtype, backend=options.encoder_backend, threads=options.threads)
     check_encoder(manifest, index_dir, encoder.name, encoder.fingerprint())
     return DenseRetriever.load(manifest.index_path(index_dir), manifest.index, manifest.index_params, encoder,
                                options.gpu_mode, options.gpu_fp16)
@@ -132,6 +135,7 @@ class SearchService:
         encoder = getattr(self.retriever, "encoder", None)
         return {"retriever": self.manifest.retriever, "index": self.manifest.index, "model": self.manifest.model,
                 "encoder_dtype": encoder.dtype if encoder is not None else None,
+                "encoder_backend": encoder.backend if encoder is not None else None,
                 "passages": self.num_passages, "cache_size": self.options.cache_size,
                 "reranker": self.options.reranker, "rerank_topk": self.options.rerank_topk if self.reranker else None}
 

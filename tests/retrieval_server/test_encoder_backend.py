@@ -1,0 +1,80 @@
+"""ONNX Runtime encoder backend: the same embeddings and top-1 passages as torch, through the manifest check and
+the real service; its export cached once per model and rebuilt when the cached file is broken; clear refusals."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+from test_encoder_dtype import QUERIES
+
+from retrieval_server.encoder import DEFAULT_MODEL, Encoder, EncoderError
+from retrieval_server.launcher import ServerProcess
+from retrieval_server.manifest import Manifest
+from retrieval_server.service import ServeOptions, load_retriever
+
+
+def _retriever(flat_index, backend: str):
+    return load_retriever(flat_index, Manifest.load(flat_index), ServeOptions(threads=1, encoder_dtype="fp32",
+                                                                               encoder_backend=backend))
+
+
+def test_onnx_embeds_like_torch_and_keeps_every_top_passage(flat_index):
+    """Guards against an exported graph that embeds differently (wrong pooling, a dropped input such as
+    token_type_ids, batches out of order), fails the manifest's fingerprint check, or silently stays torch."""
+    torch_retriever, onnx_retriever = _retriever(flat_index, "torch"), _retriever(flat_index, "onnx")
+    assert (torch_retriever.encoder.backend, onnx_retriever.encoder.backend) == ("torch", "onnx")
+    queries = QUERIES + ["", "x" * 3000, QUERIES[0]]  # empty, truncated at the model's 256 tokens, a repeat
+    reference, vectors = (r.encoder.encode_queries(queries) for r in (torch_retriever, onnx_retriever))
+    assert vectors.shape == reference.shape and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert (vectors * reference).sum(axis=1).min() >= 0.9999
+    for k in (1, 3):
+        assert onnx_retriever.search(QUERIES, k)[1].tolist() == torch_retriever.search(QUERIES, k)[1].tolist()
+    one_by_one = np.stack([onnx_retriever.encoder.encode_queries([q])[0] for q in QUERIES])
+    np.testing.assert_allclose(one_by_one, vectors[:len(QUERIES)], atol=1e-5)  # batching changes nothing
+
+
+def test_the_service_serves_onnx_by_default_on_cpu_with_torch_results(flat_index, corpus_path):
+    """Guards against the default not reaching the server (``auto`` resolving to torch on a CPU) or the served
+    passages differing from a torch server's."""
+    answers = {}
+    for args in ([], ["--encoder-backend", "torch"]):
+        with ServerProcess(flat_index, corpus_path, ["--threads", "1", "--cache-size", "0", *args]) as server:
+            health = server.wait_ready()
+            request = {"queries": QUERIES, "topk": 3, "return_scores": False}
+            response = httpx.post(f"{server.url}/retrieve", json=request, timeout=60)
+            assert response.status_code == 200
+            answers[health["encoder_backend"]] = [[d["id"] for d in hits]
+                                                  for hits in response.json()["result"]]
+    assert set(answers) == {"onnx", "torch"}
+    assert answers["onnx"] == answers["torch"]
+
+
+def test_the_export_is_cached_and_a_broken_cached_file_is_made_again(tmp_path, monkeypatch):
+    """Guards against exporting at every start (~10-20 s), and against a server that cannot start because the
+    cached file is unreadable (written by another ONNX Runtime, or damaged)."""
+    monkeypatch.setenv("SEARCH_R1_CACHE", str(tmp_path))
+    first = Encoder(DEFAULT_MODEL, backend="onnx")
+    cached = list((tmp_path / "onnx").glob("*.onnx"))
+    assert cached == [first._onnx.path]
+    stamp = cached[0].stat().st_mtime_ns
+    Encoder(DEFAULT_MODEL, backend="onnx")
+    assert cached[0].stat().st_mtime_ns == stamp  # loaded, not exported again
+    cached[0].write_bytes(b"not an ONNX model")
+    again = Encoder(DEFAULT_MODEL, backend="onnx")
+    assert again.backend == "onnx" and cached[0].stat().st_size > 1_000_000
+    assert list((tmp_path / "onnx").iterdir()) == cached  # no temporary file left behind
+    np.testing.assert_allclose(again.encode_queries(QUERIES), first.encode_queries(QUERIES), atol=1e-6)
+
+
+def test_backend_choices_and_refusals():
+    """Guards against onnx silently serving a half-precision request in fp32, auto picking onnx where it cannot
+    run it, and an unknown backend name being accepted."""
+    with pytest.raises(EncoderError, match="runs in fp32, not bf16"):
+        Encoder(DEFAULT_MODEL, dtype="bf16", backend="onnx")
+    assert Encoder(DEFAULT_MODEL, dtype="bf16", backend="auto").backend == "torch"
+    with pytest.raises(ValueError, match="must be one of"):
+        Encoder(DEFAULT_MODEL, backend="openvino")
+    with pytest.raises(ValueError, match="must be one of"):
+        ServeOptions(encoder_backend="tensorrt")
