@@ -77,7 +77,7 @@ def _export(transformer, features: dict, names: list[str], path: Path) -> None:
     levels = [q.level for q in quiet]
     try:
         for q in quiet:  # the exporter logs every pass and prints its progress
-            q.setLevel(logging.WARNING)
+            q.setLevel(logging.ERROR)
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(transformer, tuple(features[k] for k in names), tmp, input_names=names,

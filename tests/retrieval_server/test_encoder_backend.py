@@ -78,3 +78,47 @@ def test_backend_choices_and_refusals():
         Encoder(DEFAULT_MODEL, backend="openvino")
     with pytest.raises(ValueError, match="must be one of"):
         ServeOptions(encoder_backend="tensorrt")
+
+
+def _tiny_roberta_sentence_transformer(path) -> str:
+    """A sentence-transformers model unlike MiniLM: RoBERTa, a tokenizer without token_type_ids, CLS pooling, a
+    Dense head, 64-token truncation (random weights, a WordPiece vocabulary trained on the test queries)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast, RobertaConfig, RobertaModel
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer.train_from_iterator(QUERIES * 3, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")),
+                                                 ("[SEP]", tokenizer.token_to_id("[SEP]"))])
+    fast = BertTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                             sep_token="[SEP]", mask_token="[MASK]", model_input_names=["input_ids", "attention_mask"])
+    torch.manual_seed(0)
+    config = RobertaConfig(vocab_size=fast.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=130, pad_token_id=0, type_vocab_size=1)
+    RobertaModel(config).save_pretrained(path / "hf")
+    fast.save_pretrained(path / "hf")
+    modules = [Transformer(str(path / "hf"), max_seq_length=64), Pooling(32, pooling_mode="cls"),
+               Dense(32, 16, activation_function=torch.nn.Tanh()), Normalize()]
+    SentenceTransformer(modules=modules).save(str(path / "st"))
+    return str(path / "st")
+
+
+def test_another_architecture_exports_with_its_own_inputs_pooling_and_head(tmp_path, monkeypatch):
+    """Guards against a backend that only works for BERT with mean pooling: a model without token_type_ids
+    must not be fed them, CLS pooling and a Dense head must stay the model's own, prefixes and truncation apply."""
+    monkeypatch.setenv("SEARCH_R1_CACHE", str(tmp_path / "cache"))
+    model = _tiny_roberta_sentence_transformer(tmp_path)
+    queries = QUERIES + ["", "x " * 300]
+    torch_encoder = Encoder(model, query_prefix="query: ", backend="torch")
+    onnx_encoder = Encoder(model, query_prefix="query: ", backend="onnx")
+    assert onnx_encoder.backend == "onnx" and onnx_encoder._onnx.names == ["input_ids", "attention_mask"]
+    reference, vectors = torch_encoder.encode_queries(queries), onnx_encoder.encode_queries(queries)
+    assert vectors.shape == (len(queries), 16)
+    assert (vectors * reference).sum(axis=1).min() >= 0.9999
