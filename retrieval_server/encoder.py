@@ -166,11 +166,11 @@ class Encoder:
             if cosine < onnx_backend.MIN_COSINE:
                 raise RuntimeError(f"the ONNX model embeds the probe queries at cosine {cosine:.6f} of torch's "
                                    f"(< {onnx_backend.MIN_COSINE})")
-        except RuntimeError as e:
+        except Exception as e:  # export, ONNX Runtime or check: any failure leaves torch, which works
             self._onnx = None
             if requested == "onnx":
                 raise EncoderError(f"{e}; serve it with --encoder-backend torch") from e
-            logger.warning("%s; encoding with torch", e)
+            logger.warning("ONNX Runtime encoder unavailable (%s); encoding with torch", e)
             return "torch"
         return "onnx"
 

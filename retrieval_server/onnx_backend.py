@@ -107,7 +107,8 @@ class OnnxTransformer:
         if transformer is None:
             raise RuntimeError(f"the model's first module is {type(first).__name__}, not a transformer")
         self.model = model
-        sample = model.preprocess(["a short query", "a somewhat longer query about a river"])
+        self._preprocess = getattr(model, "preprocess", None) or model.tokenize  # sentence-transformers >= 6 / older
+        sample = self._preprocess(["a short query", "a somewhat longer query about a river"])
         self.names = [k for k in INPUT_NAMES if k in sample]
         self.path = cache_dir() / f"{_cache_key(fingerprint)}.onnx"
         options = ort.SessionOptions()
@@ -139,7 +140,7 @@ class OnnxTransformer:
         out: np.ndarray | None = None
         for start in range(0, len(texts), batch_size):
             rows = order[start:start + batch_size]
-            features = self.model.preprocess([texts[i] for i in rows])  # input ids, masks: [b, T] int64
+            features = self._preprocess([texts[i] for i in rows])  # input ids, masks: [b, T] int64
             hidden = self.session.run(None, {k: features[k].numpy() for k in self.names})[0]  # [b, T, hidden]
             features = dict(features, token_embeddings=torch.from_numpy(hidden))
             with torch.inference_mode():

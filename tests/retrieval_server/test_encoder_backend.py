@@ -68,9 +68,15 @@ def test_the_export_is_cached_and_a_broken_cached_file_is_made_again(tmp_path, m
     np.testing.assert_allclose(again.encode_queries(QUERIES), first.encode_queries(QUERIES), atol=1e-6)
 
 
-def test_backend_choices_and_refusals():
+def test_backend_choices_and_refusals(tmp_path, monkeypatch):
     """Guards against onnx silently serving a half-precision request in fp32, auto picking onnx where it cannot
-    run it, and an unknown backend name being accepted."""
+    run it or failing to start where the export fails (here: a cache directory that cannot be made), and an
+    unknown backend name being accepted."""
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("SEARCH_R1_CACHE", str(tmp_path / "a_file"))  # cache_dir() would be a_file/onnx
+    assert Encoder(DEFAULT_MODEL, backend="auto").backend == "torch"
+    with pytest.raises(EncoderError, match="ONNX export of the encoder failed.*--encoder-backend torch"):
+        Encoder(DEFAULT_MODEL, backend="onnx")
     with pytest.raises(EncoderError, match="runs in fp32, not bf16"):
         Encoder(DEFAULT_MODEL, dtype="bf16", backend="onnx")
     assert Encoder(DEFAULT_MODEL, dtype="bf16", backend="auto").backend == "torch"
