@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo grpo test lint bench clean-demo
+.PHONY: install demo grpo ablations test lint bench clean-demo
 
 install: $(STAMP)
 
@@ -33,6 +33,11 @@ demo: install
 grpo: install
 	PYTHON=$(PY) bash train_grpo.sh data.train_batch_size=16 actor_rollout_ref.actor.ppo_mini_batch_size=80 \
 		trainer.total_training_steps=40
+
+# The paper's ablations in miniature: 3 seeds x (PPO, GRPO, REINFORCE++, RLOO, PPO without state masking), search
+# on/off at test time; about 1.5 hours on 2 cores, resumable (benchmarks/ablations.py).
+ablations: install
+	$(PY) benchmarks/ablations.py
 
 test: install
 	$(PY) -m pytest tests -q

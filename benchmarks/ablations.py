@@ -1,0 +1,205 @@
+"""The paper's ablations in miniature, on the embedded demo: RL algorithm, state masking, search at test time.
+
+    python benchmarks/ablations.py [--seeds 0 1 2] [--variants ppo grpo reinforce_pp rloo ppo_nomask]
+        [--out outputs/ablations] [--retriever-url http://127.0.0.1:8000]      (or: make ablations)
+
+For every seed the WHOLE pipeline is re-run: the warm start of the tiny policy (``data_prep.tiny_policy
+--seed S``: its scripted trajectories, tokenizer, initialisation and batches), then each RL variant from that
+policy with ``trainer.seed=S+1 data.seed=S+1`` (rollout sampling, data order; seed 0 is then exactly
+``make demo``, whose warm start has seed 0 and whose config has seed 1). Every trained policy, and the
+warm-started one, is evaluated on the demo's test set by ``python -m search_r1.evaluate`` (greedy, the
+training loop); the PPO policy also with ``do_search=false`` (every search gets an empty block). The table
+gives mean +/- standard deviation over seeds of test EM (all / one-hop / two-hop) and searches per question
+(one-hop / two-hop), and is written with the per-seed figures to ``OUT/ablations.md`` and ``ablations.json``.
+
+Variants (all from the same warm start, on the same 2000 training questions):
+
+- ``ppo``: ``make demo`` (GAE with a critic; 32 prompts per step, one sample each, one epoch = 62 steps).
+- ``grpo``: ``make grpo`` (5 samples per prompt, 16 prompts per step, 40 steps, KL as a loss term).
+- ``reinforce_pp``: REINFORCE++ (batch-whitened returns, no critic) with PPO's batch: 32 x 1, 62 steps.
+- ``rloo``: RLOO (leave-one-out baseline) with GRPO's batch: 16 x 5, 40 steps.
+- ``ppo_nomask``: ``ppo`` with ``actor_rollout_ref.actor.state_masking=false`` (retrieved tokens trained on).
+
+Order: the warm starts of all seeds, then variant by variant (``--variants ppo`` alone is the seed-robustness
+check of ``make demo``). Resumable: a warm start, run or evaluation whose output is complete is not redone
+(delete its directory to redo it), so an interrupted ablation continues where it stopped. Needs the demo
+data (``data/demo``, built here when missing) and a retrieval service over its corpus (started here on the
+URL's port when none answers, and stopped at the end). The whole table (3 seeds x 5 variants) takes about
+1.5 hours on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = "data/demo"
+ONE_HOP, TWO_HOP = "demo_single", "demo_multi"
+
+GROUP = ["actor_rollout_ref.rollout.n=5", "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=80",
+         "trainer.total_training_steps=40", "actor_rollout_ref.actor.use_kl_loss=true"]
+VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (table label, trainer overrides)
+    "ppo": ("PPO (GAE + critic)", ["algorithm.adv_estimator=gae"]),
+    "grpo": ("GRPO", ["algorithm.adv_estimator=grpo", *GROUP]),
+    "reinforce_pp": ("REINFORCE++", ["algorithm.adv_estimator=reinforce_plus_plus",
+                                     "actor_rollout_ref.actor.use_kl_loss=true"]),
+    "rloo": ("RLOO", ["algorithm.adv_estimator=rloo", *GROUP]),
+    "ppo_nomask": ("PPO, state masking off", ["algorithm.adv_estimator=gae",
+                                               "actor_rollout_ref.actor.state_masking=false"]),
+}
+COLUMNS = [("em", "test EM"), (f"em/{ONE_HOP}", "one-hop EM"), (f"em/{TWO_HOP}", "two-hop EM"),
+           (f"searches/{ONE_HOP}", "searches one-hop"), (f"searches/{TWO_HOP}", "searches two-hop")]
+
+
+def run(cmd: list[str], log: Path) -> None:
+    """Run ``cmd`` in the repository root, output to ``log``; raise with the log's tail if it fails."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[ablations] {' '.join(cmd)}  (log: {log})", flush=True)
+    start = time.time()
+    with log.open("w") as f:
+        status = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    if status != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"exit status {status} of {' '.join(cmd)}; end of {log}:\n{tail}")
+    print(f"[ablations]   done in {time.time() - start:.0f} s", flush=True)
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def retrieval_service(url: str, log: Path):
+    """Use the service answering at ``url``, or start ``retrieval_launch.sh`` on its port until the block ends."""
+    if healthy(url):
+        yield
+        return
+    port = url.rsplit(":", 1)[-1].split("/")[0]
+    print(f"[ablations] no retrieval service at {url}: starting retrieval_launch.sh on port {port}", flush=True)
+    with log.open("w") as f:
+        proc = subprocess.Popen(["bash", "retrieval_launch.sh"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PORT": port, "PYTHON": sys.executable})
+    try:
+        for _ in range(600):
+            if healthy(url):
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"the retrieval service exited with status {proc.returncode}; see {log}")
+            time.sleep(1)
+        else:
+            raise RuntimeError(f"the retrieval service did not answer at {url} in 600 s; see {log}")
+        yield
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def evaluate(model: Path, out: Path, url: str, seed: int, overrides: list[str] = ()) -> dict:
+    """Greedy test-set figures of ``model`` (``search_r1.evaluate``), flattened to the table's keys."""
+    results = out / "results.json"
+    if not results.exists():
+        run([sys.executable, "-m", "search_r1.evaluate", "--model", str(model), "--data", f"{DEMO}/test.parquet",
+             "--retriever-url", url, "--out", str(out), "--seed", str(seed), *overrides],
+            out.parent / f"{out.name}.log")
+    report = json.loads(results.read_text())
+    figures = {"em": report["overall"]["em"]}
+    for source, row in report["by_source"].items():
+        figures[f"em/{source}"] = row["em"]
+        figures[f"searches/{source}"] = row["searches"]
+    return figures
+
+
+def warm_start(seed: int, out: Path, url: str) -> Path:
+    """The seed's warm-started policy (built once) and its test figures under ``rows["warm_start"]``."""
+    policy = out / f"seed{seed}" / "warm_start"
+    if not (policy / "warm_start.json").exists():
+        run([sys.executable, "-m", "data_prep.tiny_policy", "--data", DEMO, "--out", str(policy),
+             "--retriever-url", url, "--seed", str(seed)], out / f"seed{seed}" / "warm_start.log")
+    return policy
+
+
+def train_and_evaluate(name: str, seed: int, policy: Path, out: Path, url: str) -> dict[str, dict]:
+    """One RL variant from the seed's warm start; returns {row name: figures} (PPO: also search off)."""
+    run_dir = out / f"seed{seed}" / name
+    model = run_dir / "hf_model"
+    if not (model / "config.json").exists():
+        run([sys.executable, "-m", "verl.trainer.main_ppo", *VARIANTS[name][1],
+             f"actor_rollout_ref.model.path={policy}", f"retriever.url={url}", f"trainer.seed={seed + 1}",
+             f"data.seed={seed + 1}", f"trainer.default_local_dir={run_dir}",
+             f"trainer.experiment_name=ablation_{name}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+             "trainer.logger=[jsonl]"],
+            run_dir.with_suffix(".log"))
+    rows = {name: evaluate(model, run_dir / "eval", url, seed)}
+    if name == "ppo":
+        rows["ppo_nosearch"] = evaluate(model, run_dir / "eval_nosearch", url, seed, ["do_search=false"])
+    return rows
+
+
+def mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} +/- {statistics.stdev(values):.3f}"
+
+
+def table(per_seed: dict[int, dict[str, dict]]) -> str:
+    """Markdown table: one row per variant, mean +/- std over seeds of each column."""
+    labels = {"warm_start": "warm start only (before RL)", "ppo_nosearch": "PPO, search off at test time",
+              **{name: label for name, (label, _) in VARIANTS.items()}}
+    names = [n for n in labels if all(n in rows for rows in per_seed.values())]
+    lines = ["| " + " | ".join(["variant", *(c for _, c in COLUMNS)]) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for name in names:
+        cells = [mean_std([per_seed[s][name].get(key, float("nan")) for s in per_seed]) for key, _ in COLUMNS]
+        lines.append(f"| {labels[name]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--out", type=Path, default=Path("outputs/ablations"))
+    parser.add_argument("--retriever-url", default="http://127.0.0.1:8000")
+    args = parser.parse_args(argv)
+    out = args.out if args.out.is_absolute() else ROOT / args.out
+    out.mkdir(parents=True, exist_ok=True)
+    if not (ROOT / DEMO / "test.parquet").exists():
+        run([sys.executable, "-m", "data_prep.demo_kb", "--out", DEMO], out / "demo_kb.log")
+    start = time.time()
+    per_seed: dict[int, dict[str, dict]] = {seed: {} for seed in args.seeds}
+    save = lambda: (out / "ablations.json").write_text(json.dumps(per_seed, indent=1))  # noqa: E731
+    with retrieval_service(args.retriever_url, out / "retrieval.log"):
+        policies = {}
+        for seed in args.seeds:  # every warm start first, then variant by variant over the seeds
+            policies[seed] = warm_start(seed, out, args.retriever_url)
+            per_seed[seed]["warm_start"] = evaluate(policies[seed], out / f"seed{seed}" / "eval_warm_start",
+                                                    args.retriever_url, seed)
+            save()
+        for name in args.variants:
+            for seed in args.seeds:
+                per_seed[seed].update(train_and_evaluate(name, seed, policies[seed], out, args.retriever_url))
+                save()
+    md = table(per_seed)
+    header = (f"Test set of the demo (200 questions: 100 one-hop, 100 two-hop), greedy; mean +/- std over seeds "
+              f"{', '.join(map(str, args.seeds))} of the whole pipeline (warm start + RL).")
+    (out / "ablations.md").write_text(header + "\n\n" + md + "\n")
+    print(header)
+    print(md)
+    print(f"[ablations] {time.time() - start:.0f} s; figures in {out / 'ablations.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
