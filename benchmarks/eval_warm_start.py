@@ -11,6 +11,9 @@ data_source; then the same with the correct behaviour forced through the loop's 
 first turn starts with the search decision (``forced search``), and additionally every turn after a
 passage block on a two-hop question starts with the search-again decision (``forced chain``).
 ``--samples`` adds temperature-1.0 rollouts: how often sampling picks the good behaviour.
+``--teacher-forced N`` adds, on N scripted full-chain trajectories of the split (the scripted agent of the
+warm start, never guessing or stopping early), the probability of each decision word per data_source and the
+mean negative log-likelihood of the policy's tokens per turn: where a skill is missing, without any RL.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ from collections import defaultdict
 import torch
 
 from data_prep.demo_kb import MULTI, Question, load_questions
-from data_prep.tiny_policy import prompt_ids
+from data_prep.tiny_policy import (
+    THINK_ANSWER,
+    THINK_NEXT_HOP,
+    WarmStartConfig,
+    encode_trajectory,
+    prompt_ids,
+    script_trajectories,
+)
 from search_r1.evaluate import agent_config, build_agent, score_trajectory
 from search_r1.llm_agent.generation import LLMGenerationManager, Trajectory
 from verl.workers.rollout.base import SamplingParams
@@ -91,6 +101,48 @@ def evaluate(model_dir: str, questions: list[Question], retriever_url: str, samp
     return results
 
 
+def teacher_forced(model_dir: str, questions: list[Question], retriever_url: str, n: int,
+                   seed: int = 0) -> dict[str, float]:
+    """Decision probabilities and per-turn NLL of scripted full-chain trajectories (see the module docstring)."""
+    import random
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from search_r1.search.client import RetrievalClient
+
+    torch.set_num_threads(2)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    rng = random.Random(seed)
+    picked = rng.sample(questions, min(n, len(questions)))
+    client = RetrievalClient(retriever_url, topk=3)
+    trajs = script_trajectories(picked, client.search, WarmStartConfig(p_guess=0.0, p_stop_early=0.0,
+                                                                       trajectories_per_question=1), rng)
+    client.close()
+    think = tokenizer.convert_tokens_to_ids("<think>")
+    # The first token of the next-hop and answer turns after <think> (the decision after a passage block).
+    next_hop, answer = (tokenizer.encode(t.split("<think>")[1], add_special_tokens=False)[0]
+                        for t in (THINK_NEXT_HOP, THINK_ANSWER))
+    decisions, nll = defaultdict(list), defaultdict(list)
+    for traj in trajs:
+        source = traj.question.data_source
+        ids, labels, n_prompt = encode_trajectory(tokenizer, traj, 96)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0]  # [T, V]
+        logp = logits.log_softmax(-1)
+        turns = [i for i in range(n_prompt, len(ids)) if ids[i] == think]  # where each policy turn starts
+        decisions[source].append(logp[turns[1], next_hop].exp().item())  # after the first passage block
+        ends = turns[1:] + [len(ids)]
+        for k, (start, end) in enumerate(zip(turns, ends, strict=True)):
+            tokens = [i for i in range(start, end - 1) if labels[i + 1] != -100]
+            nll[f"{source}/turn{k + 1}"].append(-logp[tokens, [ids[i + 1] for i in tokens]].mean().item())
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    figures = {f"p_next_hop/{s}": mean(v) for s, v in sorted(decisions.items())}
+    figures.update({f"nll/{k}": mean(v) for k, v in sorted(nll.items())})
+    print(f"{'teacher-forced':>22}: " + "  ".join(f"{k}={v:.3f}" for k, v in figures.items()))
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="data/demo/tiny_policy")
@@ -98,10 +150,14 @@ def main() -> None:
     parser.add_argument("--retriever-url", default="http://127.0.0.1:8000")
     parser.add_argument("--split", default="test")
     parser.add_argument("--samples", type=int, default=4, help="temperature-1.0 rollouts per question")
+    parser.add_argument("--teacher-forced", type=int, default=0, metavar="N",
+                        help="also score N scripted full-chain trajectories of the split (decisions, NLL per turn)")
     args = parser.parse_args()
     questions = load_questions(args.data, args.split)
     print(f"{len(questions)} {args.split} questions, model {args.model}")
     evaluate(args.model, questions, args.retriever_url, args.samples)
+    if args.teacher_forced:
+        teacher_forced(args.model, questions, args.retriever_url, args.teacher_forced)
 
 
 if __name__ == "__main__":
