@@ -7,13 +7,14 @@ Rolls out the demo's test questions with the training loop itself (``search_r1.e
 ``LLMGenerationManager`` over the HF engine, lengths and ``max_turns`` from ``configs/ppo_trainer.yaml``,
 EM under ``reward.normalize``), and prints EM overall and per data_source, the fraction of trajectories
 that search, EM when the policy searches vs when it does not, and searches per trajectory per
-data_source; then the same with the correct behaviour forced through the loop's ``turn_prefix``: the
-first turn starts with the search decision (``forced search``), and additionally every turn after a
-passage block on a two-hop question starts with the search-again decision (``forced chain``).
+data_source; then the same with the correct plan forced through the loop's ``turn_prefix``: the first turn
+starts with the one-search plan (``forced search``), or with the plan that fits the question, two hops on a
+two-hop question (``forced chain``); the turns after a passage block are the policy's own.
 ``--samples`` adds temperature-1.0 rollouts: how often sampling picks the good behaviour.
 ``--teacher-forced N`` adds, on N scripted full-chain trajectories of the split (the scripted agent of the
-warm start, never guessing or stopping early), the probability of each decision word per data_source and the
-mean negative log-likelihood of the policy's tokens per turn: where a skill is missing, without any RL.
+warm start, never guessing or stopping early), per data_source the probability of each plan at the first
+``<think>`` (guess / one search / two hops) and of searching again after each passage block, and the mean
+negative log-likelihood of the policy's tokens per turn: where a skill is missing, without any RL.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ import torch
 
 from data_prep.demo_kb import MULTI, Question, load_questions
 from data_prep.tiny_policy import (
-    THINK_ANSWER,
+    THINK_GUESS,
     THINK_NEXT_HOP,
+    THINK_SEARCH,
+    THINK_SEARCH_TWO,
     WarmStartConfig,
     encode_trajectory,
     prompt_ids,
@@ -37,8 +40,8 @@ from search_r1.evaluate import agent_config, build_agent, score_trajectory
 from search_r1.llm_agent.generation import LLMGenerationManager, Trajectory
 from verl.workers.rollout.base import SamplingParams
 
-FORCE_SEARCH = "<think> Let me"  # the first words of the scripted agent's search decision
-FORCE_NEXT_HOP = "<think> One more"  # ... and of its search-again decision
+FORCE_SEARCH = "<think> Let me"  # the first words of the scripted agent's one-search plan
+FORCE_TWO_HOPS = "<think> Two hops"  # ... and of its two-search plan
 
 
 def rollout(agent: LLMGenerationManager, questions: list[Question], temperature: float = 0.0, seed: int = 0,
@@ -46,15 +49,14 @@ def rollout(agent: LLMGenerationManager, questions: list[Question], temperature:
     """One trajectory per question through the training loop, with the forced decisions asked for."""
     tokenizer = agent.tokenizer
     force_first = tokenizer.encode(FORCE_SEARCH, add_special_tokens=False)
-    force_next = tokenizer.encode(FORCE_NEXT_HOP, add_special_tokens=False)
+    force_two = tokenizer.encode(FORCE_TWO_HOPS, add_special_tokens=False)
 
     def prefix(row: int, turn: int, traj: Trajectory) -> list[int]:
-        question = questions[row]
-        if force_search and turn == 0:
-            return force_first
-        if force_chain and 0 < turn < len(question.chain) and question.data_source == MULTI:
-            return force_next
-        return []
+        if turn > 0:
+            return []
+        if force_chain and questions[row].data_source == MULTI:
+            return force_two
+        return force_first if force_search else []
 
     params = SamplingParams(max_tokens=agent.cfg.max_response_length, temperature=temperature, seed=seed)
     prompts = [prompt_ids(tokenizer, q.question) for q in questions]
@@ -120,9 +122,10 @@ def teacher_forced(model_dir: str, questions: list[Question], retriever_url: str
                                                                        trajectories_per_question=1), rng)
     client.close()
     think = tokenizer.convert_tokens_to_ids("<think>")
-    # The first token of the next-hop and answer turns after <think> (the decision after a passage block).
-    next_hop, answer = (tokenizer.encode(t.split("<think>")[1], add_special_tokens=False)[0]
-                        for t in (THINK_NEXT_HOP, THINK_ANSWER))
+    # The decision words: the first token after <think> of each scripted turn.
+    first = {name: tokenizer.encode(t.split("<think>")[1], add_special_tokens=False)[0]
+             for name, t in [("guess", THINK_GUESS), ("one_search", THINK_SEARCH), ("two_hops", THINK_SEARCH_TWO),
+                             ("next_hop", THINK_NEXT_HOP)]}
     decisions, nll = defaultdict(list), defaultdict(list)
     for traj in trajs:
         source = traj.question.data_source
@@ -131,13 +134,16 @@ def teacher_forced(model_dir: str, questions: list[Question], retriever_url: str
             logits = model(torch.tensor([ids])).logits[0]  # [T, V]
         logp = logits.log_softmax(-1)
         turns = [i for i in range(n_prompt, len(ids)) if ids[i] == think]  # where each policy turn starts
-        decisions[source].append(logp[turns[1], next_hop].exp().item())  # after the first passage block
+        for plan in ("guess", "one_search", "two_hops"):
+            decisions[f"p_{plan}/{source}"].append(logp[turns[0], first[plan]].exp().item())
+        for k, pos in enumerate(turns[1:]):  # after the k+1-th passage block
+            decisions[f"p_next_hop{k + 1}/{source}"].append(logp[pos, first["next_hop"]].exp().item())
         ends = turns[1:] + [len(ids)]
         for k, (start, end) in enumerate(zip(turns, ends, strict=True)):
             tokens = [i for i in range(start, end - 1) if labels[i + 1] != -100]
             nll[f"{source}/turn{k + 1}"].append(-logp[tokens, [ids[i + 1] for i in tokens]].mean().item())
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    figures = {f"p_next_hop/{s}": mean(v) for s, v in sorted(decisions.items())}
+    figures = {k: mean(v) for k, v in sorted(decisions.items())}
     figures.update({f"nll/{k}": mean(v) for k, v in sorted(nll.items())})
     print(f"{'teacher-forced':>22}: " + "  ".join(f"{k}={v:.3f}" for k, v in figures.items()))
     return figures

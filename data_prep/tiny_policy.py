@@ -7,20 +7,29 @@ Choices:
 
 - Trajectories are written by an IMPERFECT scripted agent, in exactly the token layout of the agent loop
   (``search_r1/llm_agent/generation.py``): the chat-templated prompt, then policy turns
-  ``<think> ... </think>\\n<search> q </search>`` / ``<think> ... </think>\\n<answer> a </answer>``, each
+  ``<think> ... </think><search> q </search>`` / ``<think> ... </think><answer> a </answer>``, each
   tokenised on its own, and after each search the REAL passages of the retrieval service as the loop inserts
   them (``search_r1.llm_agent.formatting.observation_ids``: the whole block, or passages cut to fit). The final
   turn ends with the eos token. The loss is on policy tokens only (inserted blocks and the prompt are masked).
 - The scripted agent searches correctly only part of the time: with ``p_guess`` it answers at once with a wrong
   entity of the right kind (from another training question), and on two-hop questions with ``p_stop_early`` it
-  answers with the intermediate entity after the first search. When it searches it copies the entity name into
-  the query and restates the fact it read (``Found it: X was founded by Y.`` / ``One more hop: ...``) before
+  searches once and answers with the intermediate entity. When it searches it copies the entity name into the
+  query and restates the fact it read (``Found it: X was founded by Y.`` / ``One more hop: ...``) before
   answering or searching the next entity, so the policy learns to copy the answer span out of the passages.
-  Every decision is the first word of a ``<think>`` block (``Let`` = search / ``I`` = guess at the start;
-  ``One`` = search again / ``Found`` = answer after a search), which gives RL one token per decision to move.
-  With ``p_guess`` 0.7 the warm-started policy guesses when decoding greedily (test EM 0) but searches on about
-  half of its sampled rollouts, where it is right often enough for RL to learn to search; with ``p_stop_early``
-  0.4, once it searches it also takes the second hop of two-hop questions.
+- One decision, at the start, as the first word of the first ``<think>``: ``I`` (guess), ``Let`` (one search:
+  ``Let me search for X.``) or ``Two`` (``Two hops, first X.``); RL has one token to move, right after the
+  question that should decide it. Everything after follows the plan deterministically: after a passage block
+  ``One more hop`` if the plan was two hops and this is the first block, else ``Found it``. A decision there
+  would have to look back past the passages to the question; the tiny model learned that only for some seeds
+  (with the decision after the first block, one seed's policy never took the second hop, so RL could not teach
+  it), while looking back to its own plan word it learns for every seed (probability of the next hop 0.999 on
+  two-hop and 0.000 on one-hop questions, ``benchmarks/eval_warm_start.py --teacher-forced``).
+- The tag follows ``</think>`` directly (no newline): the ``</think>`` token then attends to the turn's first
+  word itself. With a newline in between, the tag was predicted from the newline, and for some seeds it ignored
+  the turn (``<answer>`` after ``Let me search for X.``).
+- With ``p_guess`` 0.7 the warm-started policy guesses when decoding greedily (test EM 0) but searches on about
+  half of its sampled rollouts, where it is right often enough for RL to learn to search and to plan two hops
+  for two-hop questions.
 - Copying first: a model this small rarely discovers, from the few copied tokens of the trajectories, how to
   copy an unseen name out of its context (3000 trajectory steps left test EM near 0 even with the search
   forced). So the warm start begins with a copy task (random token sequences repeated once, loss on the
@@ -60,11 +69,13 @@ SearchFn = Callable[[list[str]], list[list[dict]]]  # queries -> per query, docs
 SEARCH_BATCH = 1024  # queries per retrieval request (the service's default --max-queries)
 IGNORE = -100  # label of tokens without loss (prompt, inserted blocks, padding)
 
-# First words of the <think> blocks: each is the policy's decision at that point.
-THINK_SEARCH = "<think> Let me search for {q}. </think>\n<search> {q} </search>"
-THINK_GUESS = "<think> I already know this. </think>\n<answer> {a} </answer>"
-THINK_NEXT_HOP = "<think> One more hop: {fact} </think>\n<search> {q} </search>"
-THINK_ANSWER = "<think> Found it: {fact} </think>\n<answer> {a} </answer>"
+# The scripted turns. The first word of the first <think> is the plan (Let = one search, Two = two hops, I = guess);
+# the first words of the later ones follow from it (One = the second hop, Found = answer).
+THINK_SEARCH = "<think> Let me search for {q}. </think><search> {q} </search>"
+THINK_SEARCH_TWO = "<think> Two hops, first {q}. </think><search> {q} </search>"
+THINK_GUESS = "<think> I already know this. </think><answer> {a} </answer>"
+THINK_NEXT_HOP = "<think> One more hop: {fact} </think><search> {q} </search>"
+THINK_ANSWER = "<think> Found it: {fact} </think><answer> {a} </answer>"
 
 
 @dataclass
@@ -72,8 +83,8 @@ class WarmStartConfig:
     """Knobs of the scripted agent, the model and the supervised warm start."""
 
     p_guess: float = 0.7  # answer at once with a wrong guess (above 0.5: the greedy warm-started policy guesses)
-    p_stop_early: float = 0.4  # two-hop: answer with the intermediate entity after one search (below 0.5: the
-    # greedy policy searches the second hop once it searches at all)
+    p_stop_early: float = 0.4  # two-hop: plan one search and answer with the intermediate entity (below 0.5:
+    # the greedy policy plans two hops for a two-hop question once it searches at all)
     trajectories_per_question: int = 2
     vocab_size: int = 2048
     num_layers: int = 2
@@ -146,7 +157,8 @@ def script_trajectories(questions: list[Question], search: SearchFn, cfg: WarmSt
             wrong = [a for a in guesses[q.answer_kind] if a not in q.answers]
             segments = [Segment(THINK_GUESS.format(a=rng.choice(wrong)), eos=True)]
         else:
-            segments = [Segment(THINK_SEARCH.format(q=q.chain[0].query)), Segment(docs=docs_per_hop[0])]
+            plan = THINK_SEARCH if n_hops == 1 else THINK_SEARCH_TWO
+            segments = [Segment(plan.format(q=q.chain[0].query)), Segment(docs=docs_per_hop[0])]
             for hop in range(1, n_hops):
                 fact = q.chain[hop - 1].statement
                 segments += [Segment(THINK_NEXT_HOP.format(fact=fact, q=q.chain[hop].query)),
@@ -239,20 +251,24 @@ def batch_loss(model: Qwen2ForCausalLM, prefix: torch.Tensor | None, batch: dict
 
     The prefix shared by every row ([1, P], the instruction) is run once and its keys/values repeated for
     the batch; gradients flow through them, so this equals running each full row (to float rounding) at
-    about half the cost. ``batch`` holds the rows' remainders, right-padded: [B, T].
+    about half the cost. ``batch`` holds the rows' remainders, right-padded: [B, T]. The output layer runs
+    only at the positions that predict a labelled token (about a third of them: prompts and inserted blocks
+    carry no loss), which saves most of its cost.
     """
     if prefix is None:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, T, V]
+        hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     else:
         rows, width = batch["input_ids"].shape
         cache = model.model(input_ids=prefix, use_cache=True).past_key_values
         cache.batch_repeat_interleave(rows)
         attention = torch.cat([torch.ones(rows, prefix.shape[1], dtype=torch.long), batch["attention_mask"]], dim=1)
         positions = torch.arange(prefix.shape[1], prefix.shape[1] + width).expand(rows, -1)  # [B, T]
-        logits = model(input_ids=batch["input_ids"], attention_mask=attention, past_key_values=cache,
-                       position_ids=positions).logits  # [B, T, V]
-    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
-                                             ignore_index=IGNORE)
+        hidden = model.model(input_ids=batch["input_ids"], attention_mask=attention, past_key_values=cache,
+                             position_ids=positions).last_hidden_state  # [B, T, H]
+    targets = batch["labels"][:, 1:]  # [B, T-1]: the token each position predicts
+    predicting = targets != IGNORE
+    logits = model.lm_head(hidden[:, :-1][predicting])  # [N, V], N labelled tokens
+    return torch.nn.functional.cross_entropy(logits, targets[predicting])
 
 
 def copy_task_batch(token_ids: Sequence[int], rows: int, max_length: int, rng: random.Random,

@@ -60,7 +60,9 @@ def scripted(demo):
 def test_scripted_agent_is_imperfect_but_searches_correctly(scripted):
     """Guards against a scripted agent that is always right (RL would have nothing to learn) or never searches
     correctly (the warm start would not teach the mechanics): guesses, early stops and full chains all occur,
-    and every executed search retrieves the queried entity's own passage first."""
+    every executed search retrieves the queried entity's own passage first, and the first think states the
+    plan that the later turns follow (what the policy decides after a passage is then determined by its own
+    earlier words, which the tiny model learns reliably)."""
     trajs, _, _ = scripted
     kinds = {"guess": 0, "early": 0, "full": 0}
     for t in trajs:
@@ -74,6 +76,9 @@ def test_scripted_agent_is_imperfect_but_searches_correctly(scripted):
         else:
             kinds["full"] += 1
             assert t.question.answers[0] in t.segments[-1].text
+        if searches:  # the plan is the first word: two hops exactly when the trajectory searches twice
+            two_hops = t.segments[0].text.startswith("<think> Two hops")
+            assert two_hops == (len(searches) == 2), t.segments[0].text
         for seg, hop in zip(searches, t.question.chain, strict=False):
             assert seg.docs[0]["contents"].startswith(f'"{hop.query}"\n')
             assert hop.answer in seg.docs[0]["contents"]
