@@ -83,7 +83,7 @@ class WarmStartConfig:
     """Knobs of the scripted agent, the model and the supervised warm start."""
 
     p_guess: float = 0.7  # answer at once with a wrong guess (above 0.5: the greedy warm-started policy guesses)
-    p_stop_early: float = 0.4  # two-hop: plan one search and answer with the intermediate entity (below 0.5:
+    p_stop_early: float = 0.1  # two-hop: plan one search and answer with the intermediate entity (below 0.5:
     # the greedy policy plans two hops for a two-hop question once it searches at all)
     trajectories_per_question: int = 2
     vocab_size: int = 2048
@@ -100,6 +100,7 @@ class WarmStartConfig:
     warmup_ratio: float = 0.05
     max_obs_length: int = 96  # tokens of one inserted block, tags included (data.max_obs_length)
     seed: int = 0
+    threads: int = 2  # torch threads (1 each to run several warm starts side by side on 2 cores)
 
 
 @dataclass
@@ -373,7 +374,7 @@ def build_tiny_policy(data_dir: str | Path, out_dir: str | Path, search: SearchF
 
     Returns figures of the run (trajectory counts, token counts, final loss, seconds).
     """
-    torch.set_num_threads(2)
+    torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     start = time.time()
@@ -423,12 +424,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--retriever-url", required=True, help="base URL of the retrieval service over the corpus")
     parser.add_argument("--steps", type=int, default=defaults.steps, help="optimiser steps of the warm start")
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--num-layers", type=int, default=defaults.num_layers)
+    parser.add_argument("--num-heads", type=int, default=defaults.num_heads, help="hidden size = 64 x heads")
+    parser.add_argument("--copy-steps", type=int, default=defaults.copy_steps,
+                        help="at most this many steps of the copy task before the trajectories")
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from search_r1.search.client import RetrievalClient
 
     client = RetrievalClient(args.retriever_url, topk=3)
-    cfg = WarmStartConfig(steps=args.steps, seed=args.seed)
+    cfg = WarmStartConfig(steps=args.steps, seed=args.seed, num_layers=args.num_layers, num_heads=args.num_heads,
+                          copy_steps=args.copy_steps, threads=args.threads)
     figures = build_tiny_policy(args.data, args.out, client.search, cfg)
     print(json.dumps(figures, indent=1))
     return 0
