@@ -22,14 +22,21 @@ Choices:
   ``One more hop`` if the plan was two hops and this is the first block, else ``Found it``. A decision there
   would have to look back past the passages to the question; the tiny model learned that only for some seeds
   (with the decision after the first block, one seed's policy never took the second hop, so RL could not teach
-  it), while looking back to its own plan word it learns for every seed (probability of the next hop 0.999 on
-  two-hop and 0.000 on one-hop questions, ``benchmarks/eval_warm_start.py --teacher-forced``).
+  it), while looking back to its own plan word it learns for every seed (probability of the next hop 0.98-1.00
+  on two-hop and 0.000 on one-hop questions for seeds 0-2, ``benchmarks/eval_warm_start.py --teacher-forced``).
 - The tag follows ``</think>`` directly (no newline): the ``</think>`` token then attends to the turn's first
   word itself. With a newline in between, the tag was predicted from the newline, and for some seeds it ignored
   the turn (``<answer>`` after ``Let me search for X.``).
-- With ``p_guess`` 0.7 the warm-started policy guesses when decoding greedily (test EM 0) but searches on about
-  half of its sampled rollouts, where it is right often enough for RL to learn to search and to plan two hops
-  for two-hop questions.
+- The scripted agent rarely stops early (``p_stop_early`` 0.1), so that on two-hop questions the warm start plans
+  two hops far more often than one search. With 0.4 the learned plan on two-hop questions was one search as
+  often as two hops or more (0.22 vs 0.12 for seed 0 of a 3-layer model), and PPO, which one search rewards on
+  one-hop questions, moved every question to one search: no second hop after training, for 2 and 3 layers. With
+  0.1 (seeds 0, 1, 2): two hops 0.32-0.35 vs one search 0.04-0.07 on two-hop questions, one search 0.44-0.54 vs
+  two hops 0.01-0.04 on one-hop ones, and PPO learns the second hop for every seed.
+- With ``p_guess`` 0.7 the plan is a guess with probability 0.58-0.64 on two-hop and 0.44-0.55 on one-hop
+  questions, so the greedy warm-started policy guesses on two-hop questions and on some or all one-hop ones
+  (test EM 0.005-0.395 over the three seeds), and its sampled rollouts search often enough, and are right often
+  enough when they do, for RL to learn to search on every question and twice on two-hop ones.
 - Copying first: a model this small rarely discovers, from the few copied tokens of the trajectories, how to
   copy an unseen name out of its context (3000 trajectory steps left test EM near 0 even with the search
   forced). So the warm start begins with a copy task (random token sequences repeated once, loss on the
@@ -82,9 +89,9 @@ THINK_ANSWER = "<think> Found it: {fact} </think><answer> {a} </answer>"
 class WarmStartConfig:
     """Knobs of the scripted agent, the model and the supervised warm start."""
 
-    p_guess: float = 0.7  # answer at once with a wrong guess (above 0.5: the greedy warm-started policy guesses)
-    p_stop_early: float = 0.1  # two-hop: plan one search and answer with the intermediate entity (below 0.5:
-    # the greedy policy plans two hops for a two-hop question once it searches at all)
+    p_guess: float = 0.7  # answer at once with a wrong guess (the greedy warm-started policy mostly guesses)
+    p_stop_early: float = 0.1  # two-hop: plan one search and answer with the intermediate entity (rare: RL
+    # must find two hops the likelier search plan on two-hop questions, see the module docstring)
     trajectories_per_question: int = 2
     vocab_size: int = 2048
     num_layers: int = 2
