@@ -90,8 +90,8 @@ class WarmStartConfig:
     """Knobs of the scripted agent, the model and the supervised warm start."""
 
     p_guess: float = 0.7  # answer at once with a wrong guess (the greedy warm-started policy mostly guesses)
-    p_stop_early: float = 0.1  # two-hop: plan one search and answer with the intermediate entity (rare: RL
-    # must find two hops the likelier search plan on two-hop questions, see the module docstring)
+    p_stop_early: float = 0.1  # two-hop: plan one search and answer with the intermediate entity (rare, so
+    # that two hops is the likelier search plan on two-hop questions; see the module docstring)
     trajectories_per_question: int = 2
     vocab_size: int = 2048
     num_layers: int = 2
