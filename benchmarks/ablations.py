@@ -22,15 +22,18 @@ Variants (all from the same warm start, on the same 2000 training questions):
 
 Order: the warm starts of all seeds, then variant by variant (``--variants ppo`` alone is the seed-robustness
 check of ``make demo``). Resumable: a warm start, run or evaluation whose output is complete is not redone
-(delete its directory to redo it), so an interrupted ablation continues where it stopped. Needs the demo
+(delete its directory to redo it), so an interrupted ablation continues where it stopped. ``OUT/source_hash``
+records the warm-start code (the launcher's hash of ``data_prep/demo_kb.py``, ``tiny_model.py`` and
+``tiny_policy.py``); an OUT built by other code is refused rather than mixed with new runs. Needs the demo
 data (``data/demo``, built here when missing) and a retrieval service over its corpus (started here on the
 URL's port when none answers, and stopped at the end). The whole table (3 seeds x 5 variants) takes about
-1 h 45 min on 2 cores (3 warm starts of 9 min, 15 runs of 3-5 min, 21 evaluations).
+1 h 30 min on 2 cores (3 warm starts of 6 min, 15 runs of 3-5 min, 21 evaluations).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -56,8 +59,26 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (table label, trainer 
     "ppo_nomask": ("PPO, state masking off", ["algorithm.adv_estimator=gae",
                                                "actor_rollout_ref.actor.state_masking=false"]),
 }
+WARM_START_CODE = ("data_prep/demo_kb.py", "data_prep/tiny_model.py", "data_prep/tiny_policy.py")
 COLUMNS = [("em", "test EM"), (f"em/{ONE_HOP}", "one-hop EM"), (f"em/{TWO_HOP}", "two-hop EM"),
            (f"searches/{ONE_HOP}", "searches one-hop"), (f"searches/{TWO_HOP}", "searches two-hop")]
+
+
+def source_hash() -> str:
+    """sha256 of the warm-start code, the same value as ``demo_source_hash`` in scripts/launch_common.sh."""
+    return hashlib.sha256(b"".join((ROOT / f).read_bytes() for f in WARM_START_CODE)).hexdigest()
+
+
+def check_source(out: Path) -> None:
+    """Stamp ``out`` with the warm-start code's hash, or refuse an ``out`` whose warm starts other code built."""
+    stamp, current = out / "source_hash", source_hash()
+    built = sorted(out.glob("seed*/warm_start/warm_start.json"))
+    recorded = stamp.read_text().strip() if stamp.exists() else None
+    if built and recorded != current:
+        raise SystemExit(f"[ablations] {out} holds warm starts ({built[0].parent}, ...) built by "
+                         f"{'other' if recorded else 'unrecorded'} code of {', '.join(WARM_START_CODE)}; resuming "
+                         f"would mix them with runs of this code. Move {out} aside or pass --out NEW_DIR.")
+    stamp.write_text(current + "\n")
 
 
 def run(cmd: list[str], log: Path) -> None:
@@ -175,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out if args.out.is_absolute() else ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
+    check_source(out)
     if not (ROOT / DEMO / "test.parquet").exists():
         run([sys.executable, "-m", "data_prep.demo_kb", "--out", DEMO], out / "demo_kb.log")
     start = time.time()

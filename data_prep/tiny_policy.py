@@ -101,7 +101,8 @@ class WarmStartConfig:
     # trajectories (copy_task_batch); it stops once its loss is below 0.2, i.e. the copying circuit has formed
     copy_rows: int = 8  # rows of that task mixed into every trajectory step afterwards (64 in the copy steps)
     copy_length: int = 24  # maximum length of the random sequence that is repeated
-    steps: int = 2500
+    steps: int = 1500  # trajectory steps; 2500 gave higher EM after PPO (0.71 vs 0.60 over 3 seeds), same
+    # behaviours, but 3 more minutes of `make demo`
     tokens_per_batch: int = 2400  # padded tokens per optimiser step (after the shared prefix)
     lr: float = 2e-3
     warmup_ratio: float = 0.05
