@@ -31,12 +31,13 @@ Choices:
   two hops far more often than one search. With 0.4 the learned plan on two-hop questions was one search as
   often as two hops or more (0.22 vs 0.12 for seed 0 of a 3-layer model), and PPO, which one search rewards on
   one-hop questions, moved every question to one search: no second hop after training, for 2 and 3 layers. With
-  0.1 (seeds 0, 1, 2): two hops 0.32-0.35 vs one search 0.04-0.07 on two-hop questions, one search 0.44-0.54 vs
-  two hops 0.01-0.04 on one-hop ones, and PPO learns the second hop for every seed.
-- With ``p_guess`` 0.7 the plan is a guess with probability 0.58-0.64 on two-hop and 0.44-0.55 on one-hop
-  questions, so the greedy warm-started policy guesses on two-hop questions and on some or all one-hop ones
-  (test EM 0.005-0.395 over the three seeds), and its sampled rollouts search often enough, and are right often
-  enough when they do, for RL to learn to search on every question and twice on two-hop ones.
+  0.1 (seeds 0, 1, 2; 1500 steps): two hops 0.41 / 0.32 / 0.22 vs one search 0.14 / 0.06 / 0.12 on two-hop
+  questions, one search 0.39-0.57 vs two hops 0.04-0.06 on one-hop ones, and PPO learns the second hop for every
+  seed (2500 steps separated the plans a little more, 0.32-0.35 vs 0.04-0.07, for 3 more minutes of ``make demo``).
+- With ``p_guess`` 0.7 the plan is a guess with probability 0.45-0.65 on two-hop and 0.38-0.55 on one-hop
+  questions, so the greedy warm-started policy guesses on two-hop questions and on some one-hop ones (test EM
+  0.14-0.235 over the three seeds), and its sampled rollouts search often enough, and are right often enough when
+  they do, for RL to learn to search on every question and twice on two-hop ones.
 - Copying first: a model this small rarely discovers, from the few copied tokens of the trajectories, how to
   copy an unseen name out of its context (3000 trajectory steps left test EM near 0 even with the search
   forced). So the warm start begins with a copy task (random token sequences repeated once, loss on the
