@@ -35,7 +35,7 @@ grpo: install
 		trainer.total_training_steps=40
 
 # The paper's ablations in miniature: 3 seeds x (PPO, GRPO, REINFORCE++, RLOO, PPO without state masking), search
-# on/off at test time; about 1 h 45 min on 2 cores, resumable (benchmarks/ablations.py).
+# on/off at test time; about 1 h 40 min on 2 cores, resumable (benchmarks/ablations.py).
 ablations: install
 	$(PY) benchmarks/ablations.py
 

@@ -27,7 +27,7 @@ records the warm-start code (the launcher's hash of ``data_prep/demo_kb.py``, ``
 ``tiny_policy.py``); an OUT built by other code is refused rather than mixed with new runs. Needs the demo
 data (``data/demo``, built here when missing) and a retrieval service over its corpus (started here on the
 URL's port when none answers, and stopped at the end). The whole table (3 seeds x 5 variants) takes about
-1 h 30 min on 2 cores (3 warm starts of 6 min, 15 runs of 3-5 min, 21 evaluations).
+1 h 40 min on 2 cores (3 warm starts of 4-5 min, 15 runs of 4-7 min, 21 evaluations of 15-30 s).
 """
 
 from __future__ import annotations
