@@ -21,6 +21,8 @@ Choices:
   their corpus lines, spliced into the answer without decoding and re-encoding them (the largest
   cost of a big BM25 batch after the search itself); a corpus row with fields beyond id/contents
   returns them too, as Search-R1's own server does.
+- Each ``/retrieve`` answer (its status, query count and wall time) is recorded in a ``RequestStats`` that a
+  task of the app summarises in one log line every ``log_interval_s`` (see ``logs.py``); 0 records nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from retrieval_server.batcher import Coalescer
+from retrieval_server.logs import RequestStats, log_summaries
 from retrieval_server.service import Hit, SearchService
 
 logger = logging.getLogger(__name__)
@@ -196,9 +200,11 @@ class _State:
 
 
 def create_app(load: Callable[[], SearchService], limits: Limits,
-               on_failure: Callable[[BaseException], None]) -> FastAPI:
-    """The FastAPI app; ``load`` runs in a thread after startup and its result is served."""
+               on_failure: Callable[[BaseException], None], log_interval_s: float) -> FastAPI:
+    """The FastAPI app; ``load`` runs in a thread after startup and its result is served. Every ``log_interval_s``
+    seconds with requests, one summary line is logged (0: none)."""
     state = _State()
+    request_stats = RequestStats() if log_interval_s > 0 else None
 
     async def load_in_background() -> None:
         try:
@@ -213,9 +219,12 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        loader = asyncio.create_task(load_in_background())
+        tasks = [asyncio.create_task(load_in_background())]
+        if request_stats is not None:
+            tasks.append(asyncio.create_task(log_summaries(request_stats, log_interval_s)))
         yield
-        loader.cancel()
+        for task in tasks:
+            task.cancel()
         if state.coalescer is not None:
             await state.coalescer.close()
         if state.service is not None:
@@ -244,16 +253,31 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
             return JSONResponse({"detail": "the index is still loading; poll GET /health"}, status_code=503)
         return JSONResponse(state.service.stats())
 
-    @app.post("/retrieve")
-    async def retrieve(request: Request) -> Response:
+    async def answer(request: Request) -> tuple[Response, int]:
+        """The response to a ``/retrieve`` request and its number of queries; raises ``RequestError``."""
         if state.service is None:
-            return JSONResponse({"detail": "the index is still loading; poll GET /health"}, status_code=503)
+            return JSONResponse({"detail": "the index is still loading; poll GET /health"}, status_code=503), 0
         body = await read_body(request, limits.max_body_bytes, limits.client_timeout_s)
         req = parse_retrieve_request(body, limits)
         if not req.queries:
-            return Response(b'{"result": []}', media_type="application/json")
+            return Response(b'{"result": []}', media_type="application/json"), 0
         hits_per_query = await state.coalescer.submit(req.queries, req.topk)
         content = await asyncio.to_thread(render_result, hits_per_query, req.return_scores)
-        return Response(content, media_type="application/json")
+        return Response(content, media_type="application/json"), len(req.queries)
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> Response:
+        if request_stats is None:
+            return (await answer(request))[0]
+        start, status, n_queries = time.perf_counter(), 500, 0  # 500 if anything but a RequestError escapes
+        try:
+            response, n_queries = await answer(request)
+            status = response.status_code
+            return response
+        except RequestError as exc:
+            status = exc.status
+            raise
+        finally:
+            request_stats.record(status, n_queries, time.perf_counter() - start)
 
     return app

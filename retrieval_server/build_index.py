@@ -25,6 +25,7 @@ from tqdm import tqdm
 from retrieval_server.bm25 import build_bm25_index
 from retrieval_server.corpus import CorpusError, CorpusScan, iter_passages, scan_corpus
 from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX
+from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import INDEX_FILE, MANIFEST_NAME, RETRIEVERS, Manifest, ManifestError
 
 logger = logging.getLogger("retrieval_server.build_index")
@@ -125,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         build_index(args.corpus, args.out, args.retriever, args.model, args.index, args.e5_prefixes,
                     args.batch_size, args.from_flat)

@@ -37,6 +37,7 @@ import numpy as np
 
 from retrieval_server.corpus import CorpusError, CorpusScan, CorpusStore, scan_corpus
 from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX
+from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import MANIFEST_NAME, Manifest, ManifestError
 
 logger = logging.getLogger("retrieval_server.import_index")
@@ -200,7 +201,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         import_index(args.faiss, args.corpus, args.out, args.model, args.e5_prefixes, args.sample)
     except (CorpusError, ManifestError) as e:

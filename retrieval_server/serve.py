@@ -10,6 +10,8 @@ Choices:
   stops the server with status 1. Either way the message says which part does not match.
 - One process, one event loop: the index is held once in memory and all search work goes through
   one worker thread (see ``batcher.py``).
+- No log line per request: one summary line per ``--log-interval`` (requests, queries, q/s, p50/p99 latency,
+  errors; see ``logs.py``), and library chatter (FAISS's build probes, httpx requests) below INFO.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import uvicorn
 from retrieval_server.app import Limits, create_app
 from retrieval_server.corpus import CorpusError
 from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
+from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
 from retrieval_server.service import GPU_MODES, ServeOptions, load_service
 from retrieval_server.slow_clients import header_timeout_protocol
@@ -63,11 +66,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with FAISS GPU and GPUs present: shard the flat/IVF index over all GPUs (each holds 1/n), "
                         "replicate it on each, or keep it on CPU")
     p.add_argument("--faiss-gpu-fp16", action="store_true", help="store the vectors on GPU in fp16 (half the memory)")
+    p.add_argument("--log-interval", type=float, default=30.0,
+                   help="seconds between summary log lines of the /retrieve requests (none in an interval "
+                        "without requests; 0: off)")
     args = p.parse_args(argv)
     if not 1 <= args.topk <= args.max_topk:
         p.error(f"--topk must be between 1 and --max-topk ({args.max_topk}), got {args.topk}")
     if args.client_timeout <= 0:
         p.error("--client-timeout must be positive")
+    if args.log_interval < 0:
+        p.error("--log-interval must be 0 (off) or positive")
     for name in ("max_queries", "max_query_chars"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -83,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         manifest = Manifest.load(args.index)
         check_corpus_size(manifest, args.index, args.corpus)
@@ -102,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         failures.append(exc)
         server.should_exit = True
 
-    app = create_app(lambda: load_service(args.index, args.corpus, args.options), limits, on_failure)
+    app = create_app(lambda: load_service(args.index, args.corpus, args.options), limits, on_failure,
+                     args.log_interval)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
                                            timeout_graceful_shutdown=5,
                                            http=header_timeout_protocol(args.client_timeout)))
