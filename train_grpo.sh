@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# GRPO: groups of n=5 samples per prompt, no critic, KL as a loss term. No arguments: the embedded demo.
-# Every key=value argument overrides configs/ppo_trainer.yaml (see train_ppo.sh for a real-data example).
+# GRPO: groups of n=5 samples per prompt, no critic, KL as a loss term (configs/grpo.yaml, layered over
+# configs/ppo_trainer.yaml; every key=value argument overrides both). Demo and real-data use as in train_ppo.sh.
 cd "$(dirname "$0")"
 source scripts/launch_common.sh
-run_trainer algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=5 actor_rollout_ref.actor.use_kl_loss=true \
-  trainer.experiment_name=demo_grpo "$@"
+run_trainer demo_grpo configs/grpo.yaml "$@"

@@ -133,7 +133,8 @@ def evaluate(model: Path, out: Path, url: str, seed: int, overrides: list[str] =
     results = out / "results.json"
     if not results.exists():
         run([sys.executable, "-m", "search_r1.evaluate", "--model", str(model), "--data", f"{DEMO}/test.parquet",
-             "--retriever-url", url, "--out", str(out), "--seed", str(seed), *overrides],
+             "--retriever-url", url, "--out", str(out), "--seed", str(seed), "--config", "configs/demo.yaml",
+             *overrides],
             out.parent / f"{out.name}.log")
     report = json.loads(results.read_text())
     figures = {"em": report["overall"]["em"]}
@@ -157,7 +158,7 @@ def train_and_evaluate(name: str, seed: int, policy: Path, out: Path, url: str) 
     run_dir = out / f"seed{seed}" / name
     model = run_dir / "hf_model"
     if not (model / "config.json").exists():
-        run([sys.executable, "-m", "verl.trainer.main_ppo", *VARIANTS[name][1],
+        run([sys.executable, "-m", "verl.trainer.main_ppo", "--config", "configs/demo.yaml", *VARIANTS[name][1],
              f"actor_rollout_ref.model.path={policy}", f"retriever.url={url}", f"trainer.seed={seed + 1}",
              f"data.seed={seed + 1}", f"trainer.default_local_dir={run_dir}",
              f"trainer.experiment_name=ablation_{name}", "trainer.val_before_train=false", "trainer.test_freq=-1",

@@ -31,7 +31,7 @@ from retrieval_server.launcher import ServerProcess  # noqa: E402
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager  # noqa: E402
 from search_r1.prompts import make_prompt  # noqa: E402
 from search_r1.search.client import RetrievalClient  # noqa: E402
-from verl.config import load_config  # noqa: E402
+from verl.config import DEMO_CONFIG, load_config  # noqa: E402
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams  # noqa: E402
 
 
@@ -107,7 +107,7 @@ def _bench(args: argparse.Namespace, url: str) -> int:
     from verl.workers.rollout import build_rollout
 
     cfg = load_config([f"actor_rollout_ref.model.path={args.model}", f"actor_rollout_ref.rollout.name={args.engine}",
-                       f"retriever.url={url}", "trainer.device=cpu"])
+                       f"retriever.url={url}", "trainer.device=cpu"], [DEMO_CONFIG])
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     questions = load_questions(args.data, "test")[:args.rows]
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": make_prompt(q.question)}],

@@ -51,7 +51,7 @@ SHAPES = {
 MODES = {
     "full": [],
     "lora": ["actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.model.lora_alpha=64"],
-    "offload": ["actor_rollout_ref.actor.offload=true"],
+    "offload": ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],
 }
 PHASES = ["gen", "reward", "old_log_prob", "update_actor", "sync"]
 
@@ -135,7 +135,8 @@ def main() -> None:
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     base = [f"trainer.device={args.device}", f"actor_rollout_ref.rollout.dtype={dtype}",
             f"data.train_batch_size={args.rows}", f"actor_rollout_ref.actor.ppo_mini_batch_size={2 * args.rows}",
-            "actor_rollout_ref.actor.ppo_micro_batch_size=4", "actor_rollout_ref.rollout.log_prob_micro_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
             "data.max_prompt_length=256", "data.max_start_length=256",
             f"data.max_response_length={args.response_length}", "data.max_obs_length=64", "max_turns=1", *overrides]
     with tempfile.TemporaryDirectory() as tmp:

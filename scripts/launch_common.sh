@@ -1,30 +1,77 @@
-# Sourced by train_ppo.sh and train_grpo.sh: make the embedded demo ready, then run the trainer.
-# Demo data, the retrieval service and the tiny policy are prepared only when the arguments do not
-# point the run elsewhere (data.train_files=..., actor_rollout_ref.model.path=...). A service
-# started here is stopped when the launcher exits.
+# Sourced by train_ppo.sh and train_grpo.sh: `run_trainer DEMO_NAME LAUNCHER_CONFIG ARGS...`, where
+# LAUNCHER_CONFIG is the launcher's own YAML layer ("" for none; train_grpo.sh: configs/grpo.yaml) and ARGS are the
+# user's: key=value overrides, --config FILE, --wait-for-retriever SECONDS.
+#
+# Demo mode: when no argument names data, a model, a service or a config file (data.train_files, data.val_files,
+#   actor_rollout_ref.model.path, critic.model.path, retriever.url, --config), the embedded demo is prepared here:
+#   its knowledge base, a BM25 retrieval service over it (stopped when the launcher exits) and the warm-started tiny
+#   policy; the trainer gets configs/demo.yaml and trainer.experiment_name=DEMO_NAME.
+# Otherwise nothing is prepared and nothing is substituted: the run uses what the arguments name, and a retrieval
+#   service that does not answer at retriever.url is an error (exit 2) naming the URL and how to start one, unless
+#   --wait-for-retriever SECONDS waits for a service that is still loading. A missing model or data file is reported
+#   by the trainer (exit 2).
 set -euo pipefail
 PYTHON=${PYTHON:-.venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=python
-DEMO_DIR=data/demo  # the config's default data and model paths point here
-
-arg_value() {  # arg_value KEY ARGS... -> value of the last KEY=value argument, or empty
-  local key=$1 value="" a; shift
-  for a in "$@"; do [[ $a == "$key="* ]] && value=${a#"$key="}; done
-  echo "$value"
-}
+DEMO_DIR=data/demo  # configs/demo.yaml points here
 
 demo_source_hash() {  # the code the demo data and tiny policy are built from
   cat data_prep/demo_kb.py data_prep/tiny_model.py data_prep/tiny_policy.py | sha256sum | cut -d' ' -f1
 }
 
+health_ok() { curl -sf "$1/health" >/dev/null 2>&1; }
+
 run_trainer() {
-  local url model train
-  url=$(arg_value retriever.url "$@"); url=${url:-http://127.0.0.1:8000}
-  model=$(arg_value actor_rollout_ref.model.path "$@")
-  train=$(arg_value data.train_files "$@")
-  if [ -z "$train" ] && [ -d "$DEMO_DIR" ] && [ "$(cat "$DEMO_DIR/.source_hash" 2>/dev/null)" != "$(demo_source_hash)" ]; then
+  local demo_name=$1 own=() ; [ -z "$2" ] || own=(--config "$2"); shift 2
+  local args=() configs=() wait_s="" url="" do_search=true user_points=""
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --wait-for-retriever) [ $# -ge 2 ] || { echo "[launcher] error: --wait-for-retriever needs SECONDS" >&2; exit 2; }
+                            wait_s=$2; shift 2; continue ;;
+      --wait-for-retriever=*) wait_s=${1#*=}; shift; continue ;;
+      --config) [ $# -ge 2 ] || { echo "[launcher] error: --config needs a YAML file" >&2; exit 2; }
+                configs+=(--config "$2"); user_points+=" --config"; shift 2; continue ;;
+      --config=*) configs+=(--config "${1#*=}"); user_points+=" --config"; shift; continue ;;
+    esac
+    local key=${1%%=*}; key=${key#"${key%%[!+]*}"}  # Hydra's +key / ++key name the same key
+    case $key in
+      data.train_files|data.val_files|actor_rollout_ref.model.path|critic.model.path) user_points+=" $key" ;;
+      retriever.url) user_points+=" $key"; url=${1#*=} ;;
+      do_search) do_search=${1#*=} ;;
+    esac
+    args+=("$1"); shift
+  done
+  if ! [[ -z $wait_s || $wait_s =~ ^[0-9]+$ ]]; then
+    echo "[launcher] error: --wait-for-retriever $wait_s: a whole number of seconds is allowed" >&2; exit 2
+  fi
+  url=${url:-http://127.0.0.1:8000}; url=${url%/}; url=${url%/retrieve}  # Search-R1 writes the /retrieve endpoint
+
+  if [ -n "$user_points" ]; then
+    if [ "$do_search" != false ] && ! health_ok "$url"; then
+      if [ -n "$wait_s" ]; then
+        echo "[launcher] waiting up to ${wait_s} s for the retrieval service at $url"
+        local waited=0
+        until health_ok "$url"; do
+          if [ "$waited" -ge "$wait_s" ]; then
+            echo "[launcher] error: no retrieval service answered at $url/health within ${wait_s} s" >&2; exit 2
+          fi
+          sleep 1; waited=$((waited + 1))
+        done
+      else
+        echo "[launcher] error: no retrieval service answers at $url/health. Your arguments name your own" \
+             "parts (${user_points# }), so this launcher starts none of the demo's: start your service first," \
+             "e.g. CORPUS=corpus.jsonl INDEX_DIR=my_index PORT=${url##*:} bash retrieval_launch.sh, or pass" \
+             "--wait-for-retriever SECONDS while it loads (do_search=false trains without search)" >&2
+        exit 2
+      fi
+    fi
+    exec "$PYTHON" -m verl.trainer.main_ppo "${own[@]}" "${configs[@]}" "${args[@]}"
+  fi
+
+  # ---- demo mode
+  if [ -d "$DEMO_DIR" ] && [ "$(cat "$DEMO_DIR/.source_hash" 2>/dev/null)" != "$(demo_source_hash)" ]; then
     # Built by other code (e.g. before a git pull): rebuild data, index and policy rather than mix versions.
-    if curl -sf "$url/health" >/dev/null 2>&1; then
+    if health_ok "$url"; then
       echo "[launcher] $DEMO_DIR was built by older code, but a retrieval service is running on $url (maybe over" \
            "the old corpus): stop it, then run again" >&2
       exit 1
@@ -32,14 +79,14 @@ run_trainer() {
     echo "[launcher] $DEMO_DIR was built by older code: rebuilding it"
     rm -rf "$DEMO_DIR"
   fi
-  if [ -z "$train" ] && [ ! -f "$DEMO_DIR/train.parquet" ]; then
+  if [ ! -f "$DEMO_DIR/train.parquet" ]; then
     echo "[launcher] building the demo knowledge base in $DEMO_DIR"
     "$PYTHON" -m data_prep.demo_kb --out "$DEMO_DIR"
     demo_source_hash > "$DEMO_DIR/.source_hash"
   fi
-  if [ "$(arg_value do_search "$@")" != "false" ] && ! curl -sf "$url/health" >/dev/null 2>&1; then
+  if [ "$do_search" != false ] && ! health_ok "$url"; then
     local port=${url##*:}; port=${port%%/*}
-    echo "[launcher] retrieval service not answering at $url: starting retrieval_launch.sh on port $port"
+    echo "[launcher] starting the demo's retrieval service (retrieval_launch.sh) on port $port"
     PORT=$port PYTHON=$PYTHON bash retrieval_launch.sh > "${RETRIEVAL_LOG:-retrieval_server.log}" 2>&1 &
     SERVICE_PID=$!
     # Wait for it to exit, so that a launcher run right after this one finds the port free and starts its own.
@@ -48,14 +95,15 @@ run_trainer() {
     # own status, the trainer's, is kept.
     trap 'status=$?; { kill $SERVICE_PID && wait $SERVICE_PID; } 2>/dev/null || true; exit $status' EXIT
     for _ in $(seq 1 600); do
-      curl -sf "$url/health" >/dev/null 2>&1 && break
+      health_ok "$url" && break
       kill -0 $SERVICE_PID 2>/dev/null || { echo "[launcher] retrieval service failed, see retrieval_server.log"; exit 1; }
       sleep 1
     done
   fi
-  if [ -z "$model" ] && [ ! -f "$DEMO_DIR/tiny_policy/config.json" ]; then
+  if [ ! -f "$DEMO_DIR/tiny_policy/config.json" ]; then
     echo "[launcher] warm-starting the tiny demo policy in $DEMO_DIR/tiny_policy"
     "$PYTHON" -m data_prep.tiny_policy --data "$DEMO_DIR" --out "$DEMO_DIR/tiny_policy" --retriever-url "$url"
   fi
-  "$PYTHON" -m verl.trainer.main_ppo "$@"
+  "$PYTHON" -m verl.trainer.main_ppo "${own[@]}" --config configs/demo.yaml \
+    trainer.experiment_name="$demo_name" "${args[@]}"
 }

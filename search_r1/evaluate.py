@@ -54,10 +54,12 @@ class EvalInputError(ValueError):
     """A bad input of the evaluation (model dir, data file, out dir); the message names it."""
 
 
-def agent_config(model: str, engine: str, retriever_url: str, seed: int, overrides: Sequence[str] = ()) -> Config:
-    """The training config for evaluating ``model``: the YAML defaults, these settings, then ``overrides``."""
+def agent_config(model: str, engine: str, retriever_url: str, seed: int, overrides: Sequence[str] = (),
+                 files: Sequence[str] = ()) -> Config:
+    """The training config for evaluating ``model``: the YAML defaults, the ``files`` layered on them (e.g.
+    configs/demo.yaml), these settings, then ``overrides``."""
     return load_config([f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.rollout.name={engine}",
-                        f"retriever.url={retriever_url}", f"trainer.seed={seed}", *overrides])
+                        f"retriever.url={retriever_url}", f"trainer.seed={seed}", *overrides], list(files))
 
 
 def build_agent(cfg: Config, tokenizer) -> LLMGenerationManager:
@@ -153,6 +155,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
     p.add_argument("--batch-size", type=int, default=64, help="trajectories per loop call and per write")
+    p.add_argument("--config", action="append", default=[], metavar="FILE",
+                   help="YAML layered over configs/ppo_trainer.yaml, as in training (e.g. configs/demo.yaml)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (configs/ppo_trainer.yaml)")
     args = p.parse_args(argv)
     if args.temperature is None:
@@ -170,12 +174,15 @@ def evaluate(args: argparse.Namespace) -> dict:
     """Check the inputs, roll out every (row, sample) not yet written, write the reports; returns the results."""
     check_model_dir(args.model)
     check_data_files(args.data)
-    cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed, args.overrides)
+    for f in args.config:
+        if not Path(f).is_file():
+            raise EvalInputError(f"--config {f!r}: no such file (a YAML of keys layered over configs/ppo_trainer.yaml)")
+    cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed, args.overrides, args.config)
     args.out.mkdir(parents=True, exist_ok=True)
     check_run_settings(args.out, {
         "model": str(Path(args.model).resolve()), "data": [str(Path(d).resolve()) for d in args.data],
         "n": args.n, "temperature": args.temperature, "seed": args.seed, "engine": args.engine,
-        "overrides": list(args.overrides)})
+        "overrides": list(args.overrides), **({"config": list(args.config)} if args.config else {})})
     from transformers import AutoTokenizer
 
     from verl.utils.dataset import PromptDataset

@@ -39,6 +39,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config", action="append", default=[], metavar="FILE",
+                   help="YAML layered over configs/ppo_trainer.yaml, as in training (e.g. configs/demo.yaml)")
     return p.parse_args(argv)
 
 
@@ -59,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed,
-                           [f"retriever.topk={args.topk}", f"max_turns={args.max_turns}"])
+                           [f"retriever.topk={args.topk}", f"max_turns={args.max_turns}"], args.config)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -10,14 +10,22 @@ to defaults of its own.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_trainer.yaml"
+from verl.config_compat import CompatError, translate
+
+logger = logging.getLogger(__name__)
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "ppo_trainer.yaml"  # the defaults for real data (Search-R1's published lengths)
+DEMO_CONFIG = CONFIG_DIR / "demo.yaml"  # the embedded demo's paths and small values, layered over the defaults
 
 
 class ConfigError(ValueError):
@@ -26,23 +34,24 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    train_files: str = "???"
-    val_files: str = "???"
+    train_files: str | None = None
+    val_files: str | None = None
     prompt_key: str = "prompt"
-    max_prompt_length: int = 256
-    max_response_length: int = 320
-    max_start_length: int = 256
-    max_obs_length: int = 96
+    max_prompt_length: int = 4096
+    max_response_length: int = 500
+    max_start_length: int = 2048
+    max_obs_length: int = 500
     train_batch_size: int = 32
     val_batch_size: int | None = None
     shuffle: bool = True
     seed: int = 1
+    train_max_samples: int | None = None
     val_max_samples: int | None = None
 
 
 @dataclass
 class ModelConfig:
-    path: str = "???"
+    path: str | None = None
     enable_gradient_checkpointing: bool | None = None  # None = on for models above 1B parameters
     trust_remote_code: bool = False
     lora_rank: int = 0  # 0 = full fine-tuning
@@ -52,12 +61,29 @@ class ModelConfig:
 
 
 @dataclass
-class ActorConfig:
-    lr: float = 1e-4
+class OptimConfig:
+    lr: float = 1e-6
     lr_warmup_steps_ratio: float = 0.0
     weight_decay: float = 0.0
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+
+    @property
+    def offload(self) -> bool:
+        """FSDP2's CPUOffloadPolicy moves parameters, gradients and optimiser state together: any one asks for all."""
+        return self.param_offload or self.grad_offload or self.optimizer_offload
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 32
-    ppo_micro_batch_size: int = 16
+    ppo_micro_batch_size_per_gpu: int = 8
     ppo_epochs: int = 1
     grad_clip: float | None = 1.0
     clip_ratio: float = 0.2
@@ -72,7 +98,7 @@ class ActorConfig:
     state_masking: bool = True
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 8192
-    offload: bool = False
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     optim_state_dtype: str = "float32"
     tis_cap: float | None = None  # truncated importance sampling cap C; None = off
 
@@ -98,14 +124,20 @@ class RolloutConfig:
     max_num_seqs: int = 256
     free_cache_engine: bool = False
     micro_batch_size: int = 64
-    log_prob_micro_batch_size: int = 32
+    log_prob_micro_batch_size_per_gpu: int = 16
     tensor_model_parallel_size: int = 1
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
 
 @dataclass
+class RefFSDPConfig:
+    param_offload: bool = False
+
+
+@dataclass
 class RefConfig:
-    log_prob_micro_batch_size: int = 32
+    log_prob_micro_batch_size_per_gpu: int = 16
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
 
 
 @dataclass
@@ -117,13 +149,18 @@ class ActorRolloutRefConfig:
 
 
 @dataclass
+class CriticModelConfig:
+    path: str | None = None  # None = actor_rollout_ref.model.path
+    enable_gradient_checkpointing: bool | None = None  # None = on for models above 1B parameters
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+@dataclass
 class CriticConfig:
-    model_path: str | None = None
-    lr: float = 2e-4
-    lr_warmup_steps_ratio: float = 0.0
-    weight_decay: float = 0.0
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int = 32
-    ppo_micro_batch_size: int = 16
+    ppo_micro_batch_size_per_gpu: int = 8
     ppo_epochs: int = 1
     grad_clip: float | None = 1.0
     cliprange_value: float = 0.5
@@ -177,8 +214,9 @@ class TrainerConfig:
     n_gpus_per_node: int = 1
     total_epochs: int = 1
     total_training_steps: int | None = None
+    critic_warmup: int = 0
     project_name: str = "search_r1"
-    experiment_name: str = "demo_ppo"
+    experiment_name: str | None = None  # None = <data>_<model>_<adv_estimator> (run_name)
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     test_freq: int = 10
     val_before_train: bool = True
@@ -200,7 +238,7 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
-    max_turns: int = 3
+    max_turns: int = 2
     do_search: bool = True
     recipe: str = "search_r1.recipe"
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -248,10 +286,11 @@ def validate(cfg: Config) -> Config:
     positive = [
         "data.max_prompt_length", "data.max_response_length", "data.max_start_length",
         "data.max_obs_length", "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
-        "actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ppo_epochs",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_epochs",
         "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.micro_batch_size",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size",
-        "actor_rollout_ref.rollout.val_kwargs.n", "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.rollout.val_kwargs.n", "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu",
         "critic.ppo_epochs", "retriever.topk", "trainer.max_skipped_updates", "trainer.nnodes",
         "actor_rollout_ref.rollout.tensor_model_parallel_size",
         "trainer.n_gpus_per_node", "trainer.total_epochs", "max_turns",
@@ -262,9 +301,24 @@ def validate(cfg: Config) -> Config:
     for key in ("algorithm.gamma", "algorithm.lam", "actor_rollout_ref.rollout.top_p"):
         value = _get(cfg, key)
         _require(0.0 <= value <= 1.0, key, value, "a number in [0, 1]")
-    for key in ("actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.lr", "critic.lr"):
+    for key in ("actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.optim.lr", "critic.optim.lr"):
         value = _get(cfg, key)
         _require(value > 0, key, value, "a number > 0")
+    for key in ("actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.val_kwargs.temperature"):
+        value = _get(cfg, key)
+        _require(value >= 0, key, value, "a number >= 0 (0 = greedy)")
+    for key in ("actor_rollout_ref.rollout.top_k", "actor_rollout_ref.rollout.val_kwargs.top_k"):
+        value = _get(cfg, key)
+        _require(value == -1 or value >= 1, key, value, "-1 (off) or an integer >= 1")
+    _require(0.0 < cfg.actor_rollout_ref.rollout.val_kwargs.top_p <= 1.0, "actor_rollout_ref.rollout.val_kwargs.top_p",
+             cfg.actor_rollout_ref.rollout.val_kwargs.top_p, "a number in (0, 1]")
+    for key in ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "critic.optim.lr_warmup_steps_ratio"):
+        value = _get(cfg, key)
+        _require(0.0 <= value <= 1.0, key, value, "a fraction of the run's steps in [0, 1]")
+    for key in ("data.train_max_samples", "data.val_max_samples"):
+        value = _get(cfg, key)
+        _require(value is None or value >= 1, key, value, "null (all rows) or an integer >= 1")
+    _require(cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup", cfg.trainer.critic_warmup, "an integer >= 0")
     model = cfg.actor_rollout_ref.model
     _require(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", model.lora_rank, "0 (off) or an integer >= 1")
     _require(model.lora_rank == 0 or len(model.target_modules) > 0, "actor_rollout_ref.model.target_modules",
@@ -294,9 +348,13 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def _check_model_dir(key: str, path: str) -> None:
+def _check_model_dir(key: str, path: str | None) -> None:
     """A local model directory must exist and hold config.json; a missing path that looks like a hub id
     (``owner/name``) is left to transformers."""
+    if path is None:
+        raise ConfigError(f"config key {key} is not set: name the policy (a Hugging Face model directory with "
+                          f"config.json, tokenizer and weights, e.g. {key}=/models/Qwen2.5-3B); the embedded demo "
+                          "sets it with --config configs/demo.yaml (what `make demo` runs)")
     p = Path(path)
     hub_like = re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and not path.startswith(".")
     if not p.exists() and not hub_like:
@@ -311,10 +369,14 @@ def check_paths(cfg: Config) -> None:
     """The files the run reads exist: model directories and parquet files (ConfigError naming the key).
     Checked when a run starts, not in ``validate``, so configs can be built and checked anywhere."""
     _check_model_dir("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
-    if cfg.critic.model_path is not None and uses_critic(cfg):
-        _check_model_dir("critic.model_path", cfg.critic.model_path)
+    if cfg.critic.model.path is not None and uses_critic(cfg):
+        _check_model_dir("critic.model.path", cfg.critic.model.path)
     for key in ("data.train_files", "data.val_files"):
         value = _get(cfg, key)
+        if value is None:
+            raise ConfigError(f"config key {key} is not set: name your parquet file(s) (comma-separated, in the "
+                              "Search-R1 schema, e.g. from `python -m data_prep.qa_search`); the embedded demo sets it "
+                              "with --config configs/demo.yaml")
         for name in [f.strip() for f in value.split(",") if f.strip()] or [value]:
             if not Path(name).is_file():
                 raise ConfigError(f"config key {key}={value!r} is invalid: {name!r} does not exist (allowed: "
@@ -348,22 +410,80 @@ def _validate_ranks(cfg: Config) -> None:
         _require(value % world == 0, key, value, f"a multiple of the world size {world}")
 
 
-def load_config(overrides: list[str] | None = None, path: str | Path = DEFAULT_CONFIG) -> Config:
-    """Load the YAML at ``path``, apply ``key=value`` overrides, type-check and validate once."""
+def _pairs(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """A YAML mapping as (dotted key, value) pairs: mappings are walked, anything else is a value."""
+    if not isinstance(node, dict) or (prefix and not node):
+        return [(prefix, node)]
+    return [pair for key, value in node.items() for pair in _pairs(value, f"{prefix}.{key}" if prefix else str(key))]
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``key=value`` -> (key, value parsed as OmegaConf's dotlist parses it: numbers, bools, null, lists)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not key=value")
+    key, raw = item.split("=", 1)
+    return key.strip(), OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
+
+
+def _nested(key: str, value: Any) -> dict:
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+def run_name(cfg: Config) -> str:
+    """The default experiment name: ``<data>_<model>_<adv_estimator>``, e.g. ``nq_hotpotqa_Qwen2.5-3B_grpo``
+    (data = the first training file's directory, or its stem when that says more). The same command gives
+    the same name, so a rerun after a crash finds its checkpoints."""
+    first = Path((cfg.data.train_files or "data").split(",")[0].strip())
+    data = first.parent.name if first.stem in ("train", "training", "") and first.parent.name else first.stem
+    model = Path((cfg.actor_rollout_ref.model.path or "model").rstrip("/")).name
+    return re.sub(r"[^\w.+-]+", "-", f"{data}_{model}_{cfg.algorithm.adv_estimator}")
+
+
+def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...] | list[str | Path] = ()) -> Config:
+    """configs/ppo_trainer.yaml, then each YAML in ``files``, then the ``key=value`` overrides -> a validated Config.
+
+    Keys spelled as Search-R1 or verl spell them are translated first (``config_compat``); each foreign key
+    that changes nothing here is logged once as a notice.
+    """
     schema = OmegaConf.structured(Config)
     try:
-        merged = OmegaConf.merge(schema, OmegaConf.load(path))
-        for item in overrides or []:
-            if "=" not in item:
-                raise ConfigError(f"override {item!r} is not key=value")
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        layers = [_pairs(OmegaConf.to_container(OmegaConf.load(f), resolve=False)) for f in (DEFAULT_CONFIG, *files)]
+        layers.append([parse_override(item) for item in overrides or []])
+        merged, global_counts, notices = schema, {}, []
+        for pairs in layers:  # each layer overrides the ones before it
+            layer = translate(pairs)
+            for key, value in layer.items:
+                merged = OmegaConf.merge(merged, OmegaConf.create(_nested(key, value)))
+                global_counts.pop(key, None)
+            global_counts.update(layer.global_counts)
+            notices += layer.notices
+        cfg = OmegaConf.to_object(merged)
+        if cfg.trainer.experiment_name is None:
+            merged.trainer.experiment_name = run_name(cfg)
         OmegaConf.resolve(merged)
         cfg = OmegaConf.to_object(merged)
     except ConfigKeyError as err:
-        raise ConfigError(f"unknown config key {err.full_key!r} (see configs/ppo_trainer.yaml for all keys)") from err
+        raise ConfigError(f"unknown config key {err.full_key!r} (see configs/ppo_trainer.yaml for all keys, "
+                          "docs/config.md for the Search-R1 and verl spellings accepted)") from err
     except OmegaConfBaseException as err:
         raise ConfigError(f"config key {err.full_key!r}: {err.msg.splitlines()[0]}") from err
+    except CompatError as err:
+        raise ConfigError(str(err)) from err
+    world = world_size(cfg)
+    for key, (theirs, count) in global_counts.items():
+        _set(cfg, key, max(1, count // world))
+        notices.append(f"{theirs}={count} is a global count (Search-R1, older verl): "
+                       f"{key.rsplit('.', 1)[1]}={_get(cfg, key)} on each of {world} rank(s)")
+    for notice in dict.fromkeys(notices):
+        logger.warning("config: %s", notice)
     return validate(cfg)
+
+
+def _set(cfg: Config, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    setattr(_get(cfg, ".".join(parents)) if parents else cfg, last, value)
 
 
 def uses_critic(cfg: Config) -> bool:

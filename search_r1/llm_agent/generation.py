@@ -57,6 +57,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Share of a call's searches whose passages were cut to max_obs_length above which the loop warns (once).
+TRUNCATED_OBS_WARN_FRAC = 0.5
+
 STOP_STRINGS = ["</search>", "</answer>"]
 
 
@@ -198,6 +201,7 @@ class LLMGenerationManager:
         self._close_ids = self._encode([INFO_CLOSE])[0]
         self._feedback_ids = self._encode([INVALID_ACTION_FEEDBACK])[0]
         observation_ids(tokenizer, [], cfg.max_obs_length)  # fails now if max_obs_length leaves no passage room
+        self._warned_obs = False
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -228,7 +232,19 @@ class LLMGenerationManager:
         if truncated:
             logger.warning("%d of %d prompts were cut to data.max_start_length=%d tokens", truncated, len(rows),
                            self.cfg.max_start_length)
+        self._warn_truncated_obs(rows)
         return AgentResult(rows)
+
+    def _warn_truncated_obs(self, rows: list[Trajectory]) -> None:
+        """Warn (once per manager, i.e. once per run) when more than TRUNCATED_OBS_WARN_FRAC of a call's searches
+        had their passages cut: the policy then reads fragments, silently, unless the budget is raised."""
+        searches, cut = sum(r.num_searches for r in rows), sum(r.truncated_obs for r in rows)
+        if self._warned_obs or searches == 0 or cut <= TRUNCATED_OBS_WARN_FRAC * searches:
+            return
+        self._warned_obs = True
+        logger.warning("%d of %d searches returned more than data.max_obs_length=%d tokens of passages and were cut "
+                       "(agent/truncated_obs): raise data.max_obs_length (Search-R1 uses 500 for 3 passages) or "
+                       "lower retriever.topk", cut, searches, self.cfg.max_obs_length)
 
     def _start(self, prompt: list[int], index: int) -> Trajectory:
         if len(prompt) > self.cfg.max_prompt_length:

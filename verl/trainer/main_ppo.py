@@ -1,27 +1,34 @@
-"""Entry point: ``python -m verl.trainer.main_ppo key=value ...``.
+"""Entry point: ``python -m verl.trainer.main_ppo [--config FILE ...] key=value ...``.
 
-Builds the typed config (the flat YAML + overrides, validated once), loads the recipe the config
-names (``recipe``: generation loop, reward and metrics of the task; the search agent by default),
-builds the trainer and calls ``PPOTrainer.fit()``. Nothing else happens here. Exit status: 0 done,
-2 a config error (bad key or value, a missing file, an unusable checkpoint), 3 the run stopped on
-purpose (``TrainingStopped``: too many skipped updates, or the environment stayed down).
+Builds the typed config (``configs/ppo_trainer.yaml``, then each ``--config`` YAML, then the overrides;
+validated once), loads the recipe the config names (``recipe``: generation loop, reward and metrics of
+the task; the search agent by default), builds the trainer, prints a short start-up summary (the full
+config is in the run directory's ``config.yaml``) and calls ``PPOTrainer.fit()``. Exit status: 0 done,
+2 a config error (bad key or value, a missing file, an unusable checkpoint or run directory), 3 the run
+stopped on purpose (``TrainingStopped``: too many skipped updates, or the environment stayed down).
+
+The console shows the summary, one line per step (and a progress bar on a terminal) and warnings; library
+INFO chatter stays at debug level (``LOGLEVEL=INFO`` or ``DEBUG`` shows more).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 
 import torch
 
-from verl.config import Config, ConfigError, load_config, to_yaml
+from verl.config import Config, ConfigError, load_config, world_size
 from verl.trainer.health import TrainingStopped
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.trainer.recipe import EnvironmentUnavailable, load_recipe
+from verl.utils import checkpoint
 from verl.utils.checkpoint import CheckpointError
 from verl.utils.dataset import DataError
+from verl.utils.logs import setup_logging
+from verl.utils.run_dir import RunDirError
+from verl.workers.train_utils import optimizer_steps_per_training_step
 
 logger = logging.getLogger("verl.trainer.main_ppo")
 
@@ -32,16 +39,59 @@ def build_trainer(cfg: Config) -> PPOTrainer:
     return PPOTrainer(cfg, load_recipe(cfg.recipe))
 
 
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``--config FILE`` (repeatable, also ``--config=FILE``) and ``key=value`` overrides, in their order."""
+    files, overrides, rest = [], [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--config":
+            if not rest:
+                raise ConfigError("--config needs a YAML file")
+            files.append(rest.pop(0))
+        elif arg.startswith("--config="):
+            files.append(arg.split("=", 1)[1])
+        elif arg.startswith("-"):
+            raise ConfigError(f"unknown option {arg!r}: the trainer takes --config FILE and key=value overrides")
+        else:
+            overrides.append(arg)
+    for f in files:
+        if not os.path.isfile(f):
+            raise ConfigError(f"--config {f!r}: no such file (a YAML of keys to layer over configs/ppo_trainer.yaml)")
+    return files, overrides
+
+
+def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
+    """What the run is, in a few lines: model, data, search, engine and ranks, updates per step, run directory."""
+    r, a, t = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor, cfg.trainer
+    trajectories = cfg.data.train_batch_size * r.n
+    updates = optimizer_steps_per_training_step(trajectories, a.ppo_mini_batch_size, a.ppo_epochs)
+    latest = checkpoint.find_latest(trainer.out_dir) if t.resume_mode == "auto" else None
+    search = f"{cfg.retriever.url}, top-{cfg.retriever.topk}, up to {cfg.max_turns} search turns" if cfg.do_search \
+        else "off (do_search=false: every search gets an empty block)"
+    lines = [
+        f"run      {cfg.algorithm.adv_estimator}, {trainer.total_steps} steps -> {trainer.out_dir}"
+        + (f" (continuing {latest.name})" if latest else ""),
+        f"model    {cfg.actor_rollout_ref.model.path} ({r.name} engine, {r.dtype}, {world_size(cfg)} rank(s), "
+        f"{t.backend} backend)",
+        f"data     {len(trainer.train_set):,} train rows ({cfg.data.train_files}), {len(trainer.val_set):,} validation "
+        f"rows",
+        f"batch    {cfg.data.train_batch_size} prompts x {r.n} samples = {trajectories} trajectories; {updates} actor "
+        f"update(s) of {a.ppo_mini_batch_size} trajectories x {a.ppo_epochs} epoch(s)",
+        f"search   {search}",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("LOGLEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     try:
-        cfg = load_config(sys.argv[1:] if argv is None else argv)
-        logger.info("config:\n%s", to_yaml(cfg))
+        files, overrides = split_args(sys.argv[1:] if argv is None else argv)
+        cfg = load_config(overrides, files)
         trainer = build_trainer(cfg)
-    except (ConfigError, DataError) as err:
+    except (ConfigError, DataError, RunDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    print(startup_summary(cfg, trainer), flush=True)
     try:
         final = trainer.fit()
     except CheckpointError as err:
@@ -50,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingStopped, EnvironmentUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 3
-    print(json.dumps({"initial_validation": trainer.initial_validation, "final_validation": final}, indent=1))
     for key in sorted(k for k in final if k.startswith(trainer.recipe.summary_prefixes)):
         if cfg.trainer.val_only:
             print(f"{key}: {final[key]:.3f}")

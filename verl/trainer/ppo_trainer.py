@@ -23,6 +23,7 @@ saves the last finished step and stops, so a rerun continues with no step lost.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -44,7 +45,7 @@ from verl.trainer import core_algos
 from verl.trainer.health import HealthMonitor, TrainingStopped
 from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder
 from verl.trainer.reward import RewardManager, load_custom_score_fn
-from verl.utils import checkpoint
+from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.memory import report_memory
 from verl.utils.plots import plot_curves
@@ -85,16 +86,18 @@ class PPOTrainer:
     def __init__(self, cfg: Config, build_recipe: RecipeBuilder):
         self.cfg = cfg
         check_paths(cfg)
+        self.out_dir = Path(cfg.trainer.default_local_dir)
+        run_dir.claim(self.out_dir, to_yaml(cfg), cfg.trainer.resume_mode, cfg.trainer.val_only)
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data
-        self.train_set = PromptDataset(data.train_files, self.tokenizer, data.max_prompt_length, data.prompt_key)
+        self.train_set = PromptDataset(data.train_files, self.tokenizer, data.max_prompt_length, data.prompt_key,
+                                       data.train_max_samples, sample_seed=data.seed)
         self.val_set = PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length, data.prompt_key,
                                      data.val_max_samples)
         self.loader = StatefulLoader(self.train_set, data.train_batch_size, data.shuffle, data.seed)
         per_epoch = self.loader.batches_per_epoch()
         self.total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs
-        self.out_dir = Path(cfg.trainer.default_local_dir)
         self.step = 0
         self.initial_validation: dict[str, float] = {}  # validation before the first step of this run
         self.last_validation: dict[str, float] = {}
@@ -134,7 +137,9 @@ class PPOTrainer:
             if self.cfg.trainer.val_only:
                 return self.last_validation
         batches = self._batch_stream()
-        with tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step") as progress:
+        # A progress bar on a terminal; in a log file the tracker's line per step says the same.
+        with tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step",
+                  disable=not sys.stderr.isatty()) as progress:
             while self.step < self.total_steps:
                 loader_before = self.loader.state_dict()
                 self.step += 1
@@ -192,10 +197,12 @@ class PPOTrainer:
         if self.critic is not None:
             with _timed("update_critic", timing):
                 metrics.update(self.critic.execute_split("update_critic", batch))
-        with _timed("update_actor", timing):
-            metrics.update(self.actor.execute_split("update_actor", batch))
-        with _timed("sync", timing):
-            metrics.update(self.sync_weights())
+        # verl's rule: the first critic_warmup - 1 steps train the critic only
+        if self.step >= self.cfg.trainer.critic_warmup:
+            with _timed("update_actor", timing):
+                metrics.update(self.actor.execute_split("update_actor", batch))
+            with _timed("sync", timing):
+                metrics.update(self.sync_weights())
         per_rank = self.actor.execute_all("peak_memory")  # the largest rank's peak of this step
         metrics.update({key: max(rank[key] for rank in per_rank) for key in per_rank[0]})
         return {**metrics, **self._data_metrics(batch)}
@@ -311,7 +318,7 @@ class PPOTrainer:
             metrics[f"val/{name}"] = float(values.mean())
             for source in sorted(set(sources)):
                 metrics[f"val/{name}/{source}"] = float(values[sources == source].mean())
-        logger.info("validation at step %d: %s", self.step, {k: round(v, 4) for k, v in metrics.items()})
+        logger.debug("validation at step %d: %s", self.step, {k: round(v, 4) for k, v in metrics.items()})
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
@@ -331,6 +338,7 @@ class PPOTrainer:
         mode = self.cfg.trainer.resume_mode
         path = None if mode == "disable" else checkpoint.find_latest(self.out_dir) if mode == "auto" else Path(mode)
         if path is None:
+            self.tracker.truncate_after(-1)  # a run that failed before its first step left at most a step-0 record
             return
         checkpoint.verify(path, ["actor"] + (["critic"] if self.critic is not None else []))
         logger.info("resuming from %s", path)

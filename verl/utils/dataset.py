@@ -82,10 +82,14 @@ class PromptDataset:
     """Tokenised prompts plus the per-row fields the reward needs."""
 
     def __init__(self, files: str, tokenizer, max_prompt_length: int, prompt_key: str = "prompt",
-                 max_samples: int | None = None):
+                 max_samples: int | None = None, sample_seed: int | None = None):
+        """``max_samples`` keeps that many rows: the first ones, or with ``sample_seed`` a random subset drawn
+        once with that seed (in file order)."""
         rows = read_rows(files, required=(prompt_key, "reward_model"))
-        if max_samples is not None:
-            rows = rows[:max_samples]
+        if max_samples is not None and max_samples < len(rows):
+            keep = np.sort(np.random.default_rng(sample_seed).choice(len(rows), max_samples, replace=False)) \
+                if sample_seed is not None else range(max_samples)
+            rows = [rows[i] for i in keep]
         self.rows: list[dict] = []
         self.prompt_ids: list[list[int]] = []
         too_long: dict[int, int] = {}  # row -> prompt tokens, for rows over max_prompt_length
@@ -129,7 +133,8 @@ class StatefulLoader:
 
     def __init__(self, dataset: PromptDataset, batch_size: int, shuffle: bool, seed: int, drop_last: bool = True):
         if batch_size > len(dataset) and drop_last:
-            raise ValueError(f"data.train_batch_size={batch_size} is larger than the {len(dataset)} usable rows")
+            raise DataError(f"data.train_batch_size={batch_size} is larger than the {len(dataset)} usable rows of "
+                            "data.train_files: lower data.train_batch_size or add rows")
         self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle
         self.seed, self.drop_last = seed, drop_last
         self.epoch, self.position = 0, 0  # position = index of the next batch within the epoch

@@ -5,7 +5,7 @@ device (one rank; ``W`` ranks, ``P`` parameters of the policy, ``Pt`` of them tr
 tokens of a row = max prompt + max response, ``b`` rows of a training micro-batch):
 
 * **weights**: the actor's float32 master weights, sharded ``4P / W`` (on the host with
-  ``actor.offload``); the reference model in the rollout dtype, sharded (none under LoRA: it is the
+  ``actor.fsdp_config.*_offload``); the reference model in the rollout dtype, sharded (none under LoRA: it is the
   actor with adapters disabled); the critic's float32 weights (GAE only); the rollout engine's
   full copy in the rollout dtype, ``P x bytes / tp``.
 * **optimiser**: AdamW's two moments, ``8 Pt / W`` (``4 Pt / W`` with ``optim_state_dtype:
@@ -89,7 +89,7 @@ def estimate_memory(cfg: Config) -> MemoryEstimate:
     weights = rollout_weights = total * low / rollout.tensor_model_parallel_size
     actor_weights, actor_optim = 4 * total / world, (optim_bytes + 4) * trained / world
     host = 0.0
-    if actor.offload:
+    if actor.fsdp_config.offload:
         host, actor_weights, actor_optim = actor_weights + actor_optim, 0.0, 0.0
     weights += actor_weights
     optimizer = actor_optim
@@ -101,7 +101,8 @@ def estimate_memory(cfg: Config) -> MemoryEstimate:
 
     layers, hidden = hf.num_hidden_layers, hf.hidden_size
     tokens = cfg.data.max_prompt_length + cfg.data.max_response_length
-    rows = max(1, actor.ppo_max_token_len_per_gpu // tokens) if actor.use_dynamic_bsz else actor.ppo_micro_batch_size
+    rows = max(1, actor.ppo_max_token_len_per_gpu // tokens) if actor.use_dynamic_bsz \
+        else actor.ppo_micro_batch_size_per_gpu
     checkpointing = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
     if checkpointing is None:
         checkpointing = total > GRADIENT_CHECKPOINTING_ABOVE
@@ -139,7 +140,7 @@ def report_memory(cfg: Config) -> MemoryEstimate:
     need, have = estimate.device_total * ranks_sharing, device_memory()
     if need > have:
         logger.warning("the run may not fit: about %.1f GiB expected per %s, %.1f GiB available; consider "
-                       "actor_rollout_ref.model.lora_rank, actor_rollout_ref.actor.offload, "
+                       "actor_rollout_ref.model.lora_rank, actor_rollout_ref.actor.fsdp_config.param_offload=true, "
                        "actor_rollout_ref.actor.optim_state_dtype=bfloat16, gradient checkpointing or smaller "
                        "micro-batches", need / GIB, "GPU" if on_gpu else "host", have / GIB)
     return estimate

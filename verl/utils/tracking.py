@@ -13,13 +13,14 @@ import logging
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 logger = logging.getLogger(__name__)
 
-# Metrics shown in the console table (all metrics go to JSONL / W&B / TensorBoard).
-CONSOLE_KEYS = ("critic/score/mean", "val/em", "actor/pg_loss", "actor/entropy", "actor/ppo_kl", "critic/vf_loss",
-                "agent/searches_per_traj", "agent/mean_turns", "agent/finish_ratio", "timing/step")
+# Metrics shown on the console's one line per step, with their short names (all metrics go to JSONL / W&B /
+# TensorBoard).
+CONSOLE_KEYS = {"critic/score/mean": "score", "val/em": "val/em", "actor/pg_loss": "pg_loss",
+                "actor/entropy": "entropy", "actor/ppo_kl": "kl", "critic/vf_loss": "vf_loss",
+                "agent/searches_per_traj": "searches", "agent/mean_turns": "turns", "timing/step": "s/step"}
 
 
 class Tracker:
@@ -68,22 +69,20 @@ class Tracker:
             with self.jsonl_path.open("a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
         if "console" in self.loggers:
-            self._console_table(metrics, step)
+            self._console_line(metrics, step)
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
         if self._tb is not None:
             for k, v in metrics.items():
                 self._tb.add_scalar(k, v, step)
 
-    def _console_table(self, metrics: dict[str, float], step: int) -> None:
-        shown = {k: metrics[k] for k in CONSOLE_KEYS if k in metrics}
-        shown.update({k: v for k, v in metrics.items() if k.startswith("val/em")})
-        if not shown:
-            return
-        table = Table(title=f"step {step}", show_header=False, box=None, pad_edge=False)
-        for k, v in shown.items():
-            table.add_row(k, f"{v:.4g}")
-        self.console.print(table)
+    def _console_line(self, metrics: dict[str, float], step: int) -> None:
+        """One line per step: the CONSOLE_KEYS present, then validation EM per data source when validated."""
+        shown = {short: metrics[key] for key, short in CONSOLE_KEYS.items() if key in metrics}
+        shown.update({k: v for k, v in metrics.items() if k.startswith("val/em/")})
+        if shown:
+            self.console.print(f"step {step}  " + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()),
+                               highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self._wandb is not None:

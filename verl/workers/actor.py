@@ -67,17 +67,18 @@ class ActorWorker:
         self.model = load_model(AutoModelForCausalLM, model_cfg.path, device=self.device, dtype=torch.float32,
                                 seed=cfg.trainer.seed, trainable=True,
                                 gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
-                                trust_remote_code=model_cfg.trust_remote_code, lora=self.lora, offload=a.offload)
+                                trust_remote_code=model_cfg.trust_remote_code, lora=self.lora,
+                                offload=a.fsdp_config.offload)
         rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
         steps = total_steps * optimizer_steps_per_training_step(rows, a.ppo_mini_batch_size, a.ppo_epochs)
-        self.state = TrainState(self.model, a.lr, a.weight_decay, a.lr_warmup_steps_ratio, steps, a.grad_clip,
-                                DTYPES[a.optim_state_dtype])
+        self.state = TrainState(self.model, a.optim.lr, a.optim.weight_decay, a.optim.lr_warmup_steps_ratio, steps,
+                                a.grad_clip, DTYPES[a.optim_state_dtype])
         self.max_tokens = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         """``old_log_probs`` and ``entropy`` [B, R] of ``responses`` under the current weights (no grad)."""
         log_probs, entropies = [], []
-        rows = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size
+        rows = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
         with torch.no_grad():
             for micro in micro_batches(batch, rows, self.max_tokens):
                 log_prob, entropy = response_log_probs(self.model, micro, self.device, self.dtype, with_entropy=True)
@@ -90,7 +91,7 @@ class ActorWorker:
         without LoRA the reference is its own worker, ``reference.RefWorker``)."""
         if self.lora is None:
             raise RuntimeError("compute_ref_log_prob on the actor needs LoRA (model.lora_rank > 0)")
-        rows = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size
+        rows = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
         with torch.no_grad(), self.model.disable_adapter():
             log_probs = [response_log_probs(self.model, micro, self.device, self.dtype)[0].cpu()
                          for micro in micro_batches(batch, rows, self.max_tokens)]
@@ -108,7 +109,7 @@ class ActorWorker:
             raise ValueError("actor_rollout_ref.actor.tis_cap is set but the batch has no rollout_log_probs: the "
                              "recipe's generation must return the engine's log-probs (SamplingParams.logprobs)")
         metrics = self.state.update(batch, a.ppo_mini_batch_size, a.ppo_epochs,
-                                    lambda mini: micro_batches(mini, a.ppo_micro_batch_size, self.max_tokens),
+                                    lambda mini: micro_batches(mini, a.ppo_micro_batch_size_per_gpu, self.max_tokens),
                                     self._micro_batch_loss)
         return {f"actor/{name}": value for name, value in metrics.items()}
 

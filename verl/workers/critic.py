@@ -3,7 +3,7 @@
 Choices:
 
 * **Model**: ``AutoModelForTokenClassification`` with ``num_labels=1`` loaded from
-  ``critic.model_path`` (null = the actor's ``model.path``): the same backbone type as the policy
+  ``critic.model.path`` (null = the actor's ``model.path``): the same backbone type as the policy
   with a scalar linear head per position, freshly initialised (seeded by ``trainer.seed``) when
   the checkpoint is a causal LM. Any architecture transformers offers a token-classification
   head for (Qwen2, Llama, Mistral, ...) works without code of our own.
@@ -14,7 +14,7 @@ Choices:
   ``cliprange_value`` around the values of the rollout), token-mean over ``loss_mask``, normalised
   by the mini-batch's global token count (``train_utils``). ``critic/vf_loss`` reports the loss
   before the coefficient.
-* Micro-batches are ``critic.ppo_micro_batch_size`` rows for both the value pass and the update
+* Micro-batches are ``critic.ppo_micro_batch_size_per_gpu`` rows for both the value pass and the update
   (the token-budget batching of ``actor.use_dynamic_bsz`` is the actor's and reference's).
 """
 
@@ -49,13 +49,15 @@ class CriticWorker:
         model_cfg = cfg.actor_rollout_ref.model
         self.device = resolve_device(cfg.trainer.device)
         self.dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
-        self.model = load_model(AutoModelForTokenClassification, c.model_path or model_cfg.path, device=self.device,
+        self.model = load_model(AutoModelForTokenClassification, c.model.path or model_cfg.path, device=self.device,
                                 dtype=torch.float32, seed=cfg.trainer.seed, trainable=True,
-                                gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
-                                trust_remote_code=model_cfg.trust_remote_code, num_labels=1)
+                                gradient_checkpointing=c.model.enable_gradient_checkpointing,
+                                trust_remote_code=model_cfg.trust_remote_code, offload=c.model.fsdp_config.offload,
+                                num_labels=1)
         rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
         steps = total_steps * optimizer_steps_per_training_step(rows, c.ppo_mini_batch_size, c.ppo_epochs)
-        self.state = TrainState(self.model, c.lr, c.weight_decay, c.lr_warmup_steps_ratio, steps, c.grad_clip)
+        self.state = TrainState(self.model, c.optim.lr, c.optim.weight_decay, c.optim.lr_warmup_steps_ratio, steps,
+                                c.grad_clip)
 
     def _values(self, micro: Batch) -> Tensor:
         """Values [b, R] at columns P-1 .. P+R-2 (padding columns 0), in the autograd graph if enabled."""
@@ -66,7 +68,7 @@ class CriticWorker:
     def compute_values(self, batch: Batch) -> Batch:
         """``values`` [B, R] (no grad), 0 where ``loss_mask`` is 0."""
         with torch.no_grad():
-            micros = batch.split(self.critic_cfg.ppo_micro_batch_size)
+            micros = batch.split(self.critic_cfg.ppo_micro_batch_size_per_gpu)
             values = torch.cat([self._values(micro).cpu() for micro in micros])  # [B, R]
         return Batch({"values": values * batch["loss_mask"]})
 
@@ -78,7 +80,7 @@ class CriticWorker:
         """
         c = self.critic_cfg
         metrics = self.state.update(batch, c.ppo_mini_batch_size, c.ppo_epochs,
-                                    lambda mini: mini.split(c.ppo_micro_batch_size), self._micro_batch_loss)
+                                    lambda mini: mini.split(c.ppo_micro_batch_size_per_gpu), self._micro_batch_loss)
         return {f"critic/{name}": value for name, value in metrics.items()}
 
     def _micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[Tensor, dict[str, float]]:

@@ -2,7 +2,7 @@
 
 Choices: loaded from ``actor_rollout_ref.model.path`` directly in ``rollout.dtype`` (no optimiser,
 so no float32 master copy), eval mode, no gradients; sharded like the actor when distributed (it
-only saves memory, the log-probs are the same). Micro-batches: ``ref.log_prob_micro_batch_size``
+only saves memory, the log-probs are the same). Micro-batches: ``ref.log_prob_micro_batch_size_per_gpu``
 rows, or the actor's token budget when ``actor.use_dynamic_bsz``. Log-probs follow the actor's
 definition (no temperature scaling), so ``ref_log_prob`` and ``old_log_probs`` are comparable.
 """
@@ -31,13 +31,14 @@ class RefWorker:
         self.device = resolve_device(cfg.trainer.device)
         self.dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
         self.model = load_model(AutoModelForCausalLM, model_cfg.path, device=self.device, dtype=self.dtype,
-                                seed=cfg.trainer.seed, trainable=False, trust_remote_code=model_cfg.trust_remote_code)
+                                seed=cfg.trainer.seed, trainable=False, trust_remote_code=model_cfg.trust_remote_code,
+                                offload=cfg.actor_rollout_ref.ref.fsdp_config.param_offload)
         actor = cfg.actor_rollout_ref.actor
         self.max_tokens = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob`` [B, R] of ``responses`` under the initial weights."""
-        rows = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size
+        rows = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
         with torch.no_grad():
             log_probs = [response_log_probs(self.model, micro, self.device, self.dtype)[0].cpu()
                          for micro in micro_batches(batch, rows, self.max_tokens)]

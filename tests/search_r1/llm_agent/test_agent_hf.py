@@ -13,7 +13,7 @@ from memorised_policy import QUESTIONS, TOPK, memorised_policy
 
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, StopReason
 from search_r1.search.client import RetrievalClient
-from verl.config import load_config
+from verl.config import DEMO_CONFIG, load_config
 from verl.single_controller import create_worker_group
 from verl.single_controller.rollout import GroupRollout
 from verl.workers.actor_rollout import ActorRolloutWorker
@@ -60,7 +60,7 @@ def test_search_loop_through_a_two_rank_group(policy, service_url):
     trajectories token for token, with both engines generating."""
     model_dir, tokenizer, prompts, responses, masks = policy
     cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=hf",
-                       "trainer.backend=ray", "trainer.n_gpus_per_node=2", "trainer.device=cpu"])
+                       "trainer.backend=ray", "trainer.n_gpus_per_node=2", "trainer.device=cpu"], [DEMO_CONFIG])
     ray.init(num_cpus=2, include_dashboard=False)
     group = create_worker_group(ActorRolloutWorker, cfg, "ray", 2, total_steps=1)
     try:

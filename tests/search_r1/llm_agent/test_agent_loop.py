@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -201,6 +203,28 @@ def test_long_observation_is_truncated_and_closed(tokenizer, make_engine, servic
     assert traj.info_mask[len(sampled):len(sampled) + max_obs] == [0] * max_obs
     assert traj.truncated_obs == 1 and result.metrics()["agent/truncated_obs"] == 1
     assert traj.stop_reason is StopReason.ANSWERED
+
+
+def test_most_searches_cut_warns_once_naming_the_key(tokenizer, make_engine, service_url, caplog):
+    """Guards against Search-R1-length passages being cut on every search without a word (a demo-sized
+    max_obs_length on real passages): more than half cut -> one warning naming data.max_obs_length, once per run;
+    half or fewer -> none."""
+    script = {"<|im_start|>user\nlong<|im_end|>\n": ["<search> Marie Curie Nobel radium </search>",
+                                                     "<answer> x </answer>"]}
+    engine, prompts = make_engine(script)
+    agent = LLMGenerationManager(tokenizer, engine, CountingClient(service_url, TOPK), agent_cfg(max_obs_length=24))
+    with caplog.at_level(logging.WARNING, logger="search_r1.llm_agent.generation"):
+        agent.run(prompts, GREEDY)
+        agent.engine, _ = make_engine(script)  # a second step of the same run
+        agent.run(prompts, GREEDY)
+    warnings = [r.getMessage() for r in caplog.records if "max_obs_length" in r.getMessage()]
+    assert len(warnings) == 1 and "1 of 1 searches" in warnings[0] and "data.max_obs_length=24" in warnings[0]
+    caplog.clear()
+    engine, prompts = make_engine(script)
+    roomy = LLMGenerationManager(tokenizer, engine, CountingClient(service_url, TOPK), agent_cfg(max_obs_length=2000))
+    with caplog.at_level(logging.WARNING, logger="search_r1.llm_agent.generation"):
+        result = roomy.run(prompts, GREEDY)
+    assert result.metrics()["agent/truncated_obs"] == 0 and "max_obs_length" not in caplog.text
 
 
 def test_observation_that_does_not_fit_ends_the_row(tokenizer, make_engine, service_url):

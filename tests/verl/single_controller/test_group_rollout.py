@@ -16,7 +16,7 @@ from rollout_helpers import raw_logprobs
 from transformers import AutoModelForCausalLM
 from worker_test_utils import add_targets, random_batch
 
-from verl.config import load_config
+from verl.config import DEMO_CONFIG, load_config
 from verl.single_controller import create_worker_group
 from verl.single_controller.rollout import GroupRollout, split_by_tokens
 from verl.workers.actor_rollout import ActorRolloutWorker
@@ -35,10 +35,10 @@ def _config(model_dir, engine: str, backend: str, tp: int = 1):
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", "trainer.device=cpu",
         "data.max_prompt_length=128", "data.max_start_length=128", "data.max_response_length=128",
         "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.25", "data.train_batch_size=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         # a large step, so that one update visibly changes what the policy generates
-        "actor_rollout_ref.actor.lr=0.05", "actor_rollout_ref.actor.grad_clip=null",
-    ])
+        "actor_rollout_ref.actor.optim.lr=0.05", "actor_rollout_ref.actor.grad_clip=null",
+    ], [DEMO_CONFIG])
 
 
 def _ids(outputs) -> list[list[int]]:

@@ -16,8 +16,8 @@ from verl.workers.reference import RefWorker
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-OVERRIDES = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.ppo_micro_batch_size=2",
-             "actor_rollout_ref.actor.ppo_epochs=2", "critic.ppo_micro_batch_size=2", "critic.ppo_epochs=2")
+OVERRIDES = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+             "actor_rollout_ref.actor.ppo_epochs=2", "critic.ppo_micro_batch_size_per_gpu=2", "critic.ppo_epochs=2")
 
 
 @pytest.fixture(scope="module")

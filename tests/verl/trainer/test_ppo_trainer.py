@@ -92,7 +92,7 @@ def test_lora_grpo_run_end_to_end(workspace, tmp_path, run_main):
     out = tmp_path / "lora"
     proc = run_main(overrides(workspace, out, 2, "actor_rollout_ref.model.lora_rank=4", "algorithm.adv_estimator=grpo",
                               "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.use_kl_loss=true",
-                              "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.lr=0.01"))
+                              "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.optim.lr=0.01"))
     log, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, log
     records = metrics(out)
@@ -167,3 +167,30 @@ def test_grpo_needs_groups():
     """GRPO with n=1 would silently give zero advantages; the config refuses it."""
     with pytest.raises(ConfigError, match="rollout.n"):
         load_config(["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"])
+
+
+def test_a_used_run_directory_is_resumed_or_refused_never_appended_to(workspace, tmp_path, run_main):
+    """Guards against a second run in the same directory appending its steps to the first run's metrics.jsonl
+    (steps 1,2,1,2) and overwriting its hf_model/: the same command continues from the checkpoint; a different
+    config, or a directory whose run left no checkpoint, is refused with exit 2 naming why."""
+    def run(out, steps, *extra):
+        proc = run_main(overrides(workspace, out, steps, *extra))
+        text, _ = proc.communicate(timeout=600)
+        return proc.returncode, text
+
+    saved = tmp_path / "saved"
+    assert run(saved, 1)[0] == 0
+    code, text = run(saved, 2)  # the same command with a larger budget: continues at step 2
+    assert code == 0 and "continuing global_step_1" in text, text
+    assert [r["step"] for r in metrics(saved)] == [1, 2]
+    code, text = run(saved, 3, "actor_rollout_ref.actor.optim.lr=5e-3")
+    assert code == 2 and "different config" in text and "actor_rollout_ref.actor.optim.lr" in text, text
+    code, text = run(saved, 3, "trainer.resume_mode=disable")
+    assert code == 2 and "resume_mode=disable" in text, text
+    assert [r["step"] for r in metrics(saved)] == [1, 2]  # nothing appended by the refused runs
+
+    unsaved = tmp_path / "unsaved"
+    assert run(unsaved, 1, "trainer.save_freq=-1")[0] == 0
+    code, text = run(unsaved, 1, "trainer.save_freq=-1")
+    assert code == 2 and "no checkpoint to continue from" in text, text
+    assert [r["step"] for r in metrics(unsaved)] == [1]

@@ -161,7 +161,7 @@ def search_overrides(ws: Path, setup: dict, out: Path, port: int, outage_s: floa
     return overrides(ws, out, 4, f"actor_rollout_ref.model.path={setup['model']}",
                      f"data.train_files={setup['train']}", "do_search=true", f"retriever.url=http://127.0.0.1:{port}",
                      f"retriever.outage_timeout_s={outage_s}", "max_turns=2", "data.max_response_length=48",
-                     "retriever.topk=1", "actor_rollout_ref.actor.lr=1e-5")
+                     "retriever.topk=1", "actor_rollout_ref.actor.optim.lr=1e-5")
 
 
 def start_server(setup: dict, port: int) -> ServerProcess:

@@ -19,6 +19,7 @@ import torch
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.tiny_model import save_tiny_model
 from search_r1.prompts import make_prompt
+from verl.config import DEMO_CONFIG
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -47,12 +48,15 @@ RAY_WORLD_2 = ["trainer.backend=ray", "trainer.n_gpus_per_node=2"]
 
 
 def overrides(ws: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    """Arguments of a short run on the workspace: the demo's config layer (its small budgets), then these keys."""
     return [
+        "--config", str(DEMO_CONFIG),
         f"data.train_files={ws / 'train.parquet'}", f"data.val_files={ws / 'test.parquet'}",
         f"actor_rollout_ref.model.path={ws / 'model'}", "actor_rollout_ref.rollout.name=hf",
         "data.train_batch_size=4", "data.max_response_length=24", "data.max_obs_length=16",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size=1",
-        "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size=1", "actor_rollout_ref.actor.lr=1e-3",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
         "do_search=false", f"custom_reward_function.path={ws / 'reward.py'}",
         f"trainer.total_training_steps={steps}", "trainer.save_freq=1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.logger=[jsonl]", f"trainer.default_local_dir={out}", *extra,

@@ -58,7 +58,7 @@ def plain_log_probs(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
 def test_log_probs_and_entropy_match_a_plain_per_row_loop(tiny_model_dir):
     """Guards against reading the wrong logit columns (off by one at P-1), padding leaking into
     real tokens, and non-zero values left at response padding."""
-    cfg = make_config(tiny_model_dir, "actor_rollout_ref.rollout.log_prob_micro_batch_size=3")
+    cfg = make_config(tiny_model_dir, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3")
     batch = random_batch(seed=0)
     out = ActorWorker(cfg, total_steps=1).compute_log_prob(batch)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -84,8 +84,8 @@ def test_reference_matches_actor_before_training_and_stays_frozen(tiny_model_dir
 def test_first_update_sees_ratio_one(tiny_model_dir):
     """Guards against dropout or a different forward path between compute_log_prob and the update:
     on the first mini-batch new and old log-probs must agree (ppo_kl 0, nothing clipped)."""
-    cfg = make_config(tiny_model_dir, "actor_rollout_ref.rollout.log_prob_micro_batch_size=3",
-                      "actor_rollout_ref.actor.ppo_micro_batch_size=2")
+    cfg = make_config(tiny_model_dir, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
     actor = ActorWorker(cfg, total_steps=1)
     batch = random_batch(seed=3)
     batch = add_targets(batch.union(actor.compute_log_prob(batch)), seed=3)
@@ -99,7 +99,7 @@ def test_targets_at_masked_positions_do_not_change_the_update(tiny_model_dir, mo
     """State masking: advantages, old and reference log-probs at inserted/padding positions must have
     exactly zero influence (a masked token's gradient is exactly zero), under every aggregation."""
     cfg = make_config(tiny_model_dir, f"actor_rollout_ref.actor.loss_agg_mode={mode}", *FULL_LOSS,
-                      "actor_rollout_ref.actor.ppo_micro_batch_size=4")
+                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
     batch = add_targets(random_batch(seed=4), seed=4)
     assert (batch["info_mask"][batch["response_mask"] == 1] == 0).any(), "the batch must contain inserted tokens"
     a, b = ActorWorker(cfg, total_steps=1), ActorWorker(cfg, total_steps=1)
@@ -139,7 +139,7 @@ def test_micro_batch_accumulation_equals_one_full_micro_batch(tiny_model_dir, mo
     batch = add_targets(random_batch(seed=7), seed=7)
     variants = {
         "full": make_config(tiny_model_dir, *common),
-        "micro2": make_config(tiny_model_dir, *common, "actor_rollout_ref.actor.ppo_micro_batch_size=2"),
+        "micro2": make_config(tiny_model_dir, *common, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"),
         "dynamic": make_config(tiny_model_dir, *common, "actor_rollout_ref.actor.use_dynamic_bsz=true",
                                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40"),
     }
@@ -174,7 +174,7 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir):
     results = []
     for flag in ("false", "true"):
         cfg = make_config(tiny_model_dir, f"actor_rollout_ref.model.enable_gradient_checkpointing={flag}",
-                          "actor_rollout_ref.actor.ppo_micro_batch_size=4")
+                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
         worker = ActorWorker(cfg, total_steps=1)
         assert worker.model.is_gradient_checkpointing == (flag == "true")
         results.append((worker.update_actor(batch), parameters(worker), gradients(worker)))
@@ -267,7 +267,7 @@ def test_non_finite_loss_never_reaches_the_weights(tiny_model_dir):
     """Guards against a NaN advantage on one policy token writing NaN into every weight (and Adam's moments):
     the optimiser step is skipped and counted, and the next finite update goes through."""
     actor = ActorWorker(make_config(tiny_model_dir, "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                                    "actor_rollout_ref.actor.ppo_micro_batch_size=2"), total_steps=2)
+                                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"), total_steps=2)
     batch = add_targets(random_batch(seed=13), seed=13)
     poisoned = Batch(dict(batch.tensors))
     row, col = (batch["loss_mask"][:4] == 1).nonzero()[0].tolist()  # a policy token of the first mini-batch
@@ -278,7 +278,7 @@ def test_non_finite_loss_never_reaches_the_weights(tiny_model_dir):
     assert metrics["actor/skipped_updates"] == 1 and metrics["actor/nonfinite_loss"] == 1
     assert metrics["actor/nonfinite_grad_norm"] == 1  # the NaN reached the gradient, never the weights
     reference = ActorWorker(make_config(tiny_model_dir, "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                                        "actor_rollout_ref.actor.ppo_micro_batch_size=2"), total_steps=2)
+                                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"), total_steps=2)
     reference.update_actor(Batch({k: v[4:] for k, v in batch.tensors.items()}))  # only the clean mini-batch
     assert all(torch.isfinite(p).all() for p in parameters(actor).values())
     assert any(not torch.equal(before[n], p) for n, p in parameters(actor).items())

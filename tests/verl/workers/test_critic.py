@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_values_match_a_plain_per_row_loop(tiny_model_dir):
     """Guards against reading values at the wrong columns: values[:, t] is the head's output at the
     state before response token t (column P-1+t of the unpadded row), 0 where loss_mask is 0."""
-    cfg = make_config(tiny_model_dir, "critic.ppo_micro_batch_size=3")
+    cfg = make_config(tiny_model_dir, "critic.ppo_micro_batch_size_per_gpu=3")
     critic = CriticWorker(cfg, total_steps=1)
     batch = random_batch(seed=10)
     values = critic.compute_values(batch)["values"]
@@ -44,7 +44,7 @@ def test_values_match_a_plain_per_row_loop(tiny_model_dir):
 def test_targets_at_masked_positions_do_not_change_the_critic_update(tiny_model_dir):
     """State masking: returns and old values at inserted/padding positions must have exactly zero
     influence on the critic's update."""
-    cfg = make_config(tiny_model_dir, "critic.ppo_micro_batch_size=4", "critic.cliprange_value=0.2")
+    cfg = make_config(tiny_model_dir, "critic.ppo_micro_batch_size_per_gpu=4", "critic.cliprange_value=0.2")
     batch = add_targets(random_batch(seed=11), seed=11)
     a, b = CriticWorker(cfg, total_steps=1), CriticWorker(cfg, total_steps=1)
     metrics_a, metrics_b = a.update_critic(batch), b.update_critic(perturb_masked(batch, seed=12))
@@ -73,7 +73,7 @@ def test_critic_micro_batch_accumulation_equals_one_full_micro_batch(tiny_model_
     batch = add_targets(random_batch(seed=14), seed=14)
     results = []
     for micro in (8, 2):
-        worker = CriticWorker(make_config(tiny_model_dir, f"critic.ppo_micro_batch_size={micro}",
+        worker = CriticWorker(make_config(tiny_model_dir, f"critic.ppo_micro_batch_size_per_gpu={micro}",
                                           "critic.ppo_epochs=2"), total_steps=1)
         results.append((worker.update_critic(batch), parameters(worker), gradients(worker)))
     assert_same_update(*results)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # Token-budget micro-batches give the two ranks different local micro-batch counts (they must agree).
 OVERRIDES = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.entropy_coeff=0.01",
              "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.use_dynamic_bsz=true",
-             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40", "critic.ppo_micro_batch_size=2",
+             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40", "critic.ppo_micro_batch_size_per_gpu=2",
              "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
 
 

@@ -25,7 +25,7 @@ from verl.workers.rollout.hf_rollout import HFRollout
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 LORA = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
-        "actor_rollout_ref.actor.lr=0.05", "actor_rollout_ref.actor.use_kl_loss=true")
+        "actor_rollout_ref.actor.optim.lr=0.05", "actor_rollout_ref.actor.use_kl_loss=true")
 
 
 def _adapters(worker) -> dict[str, torch.Tensor]:
@@ -109,8 +109,8 @@ def test_cpu_offload_gives_the_same_update(tiny_model_dir):
     results = []
     started_here = not torch.distributed.is_initialized()
     for offload in ("false", "true"):
-        worker = ActorWorker(make_config(tiny_model_dir, f"actor_rollout_ref.actor.offload={offload}",
-                                         "actor_rollout_ref.actor.ppo_micro_batch_size=4"), total_steps=1)
+        worker = ActorWorker(make_config(tiny_model_dir, f"actor_rollout_ref.actor.fsdp_config.param_offload={offload}",
+                                         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"), total_steps=1)
         metrics = worker.update_actor(batch)
         full = worker.full_state_dict()
         named = {n: full[n] for n in parameters(worker)} if offload == "true" else parameters(worker)
@@ -155,6 +155,6 @@ def test_memory_estimate_counts_the_real_parameters(tiny_model_dir):
     assert total == sum(p.numel() for p in worker.model.parameters())
     assert trained == sum(p.numel() for p in worker.model.parameters() if p.requires_grad)
     plain = estimate_memory(make_config(tiny_model_dir))
-    offloaded = estimate_memory(make_config(tiny_model_dir, "actor_rollout_ref.actor.offload=true"))
+    offloaded = estimate_memory(make_config(tiny_model_dir, "actor_rollout_ref.actor.fsdp_config.param_offload=true"))
     assert offloaded.host > 0 == plain.host
     assert offloaded.device_total == pytest.approx(plain.device_total - offloaded.host)

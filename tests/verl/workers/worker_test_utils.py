@@ -17,7 +17,7 @@ import torch
 
 from data_prep.tiny_model import build_model, save_tiny_model
 from search_r1.llm_agent.formatting import INVALID_ACTION_FEEDBACK, observation_ids
-from verl.config import Config, load_config
+from verl.config import DEMO_CONFIG, Config, load_config
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
 
@@ -91,12 +91,13 @@ def make_config(model_dir: Path, *overrides: str) -> Config:
     """A validated config for 8-row batches on CPU; ``overrides`` are ``key=value`` strings."""
     base = [
         f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cpu", "data.train_batch_size=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
-        "critic.ppo_mini_batch_size=8", "critic.ppo_micro_batch_size=8", "actor_rollout_ref.actor.lr=1e-3",
-        "critic.lr=1e-3", "actor_rollout_ref.rollout.log_prob_micro_batch_size=8",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "critic.ppo_mini_batch_size=8", "critic.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "critic.optim.lr=1e-3", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
     ]
-    return load_config(base + list(overrides))
+    return load_config(base + list(overrides), [DEMO_CONFIG])
 
 
 def random_batch(seed: int, rows: int = 8, vocab: int = 300) -> Batch:

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from verl.config import load_config
+from verl.config import DEMO_CONFIG, load_config
 from verl.workers.rollout import build_rollout
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
@@ -17,7 +17,7 @@ def test_hf_engine_from_config(model_dir, prompts):
     """Guards against the factory ignoring rollout.dtype / micro_batch_size / trainer.device."""
     cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=hf",
                        "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.micro_batch_size=3",
-                       "trainer.device=cpu"])
+                       "trainer.device=cpu"], [DEMO_CONFIG])
     engine = build_rollout(cfg)
     assert isinstance(engine, HFRollout)
     assert engine.model.dtype == torch.bfloat16 and engine.micro_batch_size == 3
@@ -31,6 +31,7 @@ def test_missing_vllm_names_the_fix(model_dir, monkeypatch):
     the error must say which extra to install or which key to set instead."""
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail, as where it is not installed
     monkeypatch.delitem(sys.modules, "verl.workers.rollout.vllm_rollout", raising=False)
-    cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm"])
+    cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm"],
+                      [DEMO_CONFIG])
     with pytest.raises(ImportError, match=r"\[cpu\].*\[gpu\].*actor_rollout_ref\.rollout\.name=hf"):
         build_rollout(cfg)

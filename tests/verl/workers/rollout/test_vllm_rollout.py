@@ -13,7 +13,7 @@ pytest.importorskip("vllm")
 
 from rollout_helpers import perturbed, raw_logprobs  # noqa: E402
 
-from verl.config import load_config  # noqa: E402
+from verl.config import DEMO_CONFIG, load_config  # noqa: E402
 from verl.workers.rollout import build_rollout  # noqa: E402
 from verl.workers.rollout.base import SamplingParams  # noqa: E402
 from verl.workers.rollout.hf_rollout import HFRollout  # noqa: E402
@@ -27,7 +27,7 @@ def _config(model_dir, name: str):
         f"actor_rollout_ref.model.path={model_dir}", f"actor_rollout_ref.rollout.name={name}",
         "data.max_prompt_length=128", "data.max_start_length=128", "data.max_response_length=128",
         "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.25", "trainer.device=cpu",
-    ])
+    ], [DEMO_CONFIG])
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,227 @@
+"""Other trainers' spellings of our config keys, so that Search-R1's and verl's launch scripts run as written.
+
+``configs/ppo_trainer.yaml`` holds one name per setting, verl's (``actor_rollout_ref.actor.optim.lr``,
+``...fsdp_config.param_offload``, ``..._micro_batch_size_per_gpu``). Users arrive with Search-R1's
+``train_ppo.sh`` / ``train_grpo.sh`` (an older verl: global micro-batch sizes, ``rollout.n_agent``,
+``data.shuffle_train_dataloader``, Hydra's ``+key=value``) or with a verl walkthrough's keys. ``translate``
+turns each ``key=value`` into ours before the config is merged, with three kinds of rule:
+
+* ``Alias``: another spelling of one of our keys; the value is used as given.
+* ``GlobalCount``: a global micro-batch size (Search-R1 and older verl divide it by the number of ranks);
+  it becomes our per-rank key, divided by the world size once the config is loaded.
+* ``NoEffect``: a key that changes nothing in this trainer (HDFS upload, CUDA graphs, profilers, ...);
+  accepted with a one-line notice saying why. Where a value would ask for something this trainer does
+  not do (``actor.strategy=megatron``, ``rollout.mode=async``), ``allowed`` lists what it does, and any
+  other value is an error naming the key.
+
+Two spellings of one setting in one command line with different values are an error (which one was meant
+cannot be known). Units: ``ppo_mini_batch_size`` counts trajectories (prompts x ``rollout.n``), as Search-R1
+counts it with ``n_agent`` (its ``rollout.n`` stays 1); today's verl counts prompts and multiplies by
+``rollout.n``. See docs/config.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class CompatError(ValueError):
+    """A foreign key with a value this trainer cannot honour; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    to: str
+    note: str = ""  # said once when the spelling is used ("" = silent: a plain synonym)
+
+
+@dataclass(frozen=True)
+class GlobalCount:
+    to: str  # our per-rank key
+
+
+@dataclass(frozen=True)
+class NoEffect:
+    why: str
+    allowed: tuple | None = None  # values that describe what this trainer does; None = any value
+
+
+_OFFLOAD_NOTE = "FSDP2 offloads parameters, gradients and optimiser state together: any of the three asks for all"
+_PAD = ("this trainer cuts the columns that are padding in every row of a micro-batch before each forward; there is "
+        "no separate unpadded (varlen) path, and results are the same")
+_NO_PROFILER = "this trainer has no profiler integration; timing/* metrics are logged every step"
+_WRAP = "FSDP2 wraps each decoder layer (the model's _no_split_modules) and then the root"
+
+RULES: dict[str, Alias | GlobalCount | NoEffect] = {
+    # ---- Search-R1's train_ppo.sh / train_grpo.sh (verl of early 2025)
+    "data.train_data_num": Alias("data.train_max_samples"),
+    "data.val_data_num": Alias("data.val_max_samples"),
+    "data.shuffle_train_dataloader": Alias("data.shuffle"),
+    "actor_rollout_ref.rollout.n_agent": Alias(
+        "actor_rollout_ref.rollout.n", "rollout.n_agent (Search-R1) is rollout.n here: samples per prompt; "
+        "ppo_mini_batch_size counts trajectories, as in Search-R1"),
+    "actor_rollout_ref.actor.ppo_micro_batch_size": GlobalCount("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": GlobalCount(
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": GlobalCount(
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"),
+    "critic.ppo_micro_batch_size": GlobalCount("critic.ppo_micro_batch_size_per_gpu"),
+    "actor_rollout_ref.model.use_remove_padding": NoEffect(_PAD),
+    "critic.model.use_remove_padding": NoEffect(_PAD),
+    "algorithm.no_think_rl": NoEffect("Search-R1 raises an error when it is true; false is what every run does",
+                                      (False,)),
+    "trainer.default_hdfs_dir": NoEffect("no HDFS upload here; checkpoints stay in trainer.default_local_dir"),
+    # ---- our own earlier spellings (before the verl names were adopted)
+    "actor_rollout_ref.actor.lr": Alias("actor_rollout_ref.actor.optim.lr", "renamed: actor.optim.lr"),
+    "actor_rollout_ref.actor.lr_warmup_steps_ratio": Alias("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",
+                                                           "renamed: actor.optim.lr_warmup_steps_ratio"),
+    "actor_rollout_ref.actor.weight_decay": Alias("actor_rollout_ref.actor.optim.weight_decay",
+                                                  "renamed: actor.optim.weight_decay"),
+    "actor_rollout_ref.actor.offload": Alias("actor_rollout_ref.actor.fsdp_config.param_offload",
+                                             "renamed: actor.fsdp_config.param_offload (" + _OFFLOAD_NOTE + ")"),
+    "critic.lr": Alias("critic.optim.lr", "renamed: critic.optim.lr"),
+    "critic.lr_warmup_steps_ratio": Alias("critic.optim.lr_warmup_steps_ratio",
+                                          "renamed: critic.optim.lr_warmup_steps_ratio"),
+    "critic.weight_decay": Alias("critic.optim.weight_decay", "renamed: critic.optim.weight_decay"),
+    "critic.model_path": Alias("critic.model.path", "renamed: critic.model.path"),
+    # ---- today's verl keys (the config walkthrough) that change nothing here, or only one value of which does
+    "actor_rollout_ref.hybrid_engine": NoEffect("every actor rank hosts its rollout engine", (True,)),
+    "actor_rollout_ref.model.external_lib": NoEffect("no external model library is imported", (None,)),
+    "actor_rollout_ref.model.override_config": NoEffect("the model's config.json is used as saved", ({},)),
+    "actor_rollout_ref.model.use_shm": NoEffect("models load from their directory"),
+    "actor_rollout_ref.actor.strategy": NoEffect("the actor trains with FSDP2", ("fsdp", "fsdp2")),
+    "critic.strategy": NoEffect("the critic trains with FSDP2", ("fsdp", "fsdp2")),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": NoEffect("no sequence parallelism", (1,)),
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": NoEffect("no sequence parallelism", (1,)),
+    "critic.ulysses_sequence_parallel_size": NoEffect("no sequence parallelism", (1,)),
+    "actor_rollout_ref.actor.shuffle": NoEffect("mini-batches are taken in the batch's order"),
+    "critic.shuffle": NoEffect("mini-batches are taken in the batch's order"),
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": NoEffect(
+        "log-probs and entropy are always computed over chunks of tokens"),
+    "actor_rollout_ref.actor.entropy_checkpointing": NoEffect(
+        "log-probs and entropy are always computed over chunks of tokens"),
+    "actor_rollout_ref.actor.optim.warmup_style": NoEffect("the learning rate warms up linearly, then stays constant",
+                                                           ("constant",)),
+    "critic.optim.warmup_style": NoEffect("the learning rate warms up linearly, then stays constant", ("constant",)),
+    "actor_rollout_ref.actor.optim.min_lr_ratio": NoEffect("no decay after the warm-up", (None,)),
+    "critic.optim.min_lr_ratio": NoEffect("no decay after the warm-up", (None,)),
+    "actor_rollout_ref.actor.optim.total_training_steps": NoEffect(
+        "computed from the data and trainer.total_training_steps"),
+    "critic.optim.total_training_steps": NoEffect("computed from the data and trainer.total_training_steps"),
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": NoEffect("every rank holds one shard", (-1,)),
+    "actor_rollout_ref.actor.fsdp_config.forward_prefetch": NoEffect(_WRAP),
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy": NoEffect(_WRAP),
+    "actor_rollout_ref.ref.fsdp_config.wrap_policy": NoEffect(_WRAP),
+    "actor_rollout_ref.ref.fsdp_config.fsdp_size": NoEffect("every rank holds one shard", (-1,)),
+    "critic.model.fsdp_config.wrap_policy": NoEffect(_WRAP),
+    "critic.model.fsdp_config.fsdp_size": NoEffect("every rank holds one shard", (-1,)),
+    "critic.model.tokenizer_path": NoEffect("the critic reads the actor's token ids; it needs no tokenizer"),
+    "critic.model.external_lib": NoEffect("no external model library is imported", (None,)),
+    "critic.model.override_config": NoEffect("the model's config.json is used as saved", ({},)),
+    "critic.use_dynamic_bsz": NoEffect("the critic's micro-batches are critic.ppo_micro_batch_size_per_gpu rows"),
+    "critic.ppo_max_token_len_per_gpu": NoEffect("the critic's micro-batches count rows"),
+    "critic.forward_max_token_len_per_gpu": NoEffect("the critic's micro-batches count rows"),
+    "critic.forward_micro_batch_size": NoEffect("the value pass uses critic.ppo_micro_batch_size_per_gpu"),
+    "critic.forward_micro_batch_size_per_gpu": NoEffect("the value pass uses critic.ppo_micro_batch_size_per_gpu"),
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": NoEffect("follows actor_rollout_ref.actor.use_dynamic_bsz"),
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": NoEffect(
+        "follows actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": NoEffect("follows actor_rollout_ref.actor.use_dynamic_bsz"),
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": NoEffect(
+        "follows actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
+    "actor_rollout_ref.rollout.mode": NoEffect("rollouts run in lockstep turns (asynchronous rollout is not built "
+                                               "yet)", ("sync",)),
+    "actor_rollout_ref.rollout.prompt_length": NoEffect("the engine's prompt budget is data.max_prompt_length"),
+    "actor_rollout_ref.rollout.response_length": NoEffect("the engine's budget is data.max_response_length"),
+    "actor_rollout_ref.rollout.ignore_eos": NoEffect("generation stops at EOS and at </search> / </answer>", (False,)),
+    "actor_rollout_ref.rollout.enforce_eager": NoEffect("the vLLM engine's CUDA-graph setting is its own default"),
+    "actor_rollout_ref.rollout.load_format": NoEffect("engines load the policy directory, then receive the trainer's "
+                                                      "weights in memory after every update"),
+    "actor_rollout_ref.rollout.max_num_batched_tokens": NoEffect("vLLM's own default is used"),
+    "actor_rollout_ref.rollout.enable_chunked_prefill": NoEffect("vLLM's own default is used"),
+    "actor_rollout_ref.rollout.disable_log_stats": NoEffect("vLLM's statistics log is off"),
+    "actor_rollout_ref.rollout.calculate_log_probs": NoEffect(
+        "the engines always return the sampled tokens' log-probs (rollout/* mismatch metrics)"),
+    "actor_rollout_ref.rollout.do_sample": NoEffect("sampling is set by rollout.temperature (0 = greedy)", (True,)),
+    "actor_rollout_ref.profiler": NoEffect(_NO_PROFILER),
+    "trainer.profile_steps": NoEffect(_NO_PROFILER),
+    "trainer.controller_nsight_options": NoEffect(_NO_PROFILER),
+    "trainer.worker_nsight_options": NoEffect(_NO_PROFILER),
+    "ray_init.timeline_json_file": NoEffect(_NO_PROFILER),
+    "ray_init.num_cpus": NoEffect("Ray starts with the machine's CPUs (a cluster's address comes from RAY_ADDRESS)"),
+    "trainer.rollout_data_dir": NoEffect("generations are not dumped during training; `python -m search_r1.evaluate "
+                                         "--out DIR` writes every trajectory of a model"),
+    "trainer.validation_data_dir": NoEffect("validation generations are not dumped; `python -m search_r1.evaluate "
+                                            "--out DIR` writes every trajectory of a model"),
+    "data.tokenizer": NoEffect("the tokenizer is the policy's (actor_rollout_ref.model.path)", (None,)),
+    "data.return_raw_input_ids": NoEffect("the reward reads the decoded response; no second tokenizer"),
+    "data.return_raw_chat": NoEffect("prompts are chat-templated once, with the policy's tokenizer"),
+    "reward_model.enable": NoEffect("rewards are rule-based (reward.*, custom_reward_function); no reward model",
+                                    (False,)),
+    "reward_model": NoEffect("rewards are rule-based (reward.*, custom_reward_function); no reward model"),
+    "algorithm.state_masking": NoEffect("inserted tokens are masked by where they came from (info_mask), not by "
+                                        "markers; actor_rollout_ref.actor.state_masking switches it"),
+}
+
+
+@dataclass
+class Translated:
+    """Our spelling of a list of overrides."""
+
+    items: list[tuple[str, Any]] = field(default_factory=list)  # (our key, value), in order
+    global_counts: dict[str, tuple[str, int]] = field(default_factory=dict)  # our key -> (their key, global count)
+    notices: list[str] = field(default_factory=list)
+
+
+def _rule(key: str) -> tuple[str, Alias | GlobalCount | NoEffect] | None:
+    """The rule for ``key`` or for the nearest enclosing key that has one (a NoEffect covers its subtree)."""
+    parts = key.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        rule = RULES.get(prefix)
+        if rule is not None and (end == len(parts) or isinstance(rule, NoEffect)):
+            return prefix, rule
+    return None
+
+
+def strip_hydra_prefix(key: str) -> str:
+    """Hydra's ``+key`` (append) and ``++key`` (append or override) name keys that exist here: same key."""
+    if key.startswith("~"):
+        raise CompatError(f"override {key!r}: deleting keys (Hydra's ~key) is not supported; every key has a value")
+    return key.lstrip("+")
+
+
+def translate(pairs: list[tuple[str, Any]]) -> Translated:
+    """Map ``(key, value)`` pairs (parsed overrides, in order) to our keys; see the module docstring."""
+    out = Translated()
+    spelled_by: dict[str, tuple[str, Any]] = {}  # our key -> (the spelling that set it, value)
+    for raw_key, value in pairs:
+        key = strip_hydra_prefix(raw_key)
+        found = _rule(key)
+        if found is None:
+            ours = key
+        else:
+            name, rule = found
+            if isinstance(rule, NoEffect):
+                if rule.allowed is not None and value not in rule.allowed:
+                    allowed = ", ".join("null" if v is None else repr(v) for v in rule.allowed)
+                    raise CompatError(f"config key {key}={value!r} is not supported here: {rule.why} "
+                                      f"(allowed: {allowed})")
+                out.notices.append(f"{key} has no effect here: {rule.why}")
+                continue
+            ours = rule.to
+            if isinstance(rule, GlobalCount):
+                out.global_counts[ours] = (key, int(value))
+                continue
+            if rule.note:
+                out.notices.append(f"{key}: {rule.note}")
+        if ours == "retriever.url" and isinstance(value, str) and value.rstrip("/").endswith("/retrieve"):
+            value = value.rstrip("/")[: -len("/retrieve")]  # Search-R1 writes the endpoint; ours is the base URL
+        earlier = spelled_by.get(ours)
+        if earlier is not None and earlier[0] != key and earlier[1] != value:
+            raise CompatError(f"config keys {earlier[0]}={earlier[1]!r} and {key}={value!r} set the same setting "
+                              f"({ours}) to different values: give one of them")
+        spelled_by[ours] = (key, value)
+        out.items.append((ours, value))
+    return out

@@ -1,0 +1,100 @@
+"""One directory per run: a run directory that holds another run is refused, never appended to.
+
+``trainer.default_local_dir`` receives ``config.yaml`` (the full resolved config, written when a run starts),
+``metrics.jsonl``, ``curves.png``, ``global_step_N/`` checkpoints and ``hf_model/``. A run may start in it when
+
+* it is empty or new, or holds only a run that failed before its first step; or
+* it holds a run of the same config (keys that only steer the run, such as the step budget, loggers,
+  validation and checkpoint frequency or the retriever's address, may differ) and ``trainer.resume_mode=auto``
+  finds a checkpoint there to continue from (the crash-and-rerun case), or the command only validates.
+
+Anything else (a different config; metrics of a run with no checkpoint to continue; ``resume_mode=disable``
+over an earlier run) is a ``RunDirError`` naming the directory, the reason and the way out, because starting
+over in place would mix two runs' metrics (steps 0,1,2,0,1,2) and overwrite the first run's ``hf_model/``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from verl.utils import checkpoint
+
+# Keys that steer a run without changing what it trains: a rerun may change them and still continue the run.
+RUN_CONTROL = (
+    "trainer.total_training_steps", "trainer.total_epochs", "trainer.resume_mode", "trainer.logger",
+    "trainer.val_before_train", "trainer.val_only", "trainer.test_freq", "trainer.save_freq",
+    "trainer.max_skipped_updates", "trainer.alarm_entropy_below", "trainer.alarm_clipfrac_above", "retriever.url",
+    "retriever.timeout", "retriever.outage_timeout_s", "data.val_batch_size", "data.val_max_samples",
+    "data.val_files", "trainer.device",
+)
+CONFIG_FILE = "config.yaml"
+
+
+class RunDirError(ValueError):
+    """The run directory holds a run this one must not continue or overwrite; the message says why and what to do."""
+
+
+def _flat(yaml_text: str) -> dict[str, object]:
+    out: dict[str, object] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        else:
+            out[prefix] = node
+    walk(OmegaConf.to_container(OmegaConf.create(yaml_text), resolve=False), "")
+    return out
+
+
+def config_differences(old_yaml: str, new_yaml: str) -> list[str]:
+    """``key: old -> new`` for every key (outside RUN_CONTROL) whose value differs between two resolved configs."""
+    old, new = _flat(old_yaml), _flat(new_yaml)
+    keys = sorted((set(old) | set(new)) - set(RUN_CONTROL))
+    return [f"{key}: {old.get(key, '(absent)')!r} -> {new.get(key, '(absent)')!r}" for key in keys
+            if old.get(key, "(absent)") != new.get(key, "(absent)")]
+
+
+def _holds_a_run(out: Path) -> bool:
+    """A checkpoint, or metrics of a trained step. A run that failed before its first step (only config.yaml, or
+    only the validation before training, logged at step 0) is started again in place."""
+    if any(out.glob("global_step_*")):
+        return True
+    metrics = out / "metrics.jsonl"
+    if not metrics.exists():
+        return False
+    for line in metrics.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) > 0:
+                return True
+        except json.JSONDecodeError:  # a line torn by a kill
+            continue
+    return False
+
+
+def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool) -> None:
+    """Check that a run with ``config_yaml`` may start in ``out`` (see the module docstring), then record its config."""
+    way_out = ("choose another directory (trainer.experiment_name=NAME or trainer.default_local_dir=DIR) or move "
+               f"{out} aside")
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"trainer.default_local_dir={str(out)!r} is a file, not a directory: {way_out}")
+    if out.is_dir() and _holds_a_run(out) and not validate_only:
+        saved = out / CONFIG_FILE
+        if saved.exists():
+            differences = config_differences(saved.read_text(), config_yaml)
+            if differences:
+                shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6
+                                                       else "")
+                raise RunDirError(f"{out} holds a run with a different config ({shown}): {way_out}")
+        if resume_mode == "disable":
+            raise RunDirError(f"{out} holds an earlier run and trainer.resume_mode=disable would start over in it, "
+                              f"mixing the two runs' metrics: {way_out}")
+        if resume_mode == "auto" and checkpoint.find_latest(out) is None:
+            raise RunDirError(f"{out} holds an earlier run but no checkpoint to continue from (it ran with "
+                              f"trainer.save_freq=-1, or was stopped before its first save): {way_out}")
+    if not validate_only:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / CONFIG_FILE).write_text(config_yaml)
