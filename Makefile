@@ -1,5 +1,7 @@
 # `make demo`: install (idempotent) and train the search agent on the embedded demo with PPO.
-# `make test`: install (idempotent) and run the test suite.
+# `make test`: install (idempotent) and run the test suite; `make test-fast`: the tests not marked slow (pure
+# functions, config, API, masks: a few minutes), for use while editing. `make lint`: ruff. `make docs`: regenerate
+# docs/config.md from the config's declarations (a test checks it is current).
 # Everything goes into the project's own virtual environment, .venv/.
 PYTHON_SYS ?= python3
 VENV := .venv
@@ -7,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo grpo ablations test lint bench clean-demo
+.PHONY: install demo grpo ablations test test-fast lint docs bench clean-demo
 
 install: $(STAMP)
 
@@ -42,8 +44,14 @@ ablations: install
 test: install
 	$(PY) -m pytest tests -q
 
+test-fast: install
+	$(PY) -m pytest tests -q -m "not slow"
+
 lint: install
 	$(PY) -m ruff check .
+
+docs: install
+	$(PY) -m verl.config_doc > docs/config.md
 
 bench: install
 	$(PY) benchmarks/bench_ppo_step.py

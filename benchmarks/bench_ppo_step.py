@@ -66,7 +66,8 @@ def run(engine: str, world: int, steps: int, overrides: list[str], out: Path) ->
             "trainer.resume_mode=disable", "trainer.logger=[jsonl]", f"trainer.default_local_dir={out}",
             "actor_rollout_ref.actor.use_kl_loss=true", *ranks, *overrides]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LOGLEVEL": "WARNING"}
-    done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "--config", "configs/demo.yaml", *args],
+                          cwd=ROOT, env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{engine} world {world} failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")

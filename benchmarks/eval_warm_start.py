@@ -4,7 +4,7 @@
         --retriever-url http://127.0.0.1:8000 [--split test] [--samples 4]
 
 Rolls out the demo's test questions with the training loop itself (``search_r1.evaluate.build_agent``:
-``LLMGenerationManager`` over the HF engine, lengths and ``max_turns`` from ``configs/ppo_trainer.yaml``,
+``LLMGenerationManager`` over the HF engine, lengths and ``max_turns`` from ``configs/demo.yaml``,
 EM under ``reward.normalize``), and prints EM overall and per data_source, the fraction of trajectories
 that search, EM when the policy searches vs when it does not, and searches per trajectory per
 data_source; then the same with the correct plan forced through the loop's ``turn_prefix``: the first turn
@@ -38,6 +38,7 @@ from data_prep.tiny_policy import (
 )
 from search_r1.evaluate import agent_config, build_agent, score_trajectory
 from search_r1.llm_agent.generation import LLMGenerationManager, Trajectory
+from verl.config import DEMO_CONFIG
 from verl.workers.rollout.base import SamplingParams
 
 FORCE_SEARCH = "<think> Let me"  # the first words of the scripted agent's one-search plan
@@ -88,7 +89,7 @@ def evaluate(model_dir: str, questions: list[Question], retriever_url: str, samp
     from transformers import AutoTokenizer
 
     torch.set_num_threads(2)
-    cfg = agent_config(model_dir, "hf", retriever_url, seed)
+    cfg = agent_config(model_dir, "hf", retriever_url, seed, files=[str(DEMO_CONFIG)])
     agent = build_agent(cfg, AutoTokenizer.from_pretrained(model_dir))
     normalize = cfg.reward.normalize
     results = {}

@@ -2,7 +2,8 @@
 
 ``python -m data_prep.demo_kb --out data/demo`` writes, deterministically from ``--seed``:
 
-- ``corpus.jsonl``: one ``{"id", "contents": "\\"Title\\"\\ntext"}`` passage per entity (DESIGN.md corpus format);
+- ``corpus.jsonl``: one ``{"id", "contents": "\\"Title\\"\\ntext"}`` passage per entity (corpus format:
+  docs/design.md, "Retrieval API and corpus format");
 - ``train.parquet`` / ``test.parquet``: questions in the Search-R1 schema (``data_prep.qa_search.make_row``),
   ``data_source`` = ``demo_single`` (one hop, NQ-like) or ``demo_multi`` (two hops, HotpotQA-like);
 - ``questions.jsonl``: the same questions with their reasoning chains (entity, relation, answer per hop) and

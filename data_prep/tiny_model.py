@@ -2,9 +2,9 @@
 
 Used by the embedded default (``data_prep/tiny_policy.py`` warm-starts it) and by the tests.
 Choices: Qwen2 architecture because vLLM and transformers both load it natively; head_dim 64
-because vLLM's CPU attention rejects head_dim 16 (DESIGN.md); the search-loop tags are single
-added tokens so that stop strings fall on token boundaries; a Qwen-style chat template so the
-same code path serves real Qwen2.5 checkpoints.
+because vLLM's CPU attention rejects head_dim 16 (docs/design.md, "Constraints of the target machines"); the
+search-loop tags are single added tokens so that stop strings fall on token boundaries; a Qwen-style chat
+template so the same code path serves real Qwen2.5 checkpoints.
 """
 
 from __future__ import annotations

@@ -22,27 +22,25 @@ Choices:
   ``One more hop`` if the plan was two hops and this is the first block, else ``Found it``. A decision there
   would have to look back past the passages to the question; the tiny model learned that only for some seeds
   (with the decision after the first block, one seed's policy never took the second hop, so RL could not teach
-  it), while looking back to its own plan word it learns for every seed (probability of the next hop 0.98-1.00
-  on two-hop and 0.000 on one-hop questions for seeds 0-2, ``benchmarks/eval_warm_start.py --teacher-forced``).
+  it), while looking back to its own plan word it learns for every seed tried (``benchmarks/eval_warm_start.py
+  --teacher-forced`` measures it; measured figures: docs/results.md, "Warm-start history").
 - The tag follows ``</think>`` directly (no newline): the ``</think>`` token then attends to the turn's first
   word itself. With a newline in between, the tag was predicted from the newline, and for some seeds it ignored
   the turn (``<answer>`` after ``Let me search for X.``).
 - The scripted agent rarely stops early (``p_stop_early`` 0.1), so that on two-hop questions the warm start plans
   two hops far more often than one search. With 0.4 the learned plan on two-hop questions was one search as
-  often as two hops or more (0.22 vs 0.12 for seed 0 of a 3-layer model), and PPO, which one search rewards on
-  one-hop questions, moved every question to one search: no second hop after training, for 2 and 3 layers. With
-  0.1 (seeds 0, 1, 2; 1500 steps): two hops 0.41 / 0.32 / 0.22 vs one search 0.14 / 0.06 / 0.12 on two-hop
-  questions, one search 0.39-0.57 vs two hops 0.04-0.06 on one-hop ones, and PPO learns the second hop for every
-  seed (2500 steps separated the plans a little more, 0.32-0.35 vs 0.04-0.07, for 3 more minutes of ``make demo``).
-- With ``p_guess`` 0.7 the plan is a guess with probability 0.45-0.65 on two-hop and 0.38-0.55 on one-hop
-  questions, so the greedy warm-started policy guesses on two-hop questions and on some one-hop ones (test EM
-  0.14-0.235 over the three seeds), and its sampled rollouts search often enough, and are right often enough when
-  they do, for RL to learn to search on every question and twice on two-hop ones.
+  often as two hops or more, and PPO, which one search rewards on one-hop questions, moved every question to one
+  search: no second hop after training, for 2 and 3 layers. With 0.1 two hops is the likelier plan on two-hop
+  questions and one search on one-hop ones, and PPO learns the second hop for every seed tried.
+- With ``p_guess`` 0.7 the plan is most often a guess, so the greedy warm-started policy guesses on two-hop
+  questions and on some one-hop ones (low test EM before RL), and its sampled rollouts search often enough, and
+  are right often enough when they do, for RL to learn to search on every question and twice on two-hop ones.
 - Copying first: a model this small rarely discovers, from the few copied tokens of the trajectories, how to
-  copy an unseen name out of its context (3000 trajectory steps left test EM near 0 even with the search
+  copy an unseen name out of its context (long warm starts without it left test EM near 0 even with the search
   forced). So the warm start begins with a copy task (random token sequences repeated once, loss on the
-  repeat) that runs until its loss is below 0.2 (the copying circuit has formed: about 300 steps), and keeps
-  a few rows of it in every trajectory step.
+  repeat) that runs until its loss is below 0.2 (the copying circuit has formed), and keeps a few rows of it in
+  every trajectory step.
+- Measured figures behind these choices (plan probabilities, EM per seed, steps): docs/results.md.
 - Sizes: vocabulary 2048 (BPE on corpus, prompts and trajectories), Qwen2 with hidden 64 x ``num_heads`` (vLLM's
   CPU attention needs head_dim 64), ``num_layers`` layers; AdamW with linear warmup and cosine decay; batches of
   similar-length trajectories to waste little compute on padding; ``torch.set_num_threads(2)``, seeded.
@@ -102,8 +100,8 @@ class WarmStartConfig:
     # trajectories (copy_task_batch); it stops once its loss is below 0.2, i.e. the copying circuit has formed
     copy_rows: int = 8  # rows of that task mixed into every trajectory step afterwards (64 in the copy steps)
     copy_length: int = 24  # maximum length of the random sequence that is repeated
-    steps: int = 1500  # trajectory steps; 2500 gave higher EM after PPO (0.71 vs 0.60 over 3 seeds), same
-    # behaviours, but 3 more minutes of `make demo`
+    steps: int = 1500  # trajectory steps; 2500 gave higher EM after PPO with the same behaviours, but a longer
+    # `make demo` (measured figures: docs/results.md)
     tokens_per_batch: int = 2400  # padded tokens per optimiser step (after the shared prefix)
     lr: float = 2e-3
     warmup_ratio: float = 0.05
@@ -345,9 +343,8 @@ def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int
     batch, i.e. a sum over tokens with a constant divisor, so every policy token weighs the same whichever
     batch it lands in. A plain per-batch mean gives a token of a batch of many short guesses less weight than
     one of a batch of a few long searches: the decisions then follow the batches, not ``p_guess`` (the greedy
-    policy searched on every question with ``p_guess`` 0.55). With the same data and steps, forced-search test
-    EM went from 0.375 to 0.68; other settings of the scripted agent gave 0.25-0.36 with the weighting, so the
-    skills vary a lot from run to run.
+    policy searched on every question with ``p_guess`` 0.55). The weighting raised forced-search test EM, though
+    the skills vary a lot from run to run (measured figures: docs/results.md, "Warm-start history").
     """
     n_prefix = shared_prefix_length(examples)
     prefix = torch.tensor([examples[0][0][:n_prefix]])  # [1, P]

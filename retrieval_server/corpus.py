@@ -1,4 +1,5 @@
-"""The JSONL corpus: one ``{"id": str, "contents": "\\"Title\\"\\ntext"}`` per line (DESIGN.md).
+"""The JSONL corpus: one ``{"id": str, "contents": "\\"Title\\"\\ntext"}`` per line (docs/design.md,
+"Retrieval API and corpus format").
 
 Choices:
 - Passage ``i`` is the i-th non-blank line. Indexes store only these row numbers.

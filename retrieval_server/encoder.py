@@ -15,15 +15,16 @@ Choices:
   ``HALF_PRECISION_PROBES`` must keep cosine >= ``HALF_MIN_COSINE`` with the fp32 ones (a model
   that overflows in fp16 gives NaN or garbage and is refused, or under ``auto`` served in fp32).
 - ``auto`` picks the fastest dtype that keeps top-1 agreement with fp32 >= 99% on the benchmark's
-  queries (``benchmarks/bench_retrieval.py`` measures it; figures in the README): fp16 on GPU
+  queries (``benchmarks/bench_retrieval.py`` measures it; measured figures: docs/results.md): fp16 on GPU
   (tensor cores; 10 mantissa bits), fp32 on CPU. bf16 (7 mantissa bits) falls below the bar on
   those queries, and on CPUs without bf16 instructions (``avx512_bf16`` / ``amx_bf16``) PyTorch
   emulates it, many times slower than fp32; ``--encoder-dtype bf16`` remains for whoever accepts
   that. fp16 on CPU is refused (emulated too).
 - ``backend``: ``torch`` (sentence-transformers' own forward) or ``onnx`` (the same fp32 model run by ONNX
-  Runtime, ``onnx_backend.py``: ~3.5x faster at batch 1 on a CPU, as fast at large batches, embeddings equal to
-  float rounding). ``auto`` (the server's default) picks onnx on a CPU in fp32 when ONNX Runtime is installed,
-  torch otherwise (GPU, half precision), and falls back to torch with a warning if the export fails.
+  Runtime, ``onnx_backend.py``: faster on small batches on a CPU, as fast at large batches, embeddings equal to
+  float rounding; measured figures: docs/results.md). ``auto`` (the server's default) picks onnx on a CPU in
+  fp32 when ONNX Runtime is installed, torch otherwise (GPU, half precision), and falls back to torch with a
+  warning if the export fails.
 - sentence-transformers (and torch) are imported when an ``Encoder`` is built, not at module import,
   so a BM25 server never loads them.
 """

@@ -1,12 +1,12 @@
 """ONNX Runtime backend of the query encoder, for CPUs: same fp32 embeddings, far less time per small batch.
 
-Why: eager PyTorch spends most of a small batch's time in per-operator overhead and in GEMMs of a few rows
-(all-MiniLM-L6-v2, one query: ~13 ms in PyTorch's forward, 4-7 ms in ONNX Runtime on this 2-core CPU). ONNX
-Runtime runs the same fp32 graph with fused attention, GELU and layer norms, so the embeddings equal PyTorch's
-to float rounding (cosine >= ``MIN_COSINE``) and no top-1 passage moves. At large batches both are bound by the
-same fp32 GEMMs and run at about the same rate (figures in the README: ``benchmarks/bench_retrieval.py``).
-Lower precision does not help there on a CPU without VNNI: int8 ONNX Runtime was measured at 1.7x fp32 but
-moved the top-1 passage of 6% of the benchmark's queries.
+Why: eager PyTorch spends most of a small batch's time in per-operator overhead and in GEMMs of a few rows, which
+ONNX Runtime largely avoids, so it is faster on small batches. It runs the same fp32 graph with fused attention,
+GELU and layer norms, so the embeddings equal PyTorch's to float rounding (cosine >= ``MIN_COSINE``) and no
+top-1 passage moves. At large batches both are bound by the same fp32 GEMMs and run at about the same rate
+(``benchmarks/bench_retrieval.py``). Lower precision does not help there on a CPU without VNNI: int8 ONNX
+Runtime was faster than fp32 but moved the top-1 passage of too many of the benchmark's queries. Measured
+figures: docs/results.md.
 
 How:
 - Only the model's first module (the Hugging Face transformer) runs in ONNX Runtime; the modules after it
@@ -35,7 +35,8 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-MIN_COSINE = 0.9999  # fp32 in both: float rounding only (measured >= 0.9999998); a broken export is far below
+# fp32 in both: float rounding only (measured figures: docs/results.md); a broken export is far below
+MIN_COSINE = 0.9999
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 

@@ -13,7 +13,7 @@ Choices, and where they differ from Search-R1:
   and re-tokenises the whole rollout, which can change the tokens the loss is computed on.)
 - ``info_mask`` is built while the response grows: 1 = sampled by the policy (trained),
   0 = inserted by the environment (context only). The trainer's ``loss_mask`` is
-  ``response_mask * info_mask`` (DESIGN.md, Masks).
+  ``response_mask * info_mask`` (docs/design.md, "Masks").
 - The rolling context is never cut. The engine always continues ``prompt + response so far``, the
   exact sequence the actor later scores; the prompt is capped once, at the start, to its last
   ``max_start_length`` tokens (counted), and the response to ``max_response_length`` tokens.
