@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1, help="PPO steps per mode (the first includes warm-up)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                        help="rollout/compute dtype (default: bfloat16 on cuda, float32 on cpu)")
+                        help="engine and training compute dtype (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--tokenizer", type=Path, default=None)
     parser.add_argument("--rows", type=int, default=2, help="prompts per step (x2 samples)")
     parser.add_argument("--response-length", type=int, default=64, help="tokens per response (prompts are ~130)")
@@ -134,6 +134,7 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     base = [f"trainer.device={args.device}", f"actor_rollout_ref.rollout.dtype={dtype}",
+            f"actor_rollout_ref.actor.fsdp_config.dtype={dtype}", f"critic.model.fsdp_config.dtype={dtype}",
             f"data.train_batch_size={args.rows}", f"actor_rollout_ref.actor.ppo_mini_batch_size={2 * args.rows}",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",

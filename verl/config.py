@@ -4,26 +4,41 @@ Choices: the schema is a tree of dataclasses mirrored one-to-one by ``configs/pp
 (the YAML holds the defaults and the comments; the dataclasses hold the types). OmegaConf merges
 YAML and dotlist overrides in struct mode, so an unknown key fails naming the key; types are
 checked by OmegaConf; choices and ranges are checked once here, in ``validate``, with errors that
-name the key and the allowed values. Library code receives the typed objects and never falls back
-to defaults of its own.
+name the key and the allowed values. The allowed algorithm names (advantage and KL estimators) and what
+an estimator needs (a critic, groups of rollout.n >= 2) come from the registries of
+``verl.trainer.core_algos`` (``choices``, ``adv_estimator``), never from a list of their own here.
+Library code receives the typed objects and never falls back to defaults of its own; the dataclass
+defaults equal the YAML's (``tests/verl/test_config_defaults.py``).
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from verl.config_compat import CompatError, translate
+from verl.trainer.registry import AdvEstimator
 
 logger = logging.getLogger(__name__)
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+def _config_dir() -> Path:
+    """``configs/`` of a checkout (editable installs included), else the copy an installed wheel ships as the
+    package data ``verl.configs`` (setup.py maps it there)."""
+    checkout = Path(__file__).resolve().parent.parent / "configs"
+    if (checkout / "ppo_trainer.yaml").is_file():
+        return checkout
+    return Path(str(importlib.resources.files("verl.configs")))
+
+
+CONFIG_DIR = _config_dir()
 DEFAULT_CONFIG = CONFIG_DIR / "ppo_trainer.yaml"  # the defaults for real data (Search-R1's published lengths)
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"  # the embedded demo's paths and small values, layered over the defaults
 
@@ -72,6 +87,7 @@ class FSDPConfig:
     param_offload: bool = False
     grad_offload: bool = False
     optimizer_offload: bool = False
+    dtype: str = "float32"  # training compute dtype (autocast); weights stay float32
 
     @property
     def offload(self) -> bool:
@@ -132,6 +148,7 @@ class RolloutConfig:
 @dataclass
 class RefFSDPConfig:
     param_offload: bool = False
+    dtype: str = "${actor_rollout_ref.actor.fsdp_config.dtype}"  # the frozen weights' dtype; default = the actor's
 
 
 @dataclass
@@ -223,7 +240,7 @@ class TrainerConfig:
     val_only: bool = False
     save_freq: int = -1
     resume_mode: str = "auto"
-    default_local_dir: str = "outputs"
+    default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
     seed: int = 1
     device: str = "auto"
     max_skipped_updates: int = 3
@@ -246,22 +263,53 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
-# Allowed values of the string-choice keys, checked in ``validate``.
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+# Allowed values of the string-choice keys, checked in ``validate``; the algorithm names are added by ``choices``.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "actor_rollout_ref.actor.loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
-    "actor_rollout_ref.actor.kl_loss_type": ("kl", "abs", "mse", "low_var_kl"),
     "actor_rollout_ref.rollout.name": ("vllm", "hf"),
     "actor_rollout_ref.actor.optim_state_dtype": ("float32", "bfloat16"),
-    "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16", "float16"),
-    "algorithm.adv_estimator": ("gae", "grpo", "reinforce_plus_plus", "rloo"),
-    "algorithm.kl_penalty": ("kl", "abs", "mse", "low_var_kl"),
-    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "actor_rollout_ref.rollout.dtype": DTYPE_NAMES,
+    "actor_rollout_ref.actor.fsdp_config.dtype": DTYPE_NAMES,
+    "actor_rollout_ref.ref.fsdp_config.dtype": DTYPE_NAMES,
+    "critic.model.fsdp_config.dtype": DTYPE_NAMES,
     "reward.default_scorer": ("em", "subem", "f1"),
     "reward.normalize": ("squad", "unicode"),
     "trainer.backend": ("local", "ray"),
     "trainer.device": ("auto", "cpu", "cuda"),
 }
 LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
+
+
+def _algos() -> ModuleType:
+    """``verl.trainer.core_algos``, imported on first use: it imports torch, and this module stays cheap to import.
+    Importing it registers the built-in estimators in its registries (``verl.trainer.registry``)."""
+    from verl.trainer import core_algos
+
+    return core_algos
+
+
+def choices() -> dict[str, tuple[str, ...]]:
+    """Every string-choice key with its allowed values: ``CHOICES`` plus the names registered in ``core_algos``
+    (advantage and KL estimators, including any registered before the config is loaded)."""
+    algos = _algos()
+    kl_estimators = algos.KL_ESTIMATORS.names()
+    return {**CHOICES,
+            "algorithm.adv_estimator": algos.ADV_ESTIMATORS.names(),
+            "algorithm.kl_penalty": kl_estimators,
+            "actor_rollout_ref.actor.kl_loss_type": kl_estimators,
+            "actor_rollout_ref.actor.loss_agg_mode": algos.AGG_MODES,
+            "algorithm.kl_ctrl.type": algos.KL_CONTROLLERS}
+
+
+def adv_estimator(cfg: Config) -> AdvEstimator:
+    """The registry entry of ``algorithm.adv_estimator``: the function and what it needs (critic, group ids,
+    algorithm keys)."""
+    return _algos().ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
+
+
+def trajectories_per_step(cfg: Config) -> int:
+    """Rows of one training step: ``data.train_batch_size`` prompts x ``rollout.n`` samples each."""
+    return cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
 
 
 def _get(cfg: Config, dotted: str):
@@ -278,7 +326,7 @@ def _require(ok: bool, key: str, value, allowed: str) -> None:
 
 def validate(cfg: Config) -> Config:
     """Check choices, ranges and cross-key rules; raise ConfigError naming the key."""
-    for key, allowed in CHOICES.items():
+    for key, allowed in choices().items():
         value = _get(cfg, key)
         _require(value in allowed, key, value, "one of " + ", ".join(allowed))
     for name in cfg.trainer.logger:
@@ -315,9 +363,20 @@ def validate(cfg: Config) -> Config:
     for key in ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "critic.optim.lr_warmup_steps_ratio"):
         value = _get(cfg, key)
         _require(0.0 <= value <= 1.0, key, value, "a fraction of the run's steps in [0, 1]")
+    steps = cfg.trainer.total_training_steps
+    _require(steps is None or steps >= 1, "trainer.total_training_steps", steps,
+             "null (trainer.total_epochs worth of steps) or an integer >= 1")
     for key in ("data.train_max_samples", "data.val_max_samples"):
         value = _get(cfg, key)
         _require(value is None or value >= 1, key, value, "null (all rows) or an integer >= 1")
+    for key in ("algorithm.kl_ctrl.kl_coef", "actor_rollout_ref.actor.kl_loss_coef",
+                "actor_rollout_ref.actor.entropy_coeff", "critic.value_loss_coef"):
+        value = _get(cfg, key)
+        _require(value >= 0, key, value, "a number >= 0")
+    gpu = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
+    _require(0.0 < gpu <= 1.0, "actor_rollout_ref.rollout.gpu_memory_utilization", gpu, "a fraction in (0, 1]")
+    _require(re.match(r"https?://[^/\s]+", cfg.retriever.url) is not None, "retriever.url", cfg.retriever.url,
+             "an http:// or https:// URL of the retrieval service, e.g. http://127.0.0.1:8000")
     _require(cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup", cfg.trainer.critic_warmup, "an integer >= 0")
     model = cfg.actor_rollout_ref.model
     _require(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", model.lora_rank, "0 (off) or an integer >= 1")
@@ -334,14 +393,17 @@ def validate(cfg: Config) -> Config:
              cfg.data.val_batch_size, "null or an integer >= 1")
     _require(cfg.data.max_start_length <= cfg.data.max_prompt_length, "data.max_start_length",
              cfg.data.max_start_length, f"at most data.max_prompt_length={cfg.data.max_prompt_length}")
-    n = cfg.actor_rollout_ref.rollout.n
-    rows = cfg.data.train_batch_size * n
+    n, rows = cfg.actor_rollout_ref.rollout.n, trajectories_per_step(cfg)
     mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     _require(rows % mini == 0, "actor_rollout_ref.actor.ppo_mini_batch_size", mini,
              f"a divisor of data.train_batch_size * rollout.n = {rows}")
-    if cfg.algorithm.adv_estimator in ("grpo", "rloo"):
+    estimator, name = adv_estimator(cfg), cfg.algorithm.adv_estimator
+    if estimator.needs_groups:
         _require(n >= 2, "actor_rollout_ref.rollout.n", n,
-                 f">= 2 with algorithm.adv_estimator={cfg.algorithm.adv_estimator} (group baselines)")
+                 f">= 2 with algorithm.adv_estimator={name} (group baselines)")
+    unknown = [arg for arg in estimator.config_args if not hasattr(cfg.algorithm, arg)]
+    _require(not unknown, "algorithm.adv_estimator", name,
+             f"an estimator whose config_args are algorithm keys (it declares {unknown}, which are not)")
     _validate_ranks(cfg)
     _require(cfg.trainer.resume_mode in ("auto", "disable") or Path(cfg.trainer.resume_mode).exists(),
              "trainer.resume_mode", cfg.trainer.resume_mode, "auto, disable or an existing checkpoint path")
@@ -399,7 +461,7 @@ def _validate_ranks(cfg: Config) -> None:
              f"trainer.nnodes x trainer.n_gpus_per_node = {cfg.trainer.nnodes} x {cfg.trainer.n_gpus_per_node})")
     _require(tp == 1 or rollout.name == "vllm", key, tp, "1 with actor_rollout_ref.rollout.name=hf "
              "(transformers generate has no tensor parallelism; use vllm)")
-    rows = cfg.data.train_batch_size * rollout.n
+    rows = trajectories_per_step(cfg)
     _require(rows % world == 0, "data.train_batch_size", cfg.data.train_batch_size,
              f"a size whose rows (x rollout.n = {rows}) split evenly over the {world} ranks")
     mini_batch_keys = ["actor_rollout_ref.actor.ppo_mini_batch_size"]
@@ -425,10 +487,15 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
 
 
-def _nested(key: str, value: Any) -> dict:
-    for part in reversed(key.split(".")):
-        value = {part: value}
-    return value
+def _put(tree: dict, key: str, value: Any) -> None:
+    """Set the dotted ``key`` in the nested dict ``tree`` (a later value of a key replaces an earlier one)."""
+    *parents, last = key.split(".")
+    for part in parents:
+        node = tree.get(part)
+        if not isinstance(node, dict):
+            node = tree[part] = {}
+        tree = node
+    tree[last] = value
 
 
 def run_name(cfg: Config) -> str:
@@ -453,10 +520,11 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
         layers.append([parse_override(item) for item in overrides or []])
         merged, global_counts, notices = schema, {}, []
         for pairs in layers:  # each layer overrides the ones before it
-            layer = translate(pairs)
+            layer, tree = translate(pairs), {}
             for key, value in layer.items:
-                merged = OmegaConf.merge(merged, OmegaConf.create(_nested(key, value)))
+                _put(tree, key, value)
                 global_counts.pop(key, None)
+            merged = OmegaConf.merge(merged, OmegaConf.create(tree))
             global_counts.update(layer.global_counts)
             notices += layer.notices
         cfg = OmegaConf.to_object(merged)
@@ -487,8 +555,9 @@ def _set(cfg: Config, dotted: str, value: Any) -> None:
 
 
 def uses_critic(cfg: Config) -> bool:
-    """The critic exists only for the GAE estimator."""
-    return cfg.algorithm.adv_estimator == "gae"
+    """The critic exists when the advantage estimator reads critic values (``needs_critic`` in its registration:
+    GAE)."""
+    return adv_estimator(cfg).needs_critic
 
 
 def uses_reference(cfg: Config) -> bool:

@@ -1,7 +1,7 @@
 """The worker-group interface, the in-process backend and the factory over both backends.
 
 A worker group holds ``world_size`` instances of one worker class (one data-parallel rank each).
-The single controller (the trainer) drives it with two calls:
+The single controller (the trainer) drives it with three calls:
 
 * ``execute_split(method, batch)``: split the batch into ``world_size`` equal consecutive chunks,
   call ``method(chunk)`` on every rank in parallel, and combine: ``Batch`` results are
@@ -12,38 +12,120 @@ The single controller (the trainer) drives it with two calls:
 * ``execute_each(method, args_per_rank)``: ``method(*args_per_rank[r])`` on rank r, in parallel,
   results in rank order (generation: each rank continues its own share of the rows).
 
+All three go through one primitive per backend (``_run``), which is where the driver's traffic is
+metered: ``traffic`` adds up the payload of every call's arguments (driver -> workers) and of every
+result (workers -> driver), by ``payload_bytes``. Weights or any other data routed through the driver,
+by whatever method, therefore show in the trainer's ``perf/driver_bytes_*`` metrics.
+
 Choices: ``local`` runs the one worker in this process (world size 1, no torch.distributed): the
-default, the GPU machine's path, and the easiest to debug. ``ray`` (``ray_group.py``) places one
-Ray actor per rank on a shared placement-group resource pool; Ray is imported only for it, so the
-local backend works where Ray is not installed.
+default, the GPU machine's path, and the easiest to debug; its traffic is what would cross a process
+boundary with Ray (nothing is copied in one process). ``ray`` (``ray_group.py``) places one Ray actor
+per rank on a shared placement-group resource pool; Ray is imported only for it, so the local backend
+works where Ray is not installed.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import dataclasses
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
 
 from verl.config import Config
 from verl.protocol import Batch
 
+_NUMBERS = (int, float, bool, np.number, np.bool_)
 
-class WorkerGroup(Protocol):
+
+def payload_bytes(obj: Any) -> int:
+    """Bytes of data in ``obj`` as a call argument or result carries it: tensors and numeric arrays at their
+    element size, Python numbers 8, strings and bytes their length, ``None`` 0; Batches, dataclasses, dicts
+    (keys and values), lists, tuples, sets and object arrays by their items; anything else its pickle size.
+    A measure of payload (0 for nothing, growing with every tensor, array or token list passed), not of the
+    exact bytes on the wire (framing and pickle's compact small ints differ)."""
+    if obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, _NUMBERS):
+        return 8
+    if isinstance(obj, str):
+        return len(obj.encode())
+    if isinstance(obj, bytes | bytearray):
+        return len(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes if obj.dtype != object else sum(payload_bytes(item) for item in obj.flat)
+    if isinstance(obj, Batch):
+        return payload_bytes(obj.tensors) + payload_bytes(obj.non_tensors) + payload_bytes(obj.meta)
+    if isinstance(obj, dict):
+        return sum(payload_bytes(key) + payload_bytes(value) for key, value in obj.items())
+    if isinstance(obj, list | tuple | set | frozenset):
+        return sum(8 if isinstance(item, _NUMBERS) else payload_bytes(item) for item in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(payload_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+@dataclasses.dataclass
+class Traffic:
+    """Payload bytes (``payload_bytes``) of a worker group's calls since the last ``WorkerGroup.take_traffic``."""
+
+    to_workers: int = 0  # call arguments, counted once per rank that received them (Batch chunks, prompts)
+    to_driver: int = 0  # results, summed over the ranks that returned them (log-probs, metrics, generated ids)
+
+    @property
+    def total(self) -> int:
+        return self.to_workers + self.to_driver
+
+    def __add__(self, other: Traffic) -> Traffic:
+        return Traffic(self.to_workers + other.to_workers, self.to_driver + other.to_driver)
+
+    def __sub__(self, other: Traffic) -> Traffic:
+        return Traffic(self.to_workers - other.to_workers, self.to_driver - other.to_driver)
+
+
+class WorkerGroup:
+    """The three calls of the module docstring over one backend primitive, ``_run``; every call is metered."""
+
     world_size: int
+
+    def __init__(self) -> None:
+        self.traffic = Traffic()
+
+    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any]) -> list:
+        """Call ``method(*args_per_rank[r], **kwargs)`` on every rank r, in parallel; the results in rank order."""
+        raise NotImplementedError
+
+    def _call(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any] | None = None) -> list:
+        kwargs = kwargs or {}
+        self.traffic.to_workers += sum(payload_bytes(args) + payload_bytes(kwargs) for args in args_per_rank)
+        results = self._run(method, args_per_rank, kwargs)
+        self.traffic.to_driver += payload_bytes(results)
+        return results
 
     def execute_split(self, method: str, batch: Batch) -> Batch | dict:
         """Call ``method`` on equal chunks of ``batch``, one per rank; concatenated Batch or rank 0's dict."""
-        ...
+        chunks = [batch] if self.world_size == 1 else split_for_ranks(method, batch, self.world_size)
+        return combine(method, self._call(method, [(chunk,) for chunk in chunks]))
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Call ``method(*args, **kwargs)`` on every rank; the results in rank order."""
-        ...
+        return self._call(method, [args] * self.world_size, kwargs)
 
     def execute_each(self, method: str, args_per_rank: list[tuple]) -> list:
         """Call ``method(*args_per_rank[r])`` on rank r, all ranks in parallel; the results in rank order."""
-        ...
+        check_args_per_rank(method, args_per_rank, self.world_size)
+        return self._call(method, args_per_rank)
+
+    def take_traffic(self) -> Traffic:
+        """The traffic since the previous call (then reset)."""
+        traffic, self.traffic = self.traffic, Traffic()
+        return traffic
 
     def shutdown(self) -> None:
         """Release the workers (and their processes, for Ray)."""
-        ...
 
 
 def split_for_ranks(method: str, batch: Batch, world_size: int) -> list[Batch]:
@@ -68,22 +150,16 @@ def combine(method: str, results: list) -> Batch | dict:
     raise TypeError(f"{method} returned {[type(r).__name__ for r in results]}; execute_split needs Batch or dict")
 
 
-class LocalWorkerGroup:
+class LocalWorkerGroup(WorkerGroup):
     """One worker in this process (world size 1)."""
 
     def __init__(self, worker_cls: type, cfg: Config, **init_kwargs: Any):
+        super().__init__()
         self.world_size = 1
         self.worker = worker_cls(cfg, **init_kwargs)
 
-    def execute_split(self, method: str, batch: Batch) -> Batch | dict:
-        return combine(method, [getattr(self.worker, method)(batch)])
-
-    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
-        return [getattr(self.worker, method)(*args, **kwargs)]
-
-    def execute_each(self, method: str, args_per_rank: list[tuple]) -> list:
-        check_args_per_rank(method, args_per_rank, 1)
-        return [getattr(self.worker, method)(*args_per_rank[0])]
+    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any]) -> list:
+        return [getattr(self.worker, method)(*args_per_rank[0], **kwargs)]
 
     def shutdown(self) -> None:
         self.worker = None

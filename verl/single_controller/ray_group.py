@@ -30,8 +30,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl.config import Config
-from verl.protocol import Batch
-from verl.single_controller.base import check_args_per_rank, combine, split_for_ranks
+from verl.single_controller.base import WorkerGroup
 
 logger = logging.getLogger(__name__)
 
@@ -91,10 +90,11 @@ class WorkerProcess:
         return getattr(self.worker, method)(*args, **kwargs)
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(WorkerGroup):
     """``world_size`` Ray actors, each one data-parallel rank of ``worker_cls``."""
 
     def __init__(self, worker_cls: type, cfg: Config, world_size: int, **init_kwargs: Any):
+        super().__init__()
         ensure_ray(world_size)
         pool, use_gpu = resource_pool(world_size)
         share = 1.0 / MAX_COLOCATED
@@ -111,17 +111,9 @@ class RayWorkerGroup:
         ray.get([w.build.remote(worker_cls, cfg, init_kwargs) for w in self.workers])
         logger.info("%s: %d Ray workers on %s", worker_cls.__name__, world_size, "GPUs" if use_gpu else "CPUs")
 
-    def execute_split(self, method: str, batch: Batch) -> Batch | dict:
-        chunks = split_for_ranks(method, batch, self.world_size)
-        refs = [w.execute.remote(method, chunk) for w, chunk in zip(self.workers, chunks, strict=True)]
-        return combine(method, ray.get(refs))
-
-    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
-        return ray.get([w.execute.remote(method, *args, **kwargs) for w in self.workers])
-
-    def execute_each(self, method: str, args_per_rank: list[tuple]) -> list:
-        check_args_per_rank(method, args_per_rank, self.world_size)
-        return ray.get([w.execute.remote(method, *args) for w, args in zip(self.workers, args_per_rank, strict=True)])
+    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any]) -> list:
+        return ray.get([w.execute.remote(method, *args, **kwargs)
+                        for w, args in zip(self.workers, args_per_rank, strict=True)])
 
     def shutdown(self) -> None:
         for worker in self.workers:

@@ -1,10 +1,15 @@
-"""The RL algorithms as pure tensor functions: advantages, losses, KL estimators and controllers.
+"""The RL algorithms as pure tensor functions: advantages, losses, KL estimators and controllers
+(log-probs and entropy from logits are in ``logprobs``).
 
 Shapes: B rows, T response tokens, V vocabulary. Every function takes a ``mask`` [B, T]
 (1 = the token counts, 0 = it does not; the trainer passes ``loss_mask = response_mask * info_mask``,
 so padding and tokens inserted by the environment are 0) and averages, whitens and accumulates
 only over it. Masks may be bool, int or float; masked positions of token-level outputs are 0.
-Nothing here knows about Ray, vLLM, FSDP or config objects.
+Nothing here knows about Ray, vLLM, FSDP or config objects. Advantage and KL estimators are
+registered by name (``registry``): each advantage estimator takes one ``AdvantageInputs`` record and
+declares what it reads (critic values, group ids, ``algorithm.*`` values), and the config's choices,
+the critic and the trainer's call all come from that declaration. There is one policy loss (PPO's
+clipped surrogate), so it has no registry.
 
 Choices and sources:
 
@@ -19,7 +24,7 @@ Choices and sources:
 * **GAE** (Schulman et al. 2016): advantages whitened over the batch mask; returns = the
   unwhitened advantages + values (the critic target).
 * **GRPO** (Shao et al. 2024, DeepSeekMath): (score - group mean) / (group std + eps), std with
-  Bessel's correction; ``norm_adv_by_std=False`` gives the Dr. GRPO advantage (Liu et al. 2025):
+  Bessel's correction; ``norm_adv_by_std_in_grpo=False`` gives the Dr. GRPO advantage (Liu et al. 2025):
   score - group mean. Groups are rows with equal ``index`` (uid strings), never positions. A
   group of one sample has no baseline: its advantage is its raw score (mean 0, std 1).
 * **RLOO** (Ahmadian et al. 2024): score minus the mean score of the *other* samples of the
@@ -46,25 +51,28 @@ Choices and sources:
 * **KL controllers**: fixed beta, or the adaptive proportional controller of Ziegler et al.
   2019 (error clipped to [-0.2, 0.2]); the controlled quantity is the mean over sequences of
   the per-sequence KL (the sum of token KLs of a sequence, the KL of the sequence distribution).
-* **Log-probs** as ``gather(logits) - logsumexp(logits)``: no [B, T, V] log-softmax output is
-  kept for backward (half-precision logits are upcast one row at a time).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
+
+# The registries (``registry``), re-exported: importing this module registers the built-ins below.
+from verl.trainer.registry import ADV_ESTIMATORS as ADV_ESTIMATORS
+from verl.trainer.registry import KL_ESTIMATORS as KL_ESTIMATORS
+from verl.trainer.registry import AdvantageInputs as AdvantageInputs
+from verl.trainer.registry import register_adv_estimator as register_adv_estimator
+from verl.trainer.registry import register_kl_estimator as register_kl_estimator
 
 logger = logging.getLogger(__name__)
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_KINDS = ("kl", "abs", "mse", "low_var_kl")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # loss_agg_mode, see ``agg_loss``
+KL_CONTROLLERS = ("fixed", "adaptive")  # algorithm.kl_ctrl.type, see ``get_kl_controller``
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,22 +173,20 @@ def _masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam
     return torch.stack(advantages[::-1], dim=1)  # [B, T]
 
 
+@register_adv_estimator("gae", needs_critic=True, config_args=("gamma", "lam"))
 @torch.no_grad()
-def compute_gae_advantage_return(token_level_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float,
-                                 lam: float) -> tuple[Tensor, Tensor]:
+def compute_gae_advantage_return(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """GAE (Schulman et al. 2016) over the policy tokens only (masked tokens are transparent).
 
-    Args:
-        token_level_rewards: [B, T] rewards (outcome score on the last token, minus KL if in reward).
-        values: [B, T] critic values of the old policy.
-        mask: [B, T] loss mask (1 = policy token).
-        gamma, lam: discount and GAE lambda.
-    Returns:
-        advantages [B, T] whitened over the mask, and returns [B, T] = unwhitened advantages +
-        values (the critic targets); both 0 at masked positions.
+    Reads ``token_level_rewards`` [B, T] (outcome score on the last token, minus KL if in reward),
+    ``values`` [B, T] (critic values of the old policy), ``mask`` [B, T] and ``config`` gamma
+    (discount) and lam (GAE lambda).
+    Returns advantages [B, T] whitened over the mask, and returns [B, T] = unwhitened advantages +
+    values (the critic targets); both 0 at masked positions.
     """
-    rewards = _fold_masked_rewards(token_level_rewards, mask)
-    advantages = _masked_gae(rewards, values, mask, gamma, lam)
+    mask, values = inputs.mask, inputs.values
+    rewards = _fold_masked_rewards(inputs.token_level_rewards, mask)
+    advantages = _masked_gae(rewards, values, mask, inputs.config["gamma"], inputs.config["lam"])
     returns = _zero_masked(advantages + values, mask)
     return masked_whiten(advantages, mask), returns
 
@@ -208,71 +214,58 @@ def _group_stats(scores: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor,
     return size[group], total[group], mean[group], std[group]
 
 
+@register_adv_estimator("grpo", needs_groups=True, config_args=("norm_adv_by_std_in_grpo",))
 @torch.no_grad()
-def compute_grpo_outcome_advantage(token_level_rewards: Tensor, mask: Tensor, index: np.ndarray,
-                                   norm_adv_by_std: bool = True, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
-    """GRPO outcome advantage (Shao et al. 2024); Dr. GRPO when ``norm_adv_by_std`` is False.
+def compute_grpo_outcome_advantage(inputs: AdvantageInputs, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """GRPO outcome advantage (Shao et al. 2024); Dr. GRPO when ``norm_adv_by_std_in_grpo`` is False.
 
-    Args:
-        token_level_rewards: [B, T]; the row sum is the sequence score.
-        mask: [B, T] loss mask.
-        index: [B] uid per row; rows with equal uid form a group (same prompt), wherever they are.
-        norm_adv_by_std: divide the centred score by the group std (+ eps).
+    Reads ``token_level_rewards`` [B, T] (the row sum is the sequence score), ``mask`` [B, T],
+    ``index`` [B] (rows with equal uid form a group, wherever they are) and ``config``
+    norm_adv_by_std_in_grpo (divide the centred score by the group std + ``eps``).
     Returns (advantages, advantages), each [B, T]: the row's advantage on every masked-in token.
     """
-    scores = token_level_rewards.sum(dim=-1)  # [B]
-    size, _, mean, std = _group_stats(scores, _group_ids(index, scores.shape[0], scores.device))
+    rewards = inputs.token_level_rewards
+    scores = rewards.sum(dim=-1)  # [B]
+    size, _, mean, std = _group_stats(scores, _group_ids(inputs.index, scores.shape[0], scores.device))
     single = size < 2  # no baseline for a group of one: keep the raw score
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
     adv = scores - mean
-    if norm_adv_by_std:
+    if inputs.config["norm_adv_by_std_in_grpo"]:
         adv = adv / (std + eps)
-    advantages = _zero_masked(adv[:, None].expand_as(token_level_rewards), mask)  # [B, T]
+    advantages = _zero_masked(adv[:, None].expand_as(rewards), inputs.mask)  # [B, T]
     return advantages, advantages
 
 
+@register_adv_estimator("rloo", needs_groups=True)
 @torch.no_grad()
-def compute_rloo_outcome_advantage(token_level_rewards: Tensor, mask: Tensor,
-                                   index: np.ndarray) -> tuple[Tensor, Tensor]:
+def compute_rloo_outcome_advantage(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024): score minus the mean score of the other rows of its group.
 
-    Args: token_level_rewards [B, T] (row sum = score); mask [B, T]; index [B] uids.
+    Reads ``token_level_rewards`` [B, T] (row sum = score), ``mask`` [B, T] and ``index`` [B] uids.
     Returns (advantages, advantages), each [B, T]; a group of one keeps its raw score.
     """
-    scores = token_level_rewards.sum(dim=-1)  # [B]
-    size, total, _, _ = _group_stats(scores, _group_ids(index, scores.shape[0], scores.device))
+    rewards = inputs.token_level_rewards
+    scores = rewards.sum(dim=-1)  # [B]
+    size, total, _, _ = _group_stats(scores, _group_ids(inputs.index, scores.shape[0], scores.device))
     baseline = torch.where(size > 1, (total - scores) / (size - 1.0).clamp(min=1.0), torch.zeros_like(scores))
-    advantages = _zero_masked((scores - baseline)[:, None].expand_as(token_level_rewards), mask)  # [B, T]
+    advantages = _zero_masked((scores - baseline)[:, None].expand_as(rewards), inputs.mask)  # [B, T]
     return advantages, advantages
 
 
+@register_adv_estimator("reinforce_plus_plus", config_args=("gamma",))
 @torch.no_grad()
-def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards: Tensor, mask: Tensor,
-                                                  gamma: float) -> tuple[Tensor, Tensor]:
+def compute_reinforce_plus_plus_outcome_advantage(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025): discounted returns-to-go over the policy tokens, whitened over the mask.
 
-    Args: token_level_rewards [B, T] (with the KL penalty already in); mask [B, T]; gamma discount.
+    Reads ``token_level_rewards`` [B, T] (with the KL penalty already in), ``mask`` [B, T] and ``config``
+    gamma (discount).
     Returns (advantages [B, T] whitened, returns [B, T] unwhitened), 0 at masked positions.
     """
-    rewards = _fold_masked_rewards(token_level_rewards, mask)
-    returns = _masked_gae(rewards, torch.zeros_like(rewards), mask, gamma, lam=1.0)
+    mask = inputs.mask
+    rewards = _fold_masked_rewards(inputs.token_level_rewards, mask)
+    returns = _masked_gae(rewards, torch.zeros_like(rewards), mask, inputs.config["gamma"], lam=1.0)
     return masked_whiten(returns, mask), returns
-
-
-ADV_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
-    "gae": compute_gae_advantage_return,
-    "grpo": compute_grpo_outcome_advantage,
-    "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage,
-    "rloo": compute_rloo_outcome_advantage,
-}
-
-
-def get_adv_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
-    """The advantage estimator registered under ``name``; unknown names list the valid ones."""
-    if name not in ADV_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}: valid are {sorted(ADV_ESTIMATORS)}")
-    return ADV_ESTIMATORS[name]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -403,94 +396,39 @@ def compute_value_loss(vpreds: Tensor, values_old: Tensor, returns: Tensor, mask
     return loss, clipfrac
 
 
+@register_kl_estimator("kl")
+def kl_k1(log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:
+    """k1 = log pi - log ref (unbiased, any sign); [B, T] -> [B, T]."""
+    return log_prob - ref_log_prob
+
+
+@register_kl_estimator("abs")
+def kl_abs(log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:
+    """|k1|; [B, T] -> [B, T]."""
+    return (log_prob - ref_log_prob).abs()
+
+
+@register_kl_estimator("mse")
+def kl_k2(log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:
+    """k2 = 0.5 * k1^2 (biased, >= 0); [B, T] -> [B, T]."""
+    return 0.5 * (log_prob - ref_log_prob).square()
+
+
+@register_kl_estimator("low_var_kl")
+def kl_k3(log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:
+    """k3 = r - 1 - log r with r = ref / pi (unbiased, >= 0); log r clamped to [-20, 20] before exp and the result
+    to [-10, 10]; [B, T] -> [B, T]."""
+    log_r = torch.clamp(ref_log_prob - log_prob, min=-20.0, max=20.0)
+    return torch.clamp(torch.exp(log_r) - 1.0 - log_r, min=-10.0, max=10.0)
+
+
 def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kind: str) -> Tensor:
     """Per-token estimate of KL(pi || ref) from tokens sampled by pi; [B, T], not masked.
 
-    Kinds (Schulman 2020): ``kl`` k1 = log pi - log ref; ``abs`` |k1|; ``mse`` k2 = 0.5 * k1^2;
-    ``low_var_kl`` k3 = r - 1 - log r with r = ref / pi (>= 0), log r clamped to [-20, 20]
-    before exp and the result clamped to [-10, 10]. Mask it (``agg_loss``/``masked_*``) to use it.
+    ``kind`` names a registered KL estimator (Schulman 2020): ``kl`` k1, ``abs`` |k1|, ``mse`` k2,
+    ``low_var_kl`` k3; an unknown kind lists the valid ones. Mask it (``agg_loss``/``masked_*``) to use it.
     """
-    diff = log_prob - ref_log_prob  # [B, T]
-    if kind == "kl":
-        return diff
-    if kind == "abs":
-        return diff.abs()
-    if kind == "mse":
-        return 0.5 * diff.square()
-    if kind == "low_var_kl":
-        log_r = torch.clamp(-diff, min=-20.0, max=20.0)
-        return torch.clamp(torch.exp(log_r) - 1.0 - log_r, min=-10.0, max=10.0)
-    raise ValueError(f"unknown KL estimator {kind!r}: valid are {list(KL_KINDS)}")
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of the softmax of ``logits`` [B, T, V] -> [B, T]: logsumexp(z) - sum(softmax(z) * z).
-
-    Computed on z - max(z) (entropy is shift-invariant; the max is detached, so gradients are
-    unchanged): without the shift both terms grow with the logits and cancel catastrophically.
-    """
-    shifted = logits - logits.max(dim=-1, keepdim=True).values.detach()  # [B, T, V], max 0 per token
-    probs = torch.softmax(shifted, dim=-1)
-    return torch.logsumexp(shifted, dim=-1) - (probs * shifted).sum(dim=-1)
-
-
-def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
-    """Log-probability of ``labels`` [B, T] under ``logits`` [B, T, V] -> [B, T] (float32 for half inputs).
-
-    ``logit[label] - logsumexp(logits)``: backward needs only the logits already held, not a
-    second [B, T, V] log-softmax tensor. Half-precision logits are upcast one row at a time.
-    """
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        return torch.stack([logprobs_from_logits(row.float(), lab) for row, lab in zip(logits, labels, strict=True)])
-    picked = torch.gather(logits, dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)  # [B, T]
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
-# Bytes of float32 temporaries one chunk of ``logprobs_and_entropy`` may hold: ~0.4k tokens of a
-# 151k vocabulary, the whole micro-batch of a small one.
-LOGITS_CHUNK_BYTES = 256 << 20
-
-
-def _chunk_logprobs_and_entropy(logits: Tensor, labels: Tensor, with_entropy: bool,
-                                entropy_grad: bool) -> tuple[Tensor, Tensor]:
-    """``logprobs_from_logits`` and ``entropy_from_logits`` of a [N, V] chunk, in float32 -> ([N], [N])."""
-    z = logits.float()  # [N, V]
-    log_prob = logprobs_from_logits(z, labels)
-    if not with_entropy:
-        return log_prob, torch.zeros_like(log_prob)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = entropy_from_logits(z)
-    return log_prob, entropy
-
-
-def logprobs_and_entropy(logits: Tensor, labels: Tensor, with_entropy: bool = False, entropy_grad: bool = False,
-                         chunk_bytes: int = LOGITS_CHUNK_BYTES) -> tuple[Tensor, Tensor | None]:
-    """Log-probs of ``labels`` [B, T] under ``logits`` [B, T, V], and the entropy [B, T] if asked, in float32.
-
-    Computed over chunks of tokens whose float32 temporaries (the upcast, the softmax) take at most
-    ``chunk_bytes``, so with a 151k vocabulary nothing beyond the logits themselves spans
-    [B, T, V]. With gradients each chunk runs under activation checkpointing: its temporaries are
-    recomputed in the backward pass instead of being kept, so the backward holds no second
-    [B, T, V] tensor either. ``entropy_grad`` keeps the entropy in the autograd graph (a bonus
-    term); otherwise it is computed without gradient (a metric).
-    """
-    B, T, V = logits.shape
-    if B * T == 0:
-        zeros = logits.new_zeros(B, T, dtype=torch.float32)
-        return zeros, (zeros.clone() if with_entropy else None)
-    flat_logits, flat_labels = logits.reshape(B * T, V), labels.reshape(B * T)  # [N, V], [N]
-    chunk = max(1, chunk_bytes // (4 * V))
-    checkpointed = torch.is_grad_enabled() and logits.requires_grad
-    log_probs, entropies = [], []
-    for start in range(0, B * T, chunk):
-        args = (flat_logits[start:start + chunk], flat_labels[start:start + chunk], with_entropy, entropy_grad)
-        if checkpointed:
-            log_prob, entropy = checkpoint(_chunk_logprobs_and_entropy, *args, use_reentrant=False)
-        else:
-            log_prob, entropy = _chunk_logprobs_and_entropy(*args)
-        log_probs.append(log_prob)
-        entropies.append(entropy)
-    return torch.cat(log_probs).reshape(B, T), (torch.cat(entropies).reshape(B, T) if with_entropy else None)
+    return KL_ESTIMATORS.get(kind)(log_prob, ref_log_prob)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -534,7 +472,7 @@ def get_kl_controller(kind: str, kl_coef: float, target_kl: float,
         return FixedKLController(kl_coef)
     if kind == "adaptive":
         return AdaptiveKLController(kl_coef, target_kl, horizon)
-    raise ValueError(f"unknown KL controller {kind!r}: valid are ['adaptive', 'fixed']")
+    raise ValueError(f"unknown KL controller {kind!r}: valid are {', '.join(KL_CONTROLLERS)}")
 
 
 @torch.no_grad()

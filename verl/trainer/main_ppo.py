@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from verl.config import Config, ConfigError, load_config, world_size
+from verl.config import Config, ConfigError, load_config, trajectories_per_step, world_size
 from verl.trainer.health import TrainingStopped
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.trainer.recipe import EnvironmentUnavailable, load_recipe
@@ -63,7 +63,7 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
     """What the run is, in a few lines: model, data, search, engine and ranks, updates per step, run directory."""
     r, a, t = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor, cfg.trainer
-    trajectories = cfg.data.train_batch_size * r.n
+    trajectories = trajectories_per_step(cfg)
     updates = optimizer_steps_per_training_step(trajectories, a.ppo_mini_batch_size, a.ppo_epochs)
     latest = checkpoint.find_latest(trainer.out_dir) if t.resume_mode == "auto" else None
     search = f"{cfg.retriever.url}, top-{cfg.retriever.topk}, up to {cfg.max_turns} search turns" if cfg.do_search \
@@ -71,8 +71,8 @@ def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
     lines = [
         f"run      {cfg.algorithm.adv_estimator}, {trainer.total_steps} steps -> {trainer.out_dir}"
         + (f" (continuing {latest.name})" if latest else ""),
-        f"model    {cfg.actor_rollout_ref.model.path} ({r.name} engine, {r.dtype}, {world_size(cfg)} rank(s), "
-        f"{t.backend} backend)",
+        f"model    {cfg.actor_rollout_ref.model.path} ({r.name} engine in {r.dtype}, training in "
+        f"{a.fsdp_config.dtype}, {world_size(cfg)} rank(s), {t.backend} backend)",
         f"data     {len(trainer.train_set):,} train rows ({cfg.data.train_files}), {len(trainer.val_set):,} validation "
         f"rows",
         f"batch    {cfg.data.train_batch_size} prompts x {r.n} samples = {trajectories} trajectories; {updates} actor "
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         files, overrides = split_args(sys.argv[1:] if argv is None else argv)
         cfg = load_config(overrides, files)
         trainer = build_trainer(cfg)
-    except (ConfigError, DataError, RunDirError) as err:
+    except (ConfigError, DataError, RunDirError, EnvironmentUnavailable) as err:  # unusable input or service
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(startup_summary(cfg, trainer), flush=True)

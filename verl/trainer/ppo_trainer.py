@@ -8,13 +8,19 @@ recipe's loop; the actor (with its engine), critic and reference live in worker 
 (in-process or Ray actors, see ``verl.single_controller``). The trainer imports no task: the config
 key ``recipe`` names the module that provides generation, reward and metrics (``recipe.py``).
 
+The recipe's generated batch is checked at the seam (``recipe.check_generated``); the advantage
+estimator is called with what its registration declares (``registry.AdvantageInputs``). The driver's
+traffic is metered by the worker groups: each step logs ``perf/driver_bytes_to_workers`` and
+``perf/driver_bytes_from_workers`` (every call's arguments and results) and ``perf/sync_bytes_driver``
+(those of the weight sync alone).
+
 Masks: ``loss_mask = response_mask * info_mask`` when ``actor.state_masking`` (else
 ``response_mask``) is computed once, right after generation, and is the only mask the reward
 placement, advantages, losses and token metrics use.
 
-Stability (README, "Stability"): every step logs the rollout/trainer mismatch over the policy tokens
-(``rollout/*``, from the engines' log-probs); a NaN/Inf advantage skips the step's updates (a
-NaN/Inf loss or gradient norm skips an optimiser step in the workers), and ``health.HealthMonitor``
+Stability (docs/design.md, "Faults and what the trainer does"): every step logs the rollout/trainer
+mismatch over the policy tokens (``rollout/*``, from the engines' log-probs); a NaN/Inf advantage skips the
+step's updates (a NaN/Inf loss or gradient norm skips an optimiser step in the workers), and ``health.HealthMonitor``
 stops the run after ``trainer.max_skipped_updates`` such steps in a row and raises the entropy and
 clip-fraction alarms; when the recipe's environment stays down (``EnvironmentUnavailable``) the run
 saves the last finished step and stops, so a rerun continues with no step lost.
@@ -37,13 +43,23 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from verl.config import Config, check_paths, to_yaml, uses_critic, uses_lora, uses_reference, world_size
+from verl.config import (
+    Config,
+    adv_estimator,
+    check_paths,
+    to_yaml,
+    uses_critic,
+    uses_lora,
+    uses_reference,
+    world_size,
+)
 from verl.protocol import Batch
-from verl.single_controller import create_worker_group
+from verl.single_controller import WorkerGroup, create_worker_group
+from verl.single_controller.base import Traffic
 from verl.single_controller.rollout import GroupRollout
 from verl.trainer import core_algos
 from verl.trainer.health import HealthMonitor, TrainingStopped
-from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder
+from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated
 from verl.trainer.reward import RewardManager, load_custom_score_fn
 from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
@@ -52,6 +68,7 @@ from verl.utils.plots import plot_curves
 from verl.utils.tracking import Tracker
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
+from verl.workers.model_utils import check_models
 from verl.workers.reference import RefWorker
 from verl.workers.rollout.base import SamplingParams
 
@@ -69,23 +86,11 @@ def _mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float(core_algos.masked_mean(x.float(), mask.float()))
 
 
-def tensor_bytes(obj) -> int:
-    """Bytes of all tensors / arrays inside ``obj`` (nested dicts, lists, tuples): what a call returned."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
-
-
 class PPOTrainer:
     def __init__(self, cfg: Config, build_recipe: RecipeBuilder):
         self.cfg = cfg
         check_paths(cfg)
+        check_models(cfg)
         self.out_dir = Path(cfg.trainer.default_local_dir)
         run_dir.claim(self.out_dir, to_yaml(cfg), cfg.trainer.resume_mode, cfg.trainer.val_only)
         model = cfg.actor_rollout_ref.model
@@ -150,7 +155,7 @@ class PPOTrainer:
                 except EnvironmentUnavailable as err:
                     self.stop_for_outage(err, loader_before)
                 metrics.update(self.health.observe(self.step, metrics))
-                self.tracker.log({**metrics, **timing, **self._throughput(batch, timing)}, step=self.step)
+                self.tracker.log({**metrics, **timing, **self._perf(batch, timing)}, step=self.step)
                 if self._due(self.cfg.trainer.save_freq):  # after the log: a kill in between redoes the step
                     self.save()
                 progress.update()
@@ -161,6 +166,7 @@ class PPOTrainer:
 
     def run_step(self, batch: Batch, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
         """Generate, score and train on one batch; then validate when due."""
+        self._take_traffic()  # count only this step's worker-group calls (not the previous checkpoint's)
         with _timed("gen", timing):
             batch = self.generate(batch, self._train_sampling())
         with _timed("reward", timing):
@@ -212,7 +218,7 @@ class PPOTrainer:
         """Repeat each prompt n times (consecutive rows share a uid), run the recipe's generation, add loss_mask."""
         n = self.cfg.actor_rollout_ref.rollout.n if n is None else n
         self.rollout.take_metrics()  # reset: count only this generation's engines
-        out = self.recipe.generate(batch.repeat(n), params)
+        out = check_generated(self.recipe.generate(batch.repeat(n), params), rows=len(batch) * n)
         out.meta["gen_metrics"] = {**out.meta.get("gen_metrics", {}), **self.rollout.take_metrics()}
         # 1 = the token counts in every loss/advantage/metric; inserted tokens are excluded under state masking.
         loss_mask = out["response_mask"] * out["info_mask"] if self.cfg.actor_rollout_ref.actor.state_masking \
@@ -228,20 +234,20 @@ class PPOTrainer:
         return batch
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """KL-in-reward (optional), then the configured advantage estimator over loss_mask."""
+        """KL-in-reward (optional), then the configured advantage estimator over loss_mask, given what its
+        registration declares it reads (``verl.trainer.registry``)."""
         algo, mask, metrics = self.cfg.algorithm, batch["loss_mask"].float(), {}
         rewards = batch["token_level_scores"]
         if algo.use_kl_in_reward:
             rewards, metrics = core_algos.apply_kl_penalty(rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
                                                            self.kl_ctrl, algo.kl_penalty)
-        per_estimator = {
-            "gae": {"values": batch["values"] if "values" in batch else None, "gamma": algo.gamma, "lam": algo.lam},
-            "grpo": {"index": batch["uid"], "norm_adv_by_std": algo.norm_adv_by_std_in_grpo},
-            "reinforce_plus_plus": {"gamma": algo.gamma},
-            "rloo": {"index": batch["uid"]},
-        }
-        estimator = core_algos.get_adv_estimator(algo.adv_estimator)
-        advantages, returns = estimator(token_level_rewards=rewards, mask=mask, **per_estimator[algo.adv_estimator])
+        estimator = adv_estimator(self.cfg)
+        inputs = core_algos.AdvantageInputs(
+            token_level_rewards=rewards, mask=mask,  # [B, R] each
+            values=batch["values"] if estimator.needs_critic else None,  # [B, R]
+            index=batch["uid"] if estimator.needs_groups else None,  # [B]
+            config={name: getattr(algo, name) for name in estimator.config_args})
+        advantages, returns = estimator.fn(inputs)
         batch.tensors["token_level_rewards"] = rewards
         batch.tensors["advantages"] = advantages  # [B, R]
         batch.tensors["returns"] = returns  # [B, R]
@@ -283,12 +289,17 @@ class PPOTrainer:
     def sync_weights(self) -> dict[str, float]:
         """Every actor rank streams its new weights into its own engine (in memory, no disk, not via the driver).
 
-        ``perf/sync_bytes_driver`` measures the tensor bytes the driver received from the sync call.
+        ``perf/sync_bytes_driver``: the payload of every worker-group call made while syncing, both ways
+        (arguments to the workers, results to the driver; ``single_controller.base.payload_bytes``), metered by
+        the groups themselves, so weights routed through the driver by any call of this phase would show.
+        Today only each rank's small stats dict comes back. ``perf/sync_bytes_engine`` / ``_gathered``: rank
+        0's own counts of the bytes handed to its engine / received from other ranks.
         """
+        start = self._traffic_total()
         per_rank = self.actor.execute_all("sync_rollout_weights")
-        return {"perf/sync_bytes_driver": float(tensor_bytes(per_rank)),
-                "perf/sync_bytes_engine": per_rank[0]["engine_bytes"],
-                "perf/sync_bytes_gathered": per_rank[0]["gathered_bytes"]}
+        metrics = {"perf/sync_bytes_engine": per_rank[0]["engine_bytes"],
+                   "perf/sync_bytes_gathered": per_rank[0]["gathered_bytes"]}
+        return {**metrics, "perf/sync_bytes_driver": float((self._traffic_total() - start).total)}
 
     def export_hf(self, out: Path) -> None:
         """Save the trained actor as a Hugging Face model directory (rank 0 writes it; for inference and evaluation)."""
@@ -381,7 +392,21 @@ class PPOTrainer:
             metrics["critic/values/mean"] = _mean(batch["values"], mask)
         return metrics
 
-    def _throughput(self, batch: Batch, timing: dict[str, float]) -> dict[str, float]:
+    def _groups(self) -> list[WorkerGroup]:
+        """The distinct worker groups (under LoRA the reference is the actor's group)."""
+        return list({id(g): g for g in (self.actor, self.ref, self.critic) if g is not None}.values())
+
+    def _traffic_total(self) -> Traffic:
+        return sum((g.traffic for g in self._groups()), Traffic())
+
+    def _take_traffic(self) -> Traffic:
+        return sum((g.take_traffic() for g in self._groups()), Traffic())
+
+    def _perf(self, batch: Batch, timing: dict[str, float]) -> dict[str, float]:
+        """Throughput, and the payload the step's worker-group calls moved through the driver (``traffic``)."""
         tokens = float(batch["attention_mask"].sum())
+        traffic = self._take_traffic()
         return {"perf/tokens_per_s": tokens / max(timing["timing/step"], 1e-9),
-                "perf/gen_tokens_per_s": float(batch["response_mask"].sum()) / max(timing["timing/gen"], 1e-9)}
+                "perf/gen_tokens_per_s": float(batch["response_mask"].sum()) / max(timing["timing/gen"], 1e-9),
+                "perf/driver_bytes_to_workers": float(traffic.to_workers),
+                "perf/driver_bytes_from_workers": float(traffic.to_driver)}

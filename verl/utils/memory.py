@@ -5,18 +5,19 @@ device (one rank; ``W`` ranks, ``P`` parameters of the policy, ``Pt`` of them tr
 tokens of a row = max prompt + max response, ``b`` rows of a training micro-batch):
 
 * **weights**: the actor's float32 master weights, sharded ``4P / W`` (on the host with
-  ``actor.fsdp_config.*_offload``); the reference model in the rollout dtype, sharded (none under LoRA: it is the
-  actor with adapters disabled); the critic's float32 weights (GAE only); the rollout engine's
-  full copy in the rollout dtype, ``P x bytes / tp``.
+  ``actor.fsdp_config.*_offload``); the reference model in ``ref.fsdp_config.dtype``, sharded (none under LoRA:
+  it is the actor with adapters disabled); the critic's float32 weights (GAE only); the rollout engine's
+  full copy in ``rollout.dtype``, ``P x bytes / tp``.
 * **optimiser**: AdamW's two moments, ``8 Pt / W`` (``4 Pt / W`` with ``optim_state_dtype:
   bfloat16``), plus float32 gradients ``4 Pt / W``; the critic's likewise (on the host with offload).
 * **activations** of one micro-batch: ``b T h L`` x 34 bytes at 2-byte precision without gradient
   checkpointing (Korthikanti et al. 2022, "Reducing Activation Recomputation", attention scores
   left out: PyTorch's SDPA does not keep them), x 2 with it (each layer's input) plus one layer's
-  full set; twice that in float32. Plus the logits ``b R V`` once (log-probs and entropy are
-  chunked, ``core_algos.logprobs_and_entropy``), plus one FSDP-gathered layer.
+  full set; twice that in float32 (the actor's training dtype, ``actor.fsdp_config.dtype``). Plus the
+  logits ``b R V`` once (log-probs and entropy are
+  chunked, ``verl.trainer.logprobs``), plus one FSDP-gathered layer.
 * **KV cache**: HF ``generate`` holds ``rows x T x L x 2 x kv_heads x head_dim`` values for a
-  micro-batch of ``rollout.micro_batch_size`` rows; vLLM takes ``gpu_memory_utilization`` of the
+  micro-batch of ``rollout.micro_batch_size`` rows in ``rollout.dtype``; vLLM takes ``gpu_memory_utilization`` of the
   device (GPU) or ``cpu_kv_cache_gb`` (CPU).
 """
 
@@ -84,9 +85,11 @@ def estimate_memory(cfg: Config) -> MemoryEstimate:
     hf = model.config
     world = world_size(cfg)
     rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
-    low = DTYPES[rollout.dtype].itemsize  # bytes per value in the rollout / compute dtype
+    engine = DTYPES[rollout.dtype].itemsize  # bytes per value in the rollout engine
+    compute = DTYPES[actor.fsdp_config.dtype].itemsize  # bytes per activation value in the actor's training
+    ref_bytes = DTYPES[cfg.actor_rollout_ref.ref.fsdp_config.dtype].itemsize
     optim_bytes = 4 if actor.optim_state_dtype == "bfloat16" else 8
-    weights = rollout_weights = total * low / rollout.tensor_model_parallel_size
+    weights = rollout_weights = total * engine / rollout.tensor_model_parallel_size
     actor_weights, actor_optim = 4 * total / world, (optim_bytes + 4) * trained / world
     host = 0.0
     if actor.fsdp_config.offload:
@@ -94,7 +97,7 @@ def estimate_memory(cfg: Config) -> MemoryEstimate:
     weights += actor_weights
     optimizer = actor_optim
     if uses_reference(cfg) and not uses_lora(cfg):
-        weights += total * low / world
+        weights += total * ref_bytes / world
     if uses_critic(cfg):
         weights += 4 * total / world
         optimizer += (8 + 4) * total / world  # the critic trains every weight in float32
@@ -106,16 +109,16 @@ def estimate_memory(cfg: Config) -> MemoryEstimate:
     checkpointing = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
     if checkpointing is None:
         checkpointing = total > GRADIENT_CHECKPOINTING_ABOVE
-    precision = low / 2  # the 34-byte figure is for 2-byte activations
+    precision = compute / 2  # the 34-byte figure is for 2-byte activations
     per_token_layer = (2 * hidden * layers + 34 * hidden) if checkpointing else 34 * hidden * layers
     activations = rows * tokens * per_token_layer * precision
-    activations += rows * cfg.data.max_response_length * hf.vocab_size * low  # logits, once
+    activations += rows * cfg.data.max_response_length * hf.vocab_size * compute  # logits, once
     activations += 2 * 4 * total / max(layers, 1)  # one gathered layer and its gradient, float32
 
     head_dim = getattr(hf, "head_dim", None) or hidden // hf.num_attention_heads
     kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
     if rollout.name == "hf":
-        kv_cache = rollout.micro_batch_size * tokens * layers * 2 * kv_heads * head_dim * low
+        kv_cache = rollout.micro_batch_size * tokens * layers * 2 * kv_heads * head_dim * engine
     elif torch.cuda.is_available():
         kv_cache = max(0.0, rollout.gpu_memory_utilization * device_memory() - rollout_weights)
     else:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
-from verl.config import Config, uses_lora
+from verl.config import Config, trajectories_per_step, uses_lora
 from verl.protocol import Batch
 from verl.trainer.core_algos import agg_loss, compute_policy_loss, kl_penalty, masked_mean, truncated_is_weights
 from verl.workers.lora import LoraSpec
@@ -59,18 +59,18 @@ class ActorWorker:
         self.cfg = cfg
         self.actor_cfg = cfg.actor_rollout_ref.actor
         model_cfg = cfg.actor_rollout_ref.model
+        a = self.actor_cfg
         self.device = resolve_device(cfg.trainer.device)
-        self.dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
+        self.dtype = DTYPES[a.fsdp_config.dtype]  # compute dtype (autocast); the weights stay float32
         self.lora = LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, tuple(model_cfg.target_modules)) \
             if uses_lora(cfg) else None
-        a = self.actor_cfg
         self.model = load_model(AutoModelForCausalLM, model_cfg.path, device=self.device, dtype=torch.float32,
                                 seed=cfg.trainer.seed, trainable=True,
                                 gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
                                 trust_remote_code=model_cfg.trust_remote_code, lora=self.lora,
                                 offload=a.fsdp_config.offload)
-        rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
-        steps = total_steps * optimizer_steps_per_training_step(rows, a.ppo_mini_batch_size, a.ppo_epochs)
+        steps = total_steps * optimizer_steps_per_training_step(trajectories_per_step(cfg), a.ppo_mini_batch_size,
+                                                                a.ppo_epochs)
         self.state = TrainState(self.model, a.optim.lr, a.optim.weight_decay, a.optim.lr_warmup_steps_ratio, steps,
                                 a.grad_clip, DTYPES[a.optim_state_dtype])
         self.max_tokens = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None

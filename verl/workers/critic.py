@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForTokenClassification
 
-from verl.config import Config
+from verl.config import Config, trajectories_per_step
 from verl.protocol import Batch
 from verl.trainer.core_algos import compute_value_loss, masked_mean
 from verl.workers.model_utils import DTYPES, load_model, resolve_device, response_outputs
@@ -48,14 +48,14 @@ class CriticWorker:
         self.critic_cfg = c = cfg.critic
         model_cfg = cfg.actor_rollout_ref.model
         self.device = resolve_device(cfg.trainer.device)
-        self.dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
+        self.dtype = DTYPES[c.model.fsdp_config.dtype]  # compute dtype (autocast); the weights stay float32
         self.model = load_model(AutoModelForTokenClassification, c.model.path or model_cfg.path, device=self.device,
                                 dtype=torch.float32, seed=cfg.trainer.seed, trainable=True,
                                 gradient_checkpointing=c.model.enable_gradient_checkpointing,
                                 trust_remote_code=model_cfg.trust_remote_code, offload=c.model.fsdp_config.offload,
                                 num_labels=1)
-        rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
-        steps = total_steps * optimizer_steps_per_training_step(rows, c.ppo_mini_batch_size, c.ppo_epochs)
+        steps = total_steps * optimizer_steps_per_training_step(trajectories_per_step(cfg), c.ppo_mini_batch_size,
+                                                                c.ppo_epochs)
         self.state = TrainState(self.model, c.optim.lr, c.optim.weight_decay, c.optim.lr_warmup_steps_ratio, steps,
                                 c.grad_clip)
 

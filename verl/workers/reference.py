@@ -1,10 +1,11 @@
 """The reference policy: a frozen copy of the actor's initial weights, for KL terms.
 
-Choices: loaded from ``actor_rollout_ref.model.path`` directly in ``rollout.dtype`` (no optimiser,
-so no float32 master copy), eval mode, no gradients; sharded like the actor when distributed (it
-only saves memory, the log-probs are the same). Micro-batches: ``ref.log_prob_micro_batch_size_per_gpu``
-rows, or the actor's token budget when ``actor.use_dynamic_bsz``. Log-probs follow the actor's
-definition (no temperature scaling), so ``ref_log_prob`` and ``old_log_probs`` are comparable.
+Choices: loaded from ``actor_rollout_ref.model.path`` directly in ``ref.fsdp_config.dtype`` (default:
+the actor's training dtype; no optimiser, so no float32 master copy), eval mode, no gradients; sharded
+like the actor when distributed (it only saves memory, the log-probs are the same). Micro-batches:
+``ref.log_prob_micro_batch_size_per_gpu`` rows, or the actor's token budget when ``actor.use_dynamic_bsz``.
+Log-probs follow the actor's definition (no temperature scaling), so ``ref_log_prob`` and
+``old_log_probs`` are comparable.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class RefWorker:
         self.cfg = cfg
         model_cfg = cfg.actor_rollout_ref.model
         self.device = resolve_device(cfg.trainer.device)
-        self.dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
+        self.dtype = DTYPES[cfg.actor_rollout_ref.ref.fsdp_config.dtype]
         self.model = load_model(AutoModelForCausalLM, model_cfg.path, device=self.device, dtype=self.dtype,
                                 seed=cfg.trainer.seed, trainable=False, trust_remote_code=model_cfg.trust_remote_code,
                                 offload=cfg.actor_rollout_ref.ref.fsdp_config.param_offload)

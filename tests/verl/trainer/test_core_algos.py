@@ -14,8 +14,20 @@ import pytest
 import torch
 
 from verl.trainer import core_algos as ca
+from verl.trainer.core_algos import AdvantageInputs
+from verl.trainer.logprobs import entropy_from_logits
 
 SEEDS = range(8)
+
+
+def gae(rewards, values, mask, gamma, lam):
+    return ca.compute_gae_advantage_return(AdvantageInputs(rewards, mask, values=values,
+                                                           config={"gamma": gamma, "lam": lam}))
+
+
+def grpo(rewards, mask, index, norm_by_std=True):
+    return ca.compute_grpo_outcome_advantage(AdvantageInputs(rewards, mask, index=index,
+                                                             config={"norm_adv_by_std_in_grpo": norm_by_std}))
 
 
 def random_mask(gen: torch.Generator, rows: int, cols: int) -> torch.Tensor:
@@ -147,7 +159,7 @@ def test_gae_matches_loop(seed: int) -> None:
     rewards = torch.randn(rows, cols, generator=gen)
     values = torch.randn(rows, cols, generator=gen)
     gamma, lam = float(torch.rand(1, generator=gen)) * 0.5 + 0.5, float(torch.rand(1, generator=gen))
-    adv, returns = ca.compute_gae_advantage_return(rewards, values, mask, gamma, lam)
+    adv, returns = gae(rewards, values, mask, gamma, lam)
     raw = loop_compressed_gae(rewards, values, mask, gamma, lam)
     torch.testing.assert_close(returns, (raw + values) * mask, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(adv, loop_whiten(raw, mask), rtol=1e-4, atol=1e-4)
@@ -167,8 +179,8 @@ def test_gae_retrieved_block_is_transparent() -> None:
     big_values = torch.cat([values[:, :3], inserted, values[:, 3:]], dim=1)
     big_mask = torch.cat([mask[:, :3], torch.zeros(1, 4), mask[:, 3:]], dim=1)
     keep = big_mask[0] == 1
-    _, ret = ca.compute_gae_advantage_return(rewards, values, mask, 0.9, 0.8)
-    _, big_ret = ca.compute_gae_advantage_return(big_rewards, big_values, big_mask, 0.9, 0.8)
+    _, ret = gae(rewards, values, mask, 0.9, 0.8)
+    _, big_ret = gae(big_rewards, big_values, big_mask, 0.9, 0.8)
     torch.testing.assert_close(big_ret[0, keep], ret[0])
 
 
@@ -176,7 +188,7 @@ def test_gae_hand_computed() -> None:
     """Guards against an off-by-one in the recursion: 3 tokens, gamma=lam=1, reward 1 at the end."""
     rewards = torch.tensor([[0.0, 0.0, 1.0]])
     values = torch.tensor([[0.5, 0.2, 0.9]])
-    _, returns = ca.compute_gae_advantage_return(rewards, values, torch.ones(1, 3), 1.0, 1.0)
+    _, returns = gae(rewards, values, torch.ones(1, 3), 1.0, 1.0)
     torch.testing.assert_close(returns, torch.ones(1, 3))  # lam = 1: Monte Carlo return everywhere
 
 
@@ -206,7 +218,7 @@ def test_grpo_matches_loop(seed: int, norm_by_std: bool) -> None:
     """Guards against GRPO/Dr. GRPO normalising over the wrong group, a biased std, or a NaN for a
     group of one sample."""
     rewards, mask, index = random_outcome_case(seed)
-    adv, returns = ca.compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std=norm_by_std, eps=1e-6)
+    adv, returns = grpo(rewards, mask, index, norm_by_std)
     scores, groups = loop_group_scores(rewards, index)
     expected = torch.zeros_like(rewards)
     for i, uid in enumerate(index):
@@ -222,9 +234,9 @@ def test_grpo_groups_by_uid_not_position() -> None:
     """Guards against grouping rows by position (e.g. consecutive blocks of n): shuffling the rows
     must shuffle the advantages with them and change nothing else."""
     rewards, mask, index = random_outcome_case(3)
-    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, index)
+    adv, _ = grpo(rewards, mask, index)
     perm = torch.randperm(rewards.shape[0], generator=torch.Generator().manual_seed(5))
-    shuffled, _ = ca.compute_grpo_outcome_advantage(rewards[perm], mask[perm], index[perm.numpy()])
+    shuffled, _ = grpo(rewards[perm], mask[perm], index[perm.numpy()])
     torch.testing.assert_close(shuffled, adv[perm])
 
 
@@ -232,7 +244,7 @@ def test_grpo_groups_by_uid_not_position() -> None:
 def test_rloo_matches_loop(seed: int) -> None:
     """Guards against RLOO including the sample itself in its baseline or grouping by position."""
     rewards, mask, index = random_outcome_case(seed)
-    adv, returns = ca.compute_rloo_outcome_advantage(rewards, mask, index)
+    adv, returns = ca.compute_rloo_outcome_advantage(AdvantageInputs(rewards, mask, index=index))
     scores, groups = loop_group_scores(rewards, index)
     expected = torch.zeros_like(rewards)
     for i, uid in enumerate(index):
@@ -251,7 +263,8 @@ def test_reinforce_plus_plus_matches_loop(seed: int) -> None:
     gen, rows, cols, mask = random_case(seed)
     rewards = torch.randn(rows, cols, generator=gen) * 0.1
     gamma = 0.9
-    adv, returns = ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma)
+    adv, returns = ca.compute_reinforce_plus_plus_outcome_advantage(AdvantageInputs(rewards, mask,
+                                                                                    config={"gamma": gamma}))
     expected = torch.zeros_like(rewards)
     for i in range(rows):
         positions = [t for t in range(cols) if mask[i, t]]
@@ -265,11 +278,23 @@ def test_reinforce_plus_plus_matches_loop(seed: int) -> None:
 
 
 def test_adv_estimator_registry() -> None:
-    """Guards against a config name that silently maps to nothing, or an error that hides the choices."""
-    assert set(ca.ADV_ESTIMATORS) == {"gae", "grpo", "reinforce_plus_plus", "rloo"}
-    assert ca.get_adv_estimator("grpo") is ca.compute_grpo_outcome_advantage
-    with pytest.raises(ValueError, match="reinforce_plus_plus"):
-        ca.get_adv_estimator("ppo")
+    """Guards against a config name that silently maps to nothing, an error that hides the choices, and a
+    built-in whose declared needs disagree with what it reads (the trainer fills only what is declared)."""
+    assert {"gae", "grpo", "reinforce_plus_plus", "rloo"} <= set(ca.ADV_ESTIMATORS.names())
+    grpo_entry = ca.ADV_ESTIMATORS.get("grpo")
+    assert grpo_entry.fn is ca.compute_grpo_outcome_advantage
+    builtins = ("gae", "grpo", "reinforce_plus_plus", "rloo")
+    needs = {name: (e.needs_critic, e.needs_groups, e.config_args)
+             for name, e in zip(builtins, map(ca.ADV_ESTIMATORS.get, builtins), strict=True)}
+    assert needs == {"gae": (True, False, ("gamma", "lam")), "grpo": (False, True, ("norm_adv_by_std_in_grpo",)),
+                     "reinforce_plus_plus": (False, False, ("gamma",)), "rloo": (False, True, ())}
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo': valid are gae, grpo, rloo"):
+        ca.ADV_ESTIMATORS.get("ppo")
+    with pytest.raises(ValueError, match="already registered"):
+        ca.register_adv_estimator("gae")(ca.compute_gae_advantage_return)
+    rewards, mask, index = random_outcome_case(0)
+    with pytest.raises(KeyError):  # an argument it did not declare is not handed over
+        ca.compute_grpo_outcome_advantage(AdvantageInputs(rewards, mask, index=index))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -412,8 +437,8 @@ def test_masked_tokens_get_exactly_zero_gradient(mode: str) -> None:
 
     pg, _ = ca.compute_policy_loss(old, logp, adv, mask, 0.2, 0.28, 3.0, mode)
     vf, _ = ca.compute_value_loss(vpred, torch.zeros_like(adv), adv, mask, 0.5, mode)
-    kl = sum(ca.agg_loss(ca.kl_penalty(logp, ref, kind), mask, mode) for kind in ca.KL_KINDS)
-    ent = ca.agg_loss(ca.entropy_from_logits(logits), mask, mode)
+    kl = sum(ca.agg_loss(ca.kl_penalty(logp, ref, kind), mask, mode) for kind in ca.KL_ESTIMATORS.names())
+    ent = ca.agg_loss(entropy_from_logits(logits), mask, mode)
     g_logp, g_vpred, g_logits = torch.autograd.grad(pg + vf + kl + ent, (logp, vpred, logits))
     for grad in (g_logp, g_vpred):
         assert torch.isfinite(grad).all()
@@ -449,7 +474,8 @@ def test_kl_estimators_match_formulas() -> None:
     gen = torch.Generator().manual_seed(4)
     logp = -torch.rand(4, 6, generator=gen) * 5
     ref = -torch.rand(4, 6, generator=gen) * 5
-    results = {kind: ca.kl_penalty(logp, ref, kind) for kind in ca.KL_KINDS}
+    results = {kind: ca.kl_penalty(logp, ref, kind) for kind in ca.KL_ESTIMATORS.names()}
+    assert set(results) == {"kl", "abs", "mse", "low_var_kl"}
     for i in range(4):
         for t in range(6):
             a, b = float(logp[i, t]), float(ref[i, t])
@@ -460,7 +486,7 @@ def test_kl_estimators_match_formulas() -> None:
             assert float(results["low_var_kl"][i, t]) == pytest.approx(k3, rel=1e-5, abs=1e-6)
     assert (results["low_var_kl"] >= 0).all()
     assert float(results["low_var_kl"].max()) <= 10.0
-    with pytest.raises(ValueError, match="low_var_kl"):
+    with pytest.raises(ValueError, match="unknown KL estimator 'k3': valid are kl, abs, mse, low_var_kl"):
         ca.kl_penalty(logp, ref, "k3")
 
 
@@ -519,69 +545,6 @@ def test_apply_kl_penalty_matches_loop() -> None:
     assert metrics["actor/reward_kl_penalty_coeff"] == pytest.approx(0.2)
     error = min(max(current / 0.5 - 1, -0.2), 0.2)
     assert ctrl.value == pytest.approx(0.2 * (1 + error * mask.shape[0] / 1000))
-
-
-# ----------------------------------------------------------------------------------------------
-# Entropy and log-probs
-# ----------------------------------------------------------------------------------------------
-
-
-def test_entropy_and_logprobs_match_loop() -> None:
-    """Guards against an entropy/log-prob that overflows on large logits or gathers the wrong token."""
-    gen = torch.Generator().manual_seed(9)
-    logits = torch.randn(3, 4, 7, generator=gen) * 5
-    logits[0, 0] += 1e4  # huge but finite logits must stay finite
-    labels = torch.randint(0, 7, (3, 4), generator=gen)
-    entropy = ca.entropy_from_logits(logits)
-    logprobs = ca.logprobs_from_logits(logits, labels)
-    for i in range(3):
-        for t in range(4):
-            z = [float(v) for v in logits[i, t]]
-            top = max(z)
-            log_norm = top + math.log(sum(math.exp(v - top) for v in z))
-            probs = [math.exp(v - log_norm) for v in z]
-            ent = -sum(p * (v - log_norm) for p, v in zip(probs, z, strict=True))
-            assert float(entropy[i, t]) == pytest.approx(ent, rel=1e-4, abs=1e-4)
-            # float32 holds a logit of 1e4 to ~1e-3: the log-prob is exact up to that rounding
-            tol = 1e-5 * max(1.0, abs(top))
-            assert float(logprobs[i, t]) == pytest.approx(z[int(labels[i, t])] - log_norm, rel=1e-5, abs=tol)
-
-
-def test_logprobs_half_precision_upcasts() -> None:
-    """Guards against bf16 log-softmax precision loss: bf16 logits give float32 log-probs equal to
-    those of the same logits in float32."""
-    gen = torch.Generator().manual_seed(1)
-    logits = (torch.randn(2, 3, 50, generator=gen) * 4).to(torch.bfloat16)
-    labels = torch.randint(0, 50, (2, 3), generator=gen)
-    out = ca.logprobs_from_logits(logits, labels)
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, ca.logprobs_from_logits(logits.float(), labels))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_logprobs_and_entropy_equal_the_plain_ones(dtype) -> None:
-    """Guards against the chunked (memory-bounded) log-prob/entropy path differing from the plain
-    definitions in value or gradient: chunks of 3 tokens (a budget of 3 vocab rows) over 2 x 5
-    tokens, checkpointed under autograd, must give the same values and gradients (entropy bonus on)."""
-    gen = torch.Generator().manual_seed(11)
-    logits = (torch.randn(2, 5, 13, generator=gen) * 3).to(dtype)
-    labels = torch.randint(0, 13, (2, 5), generator=gen)
-    weights = torch.randn(2, 5, generator=gen)
-    leaves = [logits.clone().requires_grad_(True) for _ in range(2)]
-    log_prob, entropy = ca.logprobs_and_entropy(leaves[0], labels, with_entropy=True, entropy_grad=True,
-                                                chunk_bytes=3 * 4 * 13)
-    plain_log_prob = ca.logprobs_from_logits(leaves[1].float(), labels)
-    plain_entropy = ca.entropy_from_logits(leaves[1].float())
-    torch.testing.assert_close(log_prob, plain_log_prob)
-    torch.testing.assert_close(entropy, plain_entropy)
-    (weights * (log_prob - 0.1 * entropy)).sum().backward()
-    (weights * (plain_log_prob - 0.1 * plain_entropy)).sum().backward()
-    torch.testing.assert_close(leaves[0].grad, leaves[1].grad)
-    # without the bonus the entropy is a metric: no graph through it
-    log_prob, entropy = ca.logprobs_and_entropy(leaves[0], labels, with_entropy=True, entropy_grad=False,
-                                                chunk_bytes=3 * 4 * 13)
-    assert log_prob.requires_grad and not entropy.requires_grad
-    assert ca.logprobs_and_entropy(leaves[0], labels)[1] is None
 
 
 @pytest.mark.parametrize("seed", SEEDS)

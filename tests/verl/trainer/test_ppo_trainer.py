@@ -77,7 +77,8 @@ def test_two_ranks_train_like_one(workspace, tmp_path, run_main):
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "actor/entropy"):
             assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (one["step"], key)
         assert (one["perf/rollout_ranks"], two["perf/rollout_ranks"]) == (1, 2)
-        assert one["perf/sync_bytes_driver"] == two["perf/sync_bytes_driver"] == 0
+        sync_local, sync_ray = one["perf/sync_bytes_driver"], two["perf/sync_bytes_driver"]
+        assert 0 < sync_local < 1024 and sync_ray == 2 * sync_local  # each rank's stats dict, never weights
         assert one["perf/sync_bytes_gathered"] == 0 < two["perf/sync_bytes_gathered"]
         assert one["perf/max_rss_gb"] > 0.2 and two["perf/max_rss_gb"] > 0.2  # torch alone takes more; 0 = not read
     wa, wb = final_weights(workspace, tmp_path / "local"), final_weights(workspace, tmp_path / "ray")
@@ -101,6 +102,35 @@ def test_lora_grpo_run_end_to_end(workspace, tmp_path, run_main):
     assert records[1]["actor/kl_loss"] > 0  # ... and then the policy moved away from the base
     base, trained = final_weights(workspace, workspace / "model"), final_weights(workspace, out)
     assert trained.keys() == base.keys() and any(not torch.equal(base[n], trained[n]) for n in base)
+
+
+def test_weights_through_the_driver_show_in_sync_bytes(workspace, tmp_path, monkeypatch):
+    """Guards against perf/sync_bytes_driver reading ~0 while weights pass through the driver (it once counted
+    only the tensors the sync call returned): a sync that also hands the weights to the driver as plain lists
+    reads at least their bytes, and the step's driver traffic grows by as much."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.trainer.main_ppo import build_trainer, split_args
+    from verl.workers.actor_rollout import ActorRolloutWorker
+
+    def one_step(out):
+        files, args = split_args(overrides(workspace, out, 1, "trainer.save_freq=-1"))
+        build_trainer(load_config(args, files)).fit()
+        return metrics(out)[0]
+
+    streamed = one_step(tmp_path / "streamed")
+    assert 0 < streamed["perf/sync_bytes_driver"] < 1024
+    assert streamed["perf/driver_bytes_to_workers"] > 0 and streamed["perf/driver_bytes_from_workers"] > 0
+
+    sync = ActorRolloutWorker.sync_rollout_weights
+    monkeypatch.setattr(ActorRolloutWorker, "sync_rollout_weights", lambda self: {
+        **sync(self), "weights": {name: t.tolist() for name, t in self.full_state_dict().items()}})
+    via_driver = one_step(tmp_path / "via_driver")
+    model = AutoModelForCausalLM.from_pretrained(workspace / "model")
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert via_driver["perf/sync_bytes_driver"] >= weight_bytes
+    grown = via_driver["perf/driver_bytes_from_workers"] - streamed["perf/driver_bytes_from_workers"]
+    assert grown >= weight_bytes
 
 
 def test_half_written_checkpoint_is_not_resumed(workspace, tmp_path):

@@ -182,20 +182,42 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir):
 
 
 def test_bfloat16_compute_keeps_float32_weights_and_close_log_probs(tiny_model_dir):
-    """Guards against bf16 AdamW state (weights must stay float32 under rollout.dtype=bfloat16) and a
-    broken autocast path; bf16 log-probs stay within bf16 rounding of the float32 ones."""
+    """Guards against bf16 AdamW state (weights must stay float32 under actor.fsdp_config.dtype=bfloat16) and a
+    broken autocast path; bf16 log-probs stay within bf16 rounding of the float32 ones. The reference follows
+    the actor's training dtype by default and is loaded in it."""
     batch = random_batch(seed=18)
     fp32 = ActorWorker(make_config(tiny_model_dir), total_steps=1).compute_log_prob(batch)["old_log_probs"]
-    worker = ActorWorker(make_config(tiny_model_dir, "actor_rollout_ref.rollout.dtype=bfloat16"), total_steps=1)
+    bf16_cfg = make_config(tiny_model_dir, "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16")
+    worker = ActorWorker(bf16_cfg, total_steps=1)
+    assert worker.dtype == torch.bfloat16
     bf16 = worker.compute_log_prob(batch)["old_log_probs"]
     assert all(p.dtype == torch.float32 for p in worker.model.parameters())
     assert bf16.dtype == torch.float32
     torch.testing.assert_close(bf16, fp32, atol=0.1, rtol=0.02)
     metrics = worker.update_actor(add_targets(batch.union(Batch({"old_log_probs": bf16})), seed=18))
     assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
-    ref = RefWorker(make_config(tiny_model_dir, "actor_rollout_ref.rollout.dtype=bfloat16"), total_steps=1)
+    ref = RefWorker(bf16_cfg, total_steps=1)
     assert next(ref.model.parameters()).dtype == torch.bfloat16
     torch.testing.assert_close(ref.compute_ref_log_prob(batch)["ref_log_prob"], fp32, atol=0.1, rtol=0.02)
+
+
+def test_each_worker_reads_its_own_precision_key(tiny_model_dir):
+    """Guards against rollout.dtype setting the training dtype (it did: a bf16 engine made the actor, critic and
+    reference compute in bf16 too): each worker computes in its own section's dtype, the engine in rollout.dtype."""
+    from verl.workers.actor_rollout import ActorRolloutWorker
+    from verl.workers.critic import CriticWorker
+
+    def dtypes(*overrides: str) -> tuple[torch.dtype, ...]:
+        cfg = make_config(tiny_model_dir, *overrides)
+        actor = ActorRolloutWorker(cfg, total_steps=1)
+        return (actor.dtype, actor.engine_dtype, CriticWorker(cfg, total_steps=1).dtype,
+                RefWorker(cfg, total_steps=1).dtype)
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert dtypes("actor_rollout_ref.rollout.dtype=bfloat16") == (f32, bf16, f32, f32)
+    assert dtypes("actor_rollout_ref.actor.fsdp_config.dtype=bfloat16") == (bf16, f32, f32, bf16)
+    assert dtypes("critic.model.fsdp_config.dtype=bfloat16", "actor_rollout_ref.ref.fsdp_config.dtype=bfloat16") \
+        == (f32, f32, bf16, bf16)
 
 
 def engine_batch(engine: HFRollout, seed: int) -> Batch:

@@ -1,0 +1,120 @@
+"""Registries of the algorithm families: a name maps to one function that declares what it needs.
+
+An advantage estimator is one function decorated with ``register_adv_estimator``; the decorator says
+whether it consumes critic values (the trainer then builds a critic), group ids (``uid``: rows of one
+prompt share it, so ``rollout.n`` must be >= 2) and which ``algorithm.*`` keys it reads. Every estimator
+takes one ``AdvantageInputs`` record, so the trainer calls them all the same way. KL estimators
+(``actor.kl_loss_type``, ``algorithm.kl_penalty``) are registered with ``register_kl_estimator``.
+
+Everything that names an estimator asks these registries: the config's allowed values and its
+critic and group-size rules (``verl.config``), and the trainer's call (``PPOTrainer.compute_advantages``).
+Adding an estimator is therefore one decorated function and nothing else; a function registered in any
+module imported before the config is loaded (a recipe, a test) is as valid as the built-ins, which
+``verl.trainer.core_algos`` registers. (verl's ``core_algos`` keys its registry by a StrEnum that types
+the config field; a plain ``str`` is kept here so that registrations outside this package are valid
+config values too.)
+
+This module imports no torch (tensor types appear in annotations only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import numpy as np
+    from torch import Tensor
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Names -> entries of one family, in registration order; an unknown name fails listing the valid ones."""
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+        self._entries: dict[str, T] = {}
+
+    def add(self, name: str, entry: T) -> None:
+        """Register ``entry`` under ``name``; a name already taken is an error (no silent shadowing)."""
+        if name in self._entries:
+            raise ValueError(f"{self.family} {name!r} is already registered")
+        self._entries[name] = entry
+
+    def get(self, name: str) -> T:
+        if name not in self._entries:
+            raise ValueError(f"unknown {self.family} {name!r}: valid are {', '.join(self._entries)}")
+        return self._entries[name]
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+
+# ----------------------------------------------------------------------------------------------
+# Advantage estimators
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What the trainer hands an advantage estimator (B rows, T response tokens).
+
+    Only what the estimator declared is filled: ``values`` with ``needs_critic``, ``index`` with
+    ``needs_groups``, and ``config`` holds exactly the declared ``config_args`` (reading another key is a
+    KeyError, so a declaration cannot fall behind its function).
+    """
+
+    token_level_rewards: Tensor  # [B, T] outcome score on the last policy token, minus beta * KL if in reward
+    mask: Tensor  # [B, T] loss mask: 1 = a policy token that is trained, 0 = padding or inserted by the environment
+    values: Tensor | None = None  # [B, T] critic values of the old policy (needs_critic)
+    index: np.ndarray | None = None  # [B] uid per row, equal for the samples of one prompt (needs_groups)
+    config: Mapping[str, Any] = field(default_factory=dict)  # {algorithm key: value} of the declared config_args
+
+
+AdvantageFn = Callable[[AdvantageInputs], "tuple[Tensor, Tensor]"]  # -> (advantages [B, T], returns [B, T])
+
+
+@dataclass(frozen=True)
+class AdvEstimator:
+    """A registered advantage estimator and what it needs."""
+
+    fn: AdvantageFn
+    needs_critic: bool  # reads AdvantageInputs.values: the trainer builds a critic (and trains it on the returns)
+    needs_groups: bool  # reads AdvantageInputs.index (the batch's uid): the config requires rollout.n >= 2
+    config_args: tuple[str, ...]  # the algorithm.* keys it reads from AdvantageInputs.config
+
+
+ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
+
+
+def register_adv_estimator(name: str, *, needs_critic: bool = False, needs_groups: bool = False,
+                           config_args: tuple[str, ...] = ()) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: register ``fn(inputs: AdvantageInputs) -> (advantages, returns)`` as the config value
+    ``algorithm.adv_estimator=name``, with what it needs (see ``AdvEstimator``)."""
+    def register(fn: AdvantageFn) -> AdvantageFn:
+        ADV_ESTIMATORS.add(name, AdvEstimator(fn, needs_critic, needs_groups, tuple(config_args)))
+        return fn
+    return register
+
+
+# ----------------------------------------------------------------------------------------------
+# KL estimators
+# ----------------------------------------------------------------------------------------------
+
+KLFn = Callable[["Tensor", "Tensor"], "Tensor"]  # (log_prob [B, T], ref_log_prob [B, T]) -> per-token KL [B, T]
+
+KL_ESTIMATORS: Registry[KLFn] = Registry("KL estimator")
+
+
+def register_kl_estimator(name: str) -> Callable[[KLFn], KLFn]:
+    """Decorator: register a per-token estimate of KL(pi || ref) as ``actor.kl_loss_type`` / ``algorithm.kl_penalty``
+    ``name``."""
+    def register(fn: KLFn) -> KLFn:
+        KL_ESTIMATORS.add(name, fn)
+        return fn
+    return register
