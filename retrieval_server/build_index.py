@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from retrieval_server.bm25 import build_bm25_index
 from retrieval_server.corpus import CorpusError, CorpusScan, iter_passages, scan_corpus
-from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX
+from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, Encoder, EncoderError
 from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import INDEX_FILE, MANIFEST_NAME, RETRIEVERS, Manifest, ManifestError
 
@@ -49,12 +49,34 @@ def _with_progress(batches: Iterable[np.ndarray], total: int, desc: str, progres
             bar.update(len(batch))
 
 
+def load_encoder(model: str, query_prefix: str = "", passage_prefix: str = "", **kwargs) -> Encoder:
+    """``Encoder(model, ...)``; a model that does not load (no such directory, damaged files) is an ``EncoderError``
+    naming it, which the tools' ``main`` turns into exit status 2."""
+    try:
+        return Encoder(model, query_prefix, passage_prefix, **kwargs)
+    except EncoderError:
+        raise
+    except Exception as e:  # sentence-transformers, transformers and safetensors raise many types for a bad model
+        raise EncoderError(f"encoder --model {model} does not load ({type(e).__name__}: {e}); give a "
+                           "sentence-transformers or Hugging Face encoder directory (or Hub id) whose files are "
+                           "whole") from None
+
+
+def make_out_dir(out: Path) -> None:
+    """``--out`` is a directory, created with its parents if missing; ``ManifestError`` naming it otherwise."""
+    if out.exists() and not out.is_dir():
+        raise ManifestError(f"--out {out} is a file; name a directory for the index")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ManifestError(f"--out {out}: cannot create the directory ({e.strerror}: {e.filename})") from None
+
+
 def _build_dense(scan: CorpusScan, out: Path, model: str, kind: str, e5_prefixes: bool, batch_size: int,
                  from_flat: Path | None, progress: bool) -> Manifest:
     import faiss
 
     from retrieval_server.dense import build_dense_index, flat_batches
-    from retrieval_server.encoder import Encoder
 
     if from_flat is not None:
         source = Manifest.load(from_flat)
@@ -69,7 +91,7 @@ def _build_dense(scan: CorpusScan, out: Path, model: str, kind: str, e5_prefixes
         desc = f"copy vectors from {from_flat}"
     else:
         prefixes = (E5_QUERY_PREFIX, E5_PASSAGE_PREFIX) if e5_prefixes else ("", "")
-        encoder = Encoder(model, *prefixes, batch_size=batch_size)
+        encoder = load_encoder(model, *prefixes, batch_size=batch_size)
         dim, probe = encoder.dim, [round(x, 6) for x in encoder.fingerprint().tolist()]
         batches = (encoder.encode_passages(texts) for texts in _batched(iter_passages(scan.path), batch_size))
         desc = "encode"
@@ -93,7 +115,7 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "dense", m
     if scan.count == 0:
         raise CorpusError(f"corpus {corpus} has no passages")
     logger.info("corpus %s: %d passages, sha256 %s", corpus, scan.count, scan.sha256[:12])
-    out.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out)
     (out / MANIFEST_NAME).unlink(missing_ok=True)
     if retriever == "bm25":
         params = build_bm25_index(iter_passages(scan.path), scan.count, out, progress)
@@ -121,7 +143,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=256, help="passages encoded per batch (dense)")
     p.add_argument("--from-flat", default=None,
                    help="take the vectors (and encoder) from this flat index of the same corpus instead of encoding")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.batch_size < 1:
+        p.error(f"--batch-size must be at least 1, got {args.batch_size}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         build_index(args.corpus, args.out, args.retriever, args.model, args.index, args.e5_prefixes,
                     args.batch_size, args.from_flat)
-    except (CorpusError, ManifestError) as e:
+    except (CorpusError, ManifestError, EncoderError) as e:
         logger.error("%s", e)
         return 2
     return 0

@@ -35,8 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from retrieval_server.build_index import load_encoder, make_out_dir
 from retrieval_server.corpus import CorpusError, CorpusScan, CorpusStore, scan_corpus
-from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX
+from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, EncoderError
 from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import MANIFEST_NAME, Manifest, ManifestError
 
@@ -140,14 +141,17 @@ def import_index(faiss_file: str | Path, corpus: str | Path, out: str | Path, mo
     import faiss
 
     from retrieval_server.dense import HNSW_EF_SEARCH, index_kind, read_index
-    from retrieval_server.encoder import Encoder
 
     faiss_file, corpus, out = Path(faiss_file).resolve(), Path(corpus), Path(out)
     if not faiss_file.is_file():
         raise ManifestError(f"FAISS index file not found: {faiss_file}")
-    out.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out)
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # a failed import leaves no manifest behind
-    index = read_index(faiss_file)  # memory-mapped: nothing is loaded yet
+    try:
+        index = read_index(faiss_file)  # memory-mapped: nothing is loaded yet
+    except RuntimeError as e:  # FAISS's reader raises RuntimeError for a damaged or foreign file
+        raise ManifestError(f"{faiss_file} ({faiss_file.stat().st_size:,} bytes) is not a readable FAISS index: "
+                            f"{str(e).splitlines()[0]}; give the index file as faiss.write_index wrote it") from None
     try:
         kind = index_kind(index)
     except ValueError as e:
@@ -161,7 +165,7 @@ def import_index(faiss_file: str | Path, corpus: str | Path, out: str | Path, mo
         raise ManifestError(f"count mismatch: {faiss_file} holds {index.ntotal} vectors but {corpus} has {scan.count} "
                             "passages (non-blank lines); row i of the index must be passage i of the corpus")
     prefixes = (E5_QUERY_PREFIX, E5_PASSAGE_PREFIX) if e5_prefixes else ("", "")
-    encoder = Encoder(model, *prefixes)  # fp32: the manifest's fingerprint is an fp32 embedding
+    encoder = load_encoder(model, *prefixes)  # fp32: the manifest's fingerprint is an fp32 embedding
     if encoder.dim != index.d:
         raise ManifestError(f"dimension mismatch: {faiss_file} holds vectors of dimension {index.d}, but encoder "
                             f"{model} embeds in dimension {encoder.dim}; give the --model the index was built with")
@@ -196,7 +200,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the index was built with 'passage: ' prefixes; queries get 'query: ' (e5 models)")
     p.add_argument("--out", required=True, help="index directory to write (manifest.json only)")
     p.add_argument("--sample", type=int, default=64, help="passages re-encoded to check the index (0: skip)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.sample < 0:
+        p.error(f"--sample must be 0 (skip the check) or more, got {args.sample}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     try:
         import_index(args.faiss, args.corpus, args.out, args.model, args.e5_prefixes, args.sample)
-    except (CorpusError, ManifestError) as e:
+    except (CorpusError, ManifestError, EncoderError) as e:
         logger.error("%s", e)
         return 2
     return 0

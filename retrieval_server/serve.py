@@ -5,9 +5,11 @@ Choices:
 - The retriever kind (dense / BM25), the encoder and its prefixes come from the index manifest.
 - Serving choices (encoder dtype, query cache, reranker, FAISS GPU placement) are flags, collected
   into one ``ServeOptions`` (validated once); ``/health`` reports them.
-- Cheap checks (manifest present, corpus and imported index file sizes) run before the port is
-  bound and exit with status 2; the full checks (corpus checksum, encoder fingerprint) run while loading, and a failure
-  stops the server with status 1. Either way the message says which part does not match.
+- Cheap checks (manifest present, corpus and imported index file sizes, the address can be bound) run before
+  the port is bound and exit with status 2; the full checks (corpus checksum, encoder fingerprint) run while
+  loading, and a failure stops the server with status 1. Either way the message says which part does not match.
+- Request heads (request line and headers) over ``--max-header-bytes`` (64 KiB) get 431 and their
+  connection is closed; heads or bodies slower than ``--client-timeout`` are cut off (``slow_clients.py``).
 - One process, one event loop: the index is held once in memory and all search work goes through
   one worker thread (see ``batcher.py``).
 - No log line per request: one summary line per ``--log-interval`` (requests, queries, q/s, p50/p99 latency,
@@ -17,7 +19,9 @@ Choices:
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
 import sys
 
 import uvicorn
@@ -28,7 +32,7 @@ from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
 from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
 from retrieval_server.service import GPU_MODES, ServeOptions, load_service
-from retrieval_server.slow_clients import header_timeout_protocol
+from retrieval_server.slow_clients import request_head_protocol
 
 logger = logging.getLogger("retrieval_server.serve")
 
@@ -47,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-query-chars", type=int, default=2048, help="longest query, in characters")
     p.add_argument("--client-timeout", type=float, default=10.0,
                    help="seconds a client may take to send a request's headers, and again its body (slow clients)")
+    p.add_argument("--max-header-bytes", type=int, default=64 * 1024,
+                   help="largest request line + headers; a larger one is answered 431 and its connection closed")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for encode + search (0: library default)")
     p.add_argument("--encoder-dtype", choices=ENCODER_DTYPES, default="auto",
                    help="dense query encoder precision; auto: fp16 on GPU, fp32 on CPU (the fastest that keeps "
@@ -70,10 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds between summary log lines of the /retrieve requests (none in an interval "
                         "without requests; 0: off)")
     args = p.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port must be between 0 and 65535, got {args.port}")
     if not 1 <= args.topk <= args.max_topk:
         p.error(f"--topk must be between 1 and --max-topk ({args.max_topk}), got {args.topk}")
     if args.client_timeout <= 0:
         p.error("--client-timeout must be positive")
+    if args.max_header_bytes < 1024:
+        p.error(f"--max-header-bytes must be at least 1024, got {args.max_header_bytes}")
     if args.log_interval < 0:
         p.error("--log-interval must be 0 (off) or positive")
     for name in ("max_queries", "max_query_chars"):
@@ -89,6 +99,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def check_address(host: str, port: int) -> None:
+    """Bind (and release) ``host:port`` once, so a port in use or a host that does not resolve is refused with
+    exit status 2 before the index loads (uvicorn binds it again when serving)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging()
@@ -102,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ManifestError, CorpusError) as e:
         logger.error("%s", e)
         return 2
+    try:
+        check_address(args.host, args.port)
+    except OSError as e:
+        hint = "another process listens there: stop it or choose another --port" if e.errno == errno.EADDRINUSE \
+            else "give --host a local interface address (default 127.0.0.1)"
+        logger.error("cannot listen on %s:%d (%s); %s", args.host, args.port, e.strerror, hint)
+        return 2
     limits = Limits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
                     max_query_chars=args.max_query_chars, client_timeout_s=args.client_timeout)
     failures: list[BaseException] = []
@@ -114,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                      args.log_interval)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
                                            timeout_graceful_shutdown=5,
-                                           http=header_timeout_protocol(args.client_timeout)))
+                                           http=request_head_protocol(args.client_timeout,
+                                                                         args.max_header_bytes)))
     logger.info("serving %s index %s on http://%s:%d (loading in the background; GET /health)",
                 manifest.retriever, args.index, args.host, args.port)
     server.run()

@@ -21,6 +21,11 @@ Choices:
   mix runs whose settings (``run.json``) differ. ``--limit N`` evaluates the first N rows only; the
   report covers the rows of the current invocation. Greedy results do not depend on where a run was
   cut; sampled ones are reproducible for a given cut (seeds follow the batch's first item).
+- Exit status 2 with ``error: <message>`` (naming the file or value and what is allowed) for every bad input
+  found before the roll out: arguments and config keys, the model directory (its JSON files, tokenizer and
+  weights are checked before loading), the parquet files (columns and rows, as the trainer checks them),
+  ``--out`` (a directory, created if needed) and a retrieval service that does not answer; 1 for a retrieval
+  failure during the roll out (rerun the same command to continue).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, Tr
 from search_r1.reward.qa_em import em_check, extract_answer, f1_score, ground_truth_answers, subem_check
 from search_r1.search.client import RetrievalClient, RetrievalError
 from verl.config import Config, ConfigError, load_config
+from verl.utils.dataset import DataError
 from verl.workers.rollout.base import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -63,14 +69,18 @@ def agent_config(model: str, engine: str, retriever_url: str, seed: int, overrid
 
 
 def build_agent(cfg: Config, tokenizer) -> LLMGenerationManager:
-    """The training loop over this process's engine and the retrieval service (health-checked first)."""
+    """The training loop over this process's engine and the retrieval service (health-checked first: EvalInputError
+    if it does not answer)."""
     from verl.workers.rollout import build_rollout  # heavy import (torch, transformers), once inputs are checked
 
     client = None
     if cfg.do_search:
         r = cfg.retriever
         client = RetrievalClient(r.url, r.topk, timeout=r.timeout, outage_timeout_s=r.outage_timeout_s)
-        client.check_health()
+        try:
+            client.check_health()
+        except RetrievalError as err:  # a wrong or unstarted retriever URL: an input error
+            raise EvalInputError(str(err)) from None
     return LLMGenerationManager(tokenizer, build_rollout(cfg), client, AgentConfig.from_config(cfg))
 
 
@@ -87,11 +97,29 @@ def score_trajectory(tokenizer, traj: Trajectory, golden: list[str], normalize: 
 
 
 def check_model_dir(model: str) -> None:
+    """A Hugging Face model directory whose config, tokenizer and weights files load (checked without loading)."""
+    from verl.workers.model_utils import check_model_files  # heavy import (torch, transformers)
+
     path = Path(model)
     if not path.is_dir():
-        raise EvalInputError(f"--model {model}: no such directory")
+        raise EvalInputError(f"--model {model}: " + ("a file, not" if path.exists() else "no such") + " directory "
+                             "(allowed: a Hugging Face model directory with config.json, tokenizer and weights)")
     if not (path / "config.json").exists():
         raise EvalInputError(f"--model {model}: no config.json (not a Hugging Face model directory)")
+    try:
+        check_model_files(model)
+    except ValueError as err:
+        raise EvalInputError(f"--model {model}: {err}") from None
+
+
+def make_out_dir(out: Path) -> None:
+    """``--out`` is a directory (created with its parents if missing)."""
+    if out.exists() and not out.is_dir():
+        raise EvalInputError(f"--out {out} is a file; name a directory (created if missing, reused to resume)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise EvalInputError(f"--out {out}: cannot create the directory ({err.strerror}: {err.filename})") from None
 
 
 def check_data_files(files: Sequence[str]) -> None:
@@ -133,7 +161,11 @@ def check_run_settings(out: Path, settings: dict) -> None:
     """Write ``run.json``, or check that the one already in ``out`` has the same settings."""
     path = out / RUN_SETTINGS
     if path.exists():
-        old = json.loads(path.read_text())
+        try:
+            old = json.loads(path.read_text())
+        except ValueError as err:
+            raise EvalInputError(f"{path} is not valid JSON ({err}); move it away (with {TRAJECTORIES}) to start "
+                                 "over") from None
         changed = sorted(k for k in old.keys() | settings.keys() if old.get(k) != settings.get(k))
         if changed:
             diff = "; ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in changed)
@@ -161,6 +193,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.temperature is None:
         args.temperature = 0.0 if args.n == 1 else 1.0
+    if not args.temperature >= 0:  # also refuses nan
+        p.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
     for name in ("n", "batch_size", "limit"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -178,7 +212,7 @@ def evaluate(args: argparse.Namespace) -> dict:
         if not Path(f).is_file():
             raise EvalInputError(f"--config {f!r}: no such file (a YAML of keys layered over configs/ppo_trainer.yaml)")
     cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed, args.overrides, args.config)
-    args.out.mkdir(parents=True, exist_ok=True)
+    make_out_dir(args.out)
     check_run_settings(args.out, {
         "model": str(Path(args.model).resolve()), "data": [str(Path(d).resolve()) for d in args.data],
         "n": args.n, "temperature": args.temperature, "seed": args.seed, "engine": args.engine,
@@ -233,9 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         results = evaluate(args)
-    except (EvalInputError, ConfigError, RetrievalError) as err:
+    except (EvalInputError, ConfigError, DataError, RetrievalError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2 if not isinstance(err, RetrievalError) else 1
+        return 1 if isinstance(err, RetrievalError) else 2
     print(to_markdown(results, f"results in {args.out}"))
     return 0
 

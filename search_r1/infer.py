@@ -6,7 +6,8 @@ Runs exactly the training loop (``LLMGenerationManager``) for one row: the promp
 ``search_r1.prompts.make_prompt`` under the model's chat template, and the loop is built as the
 evaluation builds it (``search_r1.evaluate.build_agent``: the trainer's ``build_rollout``, lengths
 from ``configs/ppo_trainer.yaml``). The printout
-shows the policy's text and, marked, every block the environment inserted (info_mask 0).
+shows the policy's text and, marked, every block the environment inserted (info_mask 0). Exit status 2 with
+``error: <message>`` for a bad argument, model directory or retriever URL; 1 for a retrieval failure mid-loop.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from itertools import groupby
 
-from search_r1.evaluate import agent_config, build_agent
+from search_r1.evaluate import EvalInputError, agent_config, build_agent, check_model_dir
 from search_r1.llm_agent.generation import Trajectory
 from search_r1.prompts import make_prompt
 from search_r1.reward.qa_em import extract_answer
@@ -41,7 +42,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", action="append", default=[], metavar="FILE",
                    help="YAML layered over configs/ppo_trainer.yaml, as in training (e.g. configs/demo.yaml)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.temperature >= 0:  # also refuses nan
+        p.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    return args
 
 
 def render(tokenizer, traj: Trajectory) -> str:
@@ -62,21 +66,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed,
                            [f"retriever.topk={args.topk}", f"max_turns={args.max_turns}"], args.config)
-    except ConfigError as err:
+        check_model_dir(args.model)
+        from transformers import AutoTokenizer  # heavy import
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        agent = build_agent(cfg, tokenizer)
+    except (ConfigError, EvalInputError) as err:  # bad arguments, model directory or retriever URL
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from transformers import AutoTokenizer  # heavy import
-
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    try:
-        agent = build_agent(cfg, tokenizer)
-    except RetrievalError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
     messages = [{"role": "user", "content": make_prompt(args.question)}]
     prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     params = SamplingParams(max_tokens=cfg.data.max_response_length, temperature=args.temperature, seed=args.seed)
-    traj = agent.run([list(prompt_ids)], params).trajectories[0]
+    try:
+        traj = agent.run([list(prompt_ids)], params).trajectories[0]
+    except RetrievalError as err:  # the service failed during the loop
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
     print(tokenizer.decode(traj.prompt_ids, skip_special_tokens=False), end="")
     print(render(tokenizer, traj))

@@ -13,6 +13,9 @@ Choices:
   that does not raises ``RetrievalUnavailable``, which the trainer treats as an outage of the task's
   environment (``verl.trainer.recipe.EnvironmentUnavailable``: save a checkpoint, stop). A 4xx means
   the request itself is wrong and is raised at once. Every error names the URL.
+- ``check_health`` (before a run) raises ``RetrievalUnavailable`` too when the service does not answer:
+  an ``EnvironmentUnavailable`` raised while the trainer is being built is a wrong or unstarted
+  ``retriever.url`` (exit 2), one raised during training an outage (exit 3).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class RetrievalError(RuntimeError):
 
 
 class RetrievalUnavailable(RetrievalError, EnvironmentUnavailable):
-    """The service kept failing for longer than ``outage_timeout_s``."""
+    """The service did not answer: at start-up within ``check_health``'s wait, or during a run for longer than
+    ``outage_timeout_s``."""
 
 
 class RetrievalClient:
@@ -115,8 +119,8 @@ class RetrievalClient:
         return [[{"id": doc["id"], "contents": doc["contents"]} for doc in docs] for docs in result]
 
     def check_health(self, wait_s: float = 0.0) -> None:
-        """GET /health, polling up to wait_s seconds; raise RetrievalError('... not answering at URL; start it with
-        retrieval_launch.sh') if it never answers."""
+        """GET /health, polling up to wait_s seconds; raise RetrievalUnavailable('... not answering at URL; start it
+        with retrieval_launch.sh', or '... still loading its index') if it never answers 200."""
         endpoint = self.url + "/health"
         deadline = time.monotonic() + wait_s
         last = "no answer"
@@ -132,9 +136,9 @@ class RetrievalClient:
                 break
             time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
         if last.startswith("HTTP 503") and "loading" in last:
-            raise RetrievalError(f"retrieval service at {self.url} is still loading its index after {wait_s:.0f}s "
-                                 f"({last}); wait longer")
-        raise RetrievalError(f"retrieval service not answering at {self.url} ({last}); {LAUNCH_HINT}")
+            raise RetrievalUnavailable(f"retrieval service at {self.url} is still loading its index after "
+                                       f"{wait_s:.0f}s ({last}); wait longer")
+        raise RetrievalUnavailable(f"retrieval service not answering at {self.url} ({last}); {LAUNCH_HINT}")
 
     def close(self) -> None:
         self._http.close()

@@ -199,7 +199,7 @@ def test_cli_bad_row_and_skip_bad(tmp_path: Path) -> None:
     bad = _write_jsonl(tmp_path / "bad.jsonl", BAD_RECORDS)
     good = _write_jsonl(tmp_path / "good.jsonl", HOTPOT_RECORDS)
     failed = _run_cli(["--train", f"hotpotqa={good}", "--test", f"nq={bad}", "--out", "out"], tmp_path)
-    assert failed.returncode == 1
+    assert failed.returncode == 2
     assert "bad.jsonl:3: bad row (id='no-question')" in failed.stderr
     assert "--skip-bad" in failed.stderr
     assert not (tmp_path / "out").exists()  # the good train split is not written either
@@ -212,7 +212,7 @@ def test_cli_bad_row_and_skip_bad(tmp_path: Path) -> None:
 def test_cli_failing_hf_load_is_clear(tmp_path: Path) -> None:
     """Guards against an unreachable Hugging Face dataset ending in an opaque traceback instead of one message."""
     result = _run_cli(["--test", "nq=hf:no-such-owner/no-such-dataset/nq:test", "--out", "out"], tmp_path)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert ("could not load Hugging Face dataset 'no-such-owner/no-such-dataset' config 'nq' split 'test'"
             in result.stderr)
     assert "Traceback" not in result.stderr
@@ -279,11 +279,11 @@ def test_flashrag_directory_gives_the_seven_benchmarks_per_split(tmp_path: Path)
 def test_flashrag_names_and_missing_folders_are_clear(tmp_path: Path, capsys) -> None:
     """Guards against a misspelt benchmark or a missing download being skipped silently."""
     root = _flashrag_dir(tmp_path / "flashrag")
-    assert main(["--flashrag", str(root), "--datasets", "nq", "hotpot", "--out", str(tmp_path / "o")]) == 1
+    assert main(["--flashrag", str(root), "--datasets", "nq", "hotpot", "--out", str(tmp_path / "o")]) == 2
     assert "unknown FlashRAG benchmark(s) ['hotpot']; choose among nq, triviaqa" in capsys.readouterr().err
     (root / "musique" / "train.jsonl").unlink()
     (root / "musique" / "dev.jsonl").unlink()
-    assert main(["--flashrag", str(root), "--out", str(tmp_path / "o")]) == 1
+    assert main(["--flashrag", str(root), "--out", str(tmp_path / "o")]) == 2
     assert f"{root / 'musique'} holds none of train.jsonl, dev.jsonl, test.jsonl" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     assert main(["--flashrag", str(root), "--datasets", "bamboogle", "popqa", "--out", str(tmp_path / "o")]) == 0
@@ -303,6 +303,6 @@ def test_template_file_sets_the_prompt(tmp_path: Path, capsys) -> None:
     assert prompts == ['Answer {"like": "this"}.\nQuestion: who wrote hamlet?\n',
                        'Answer {"like": "this"}.\nQuestion: capital of France?\n']
     template.write_text("Answer the question: {q}\n", encoding="utf-8")
-    assert main(["--test", f"nq={source}", "--template", str(template), "--out", str(tmp_path / "o2")]) == 1
+    assert main(["--test", f"nq={source}", "--template", str(template), "--out", str(tmp_path / "o2")]) == 2
     assert f"prompt template {template} has no {{question}} placeholder" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()

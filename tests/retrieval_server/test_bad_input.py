@@ -1,5 +1,6 @@
 """The real service on loopback against a table of bad input: each kind gets a 4xx with a message that says what
-is wrong, none a 5xx or a hang; slow clients are cut off while everyone else is served; the server stays healthy.
+is wrong, none a 5xx or a hang; slow clients are cut off, and an endless header answered 431 at once, while
+everyone else is served; the server stays healthy.
 
 The server runs with small limits (--max-topk 10 --max-queries 8 --max-query-chars 64) and short
 slow-client timeouts, so the table stays small and fast.
@@ -126,6 +127,8 @@ BAD = [
     Bad("garbage request line", 400, "Invalid HTTP request", raw=b"\x00\x01\x02 nonsense\r\n\r\n"),
     Bad("non-numeric Content-Length", 400, "Invalid HTTP request",
         raw=POST + b"Content-Length: lots\r\n\r\n{}"),
+    Bad("request head over --max-header-bytes", 431, "request line and headers exceed 65536 bytes",
+        raw=POST + b"X-Pad: " + b"a" * 100_000 + b"\r\n\r\n"),
 ]
 
 
@@ -240,6 +243,46 @@ def test_slow_clients_are_cut_off_while_others_are_served(server, partial):
             assert b"request body not received within 2 s" in outcome["answer"]
         else:
             assert outcome["answer"] == b"", outcome["answer"]
+
+
+HUGE_HEADER_BYTES = 200 * 2**20
+
+
+def test_endless_header_is_answered_431_at_once_and_heads_under_the_limit_are_served(server):
+    """Guards against a client streaming a 200 MB header being read (and buffered) until --client-timeout: the
+    server answers 431 as soon as the head passes --max-header-bytes (64 KiB) and closes the connection, while
+    heads under the limit are served, several of them on one keep-alive connection (the limit is per request)."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    started = time.monotonic()
+
+    def send_endlessly() -> None:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: ")
+        chunk = b"a" * 2**20
+        try:
+            for _ in range(HUGE_HEADER_BYTES // len(chunk)):
+                sock.sendall(chunk)
+        except OSError:  # the server closed the connection: what it should do
+            pass
+
+    sender = threading.Thread(target=send_endlessly)
+    sender.start()
+    answer, answered_after = b"", None
+    try:
+        while chunk := sock.recv(65536):  # read while the client still sends: the answer comes first
+            answered_after = answered_after or time.monotonic() - started
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    sender.join(timeout=60)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large"), answer[:200]
+    assert b"request line and headers exceed 65536 bytes (the server's --max-header-bytes)" in answer
+    assert answered_after < SLOW_CLIENT_TIMEOUT_S / 2 and not sender.is_alive()
+    with httpx.Client(timeout=30) as client:  # one keep-alive connection, 3 x 40 KB of headers in all
+        for _ in range(3):
+            assert client.get(server.url + "/health", headers={"x-pad": "a" * 40_000}).status_code == 200
+    assert _served(server)
+    assert "Traceback" not in server.log_text()
 
 
 def test_client_that_disconnects_mid_body_leaves_no_error(server):

@@ -137,6 +137,6 @@ def test_bad_inputs_are_named(policy, test_parquet, service_url, unused_url, tmp
     assert main(_argv(policy, bad, service_url, tmp_path / "o2")) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "missing column(s) reward_model" in err
-    assert main(_argv(policy, test_parquet, unused_url, tmp_path / "o3")) == 1
+    assert main(_argv(policy, test_parquet, unused_url, tmp_path / "o3")) == 2
     err = capsys.readouterr().err
     assert unused_url in err and "retrieval_launch.sh" in err

@@ -13,8 +13,9 @@ kill at any moment leaves at worst a ``.tmp`` directory, which ``resume_mode=aut
 the next save deletes. ``find_latest`` scans for the newest complete directory instead of trusting
 ``latest_checkpointed_iteration.txt`` (verl's marker, still written last, atomically, for tools
 that read it): a kill between a rename and the marker update must not lose that checkpoint.
-``verify`` checks a checkpoint's files before anything is loaded, so a damaged directory is an
-error naming the path and the fix, not a traceback from deep inside a loader.
+``verify`` checks a checkpoint's files before anything is loaded (the small files are read; each shard must
+be as long as its ``.metadata`` says), so a damaged directory is an error naming the path and the fix, not a
+traceback from deep inside a loader.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 
 LATEST = "latest_checkpointed_iteration.txt"
 PREFIX = "global_step_"
@@ -89,14 +91,37 @@ def verify(path: str | Path, parts: list[str]) -> None:
     missing = [name for name in needed if not (path / name).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete or corrupt: missing {', '.join(missing)}; {fix}")
+    reading = "trainer.pt"
     try:
-        state = torch.load(path / "trainer.pt", weights_only=False)
+        state = torch.load(path / reading, weights_only=False)
         if not isinstance(state, dict) or not {"step", "loader", "rng"} <= state.keys():
             raise ValueError("no step / loader / rng entries")
+        shard_sizes = {}
         for part in parts:
-            torch.load(path / part / "extra_state.pt", weights_only=True)
+            reading = f"{part}/extra_state.pt"
+            torch.load(path / reading, weights_only=True)
+            reading = f"{part}/.metadata"
+            shard_sizes.update(_shard_sizes(path / part))
     except Exception as err:  # any unpickling failure means the same thing here
-        raise CheckpointError(f"checkpoint {path} is corrupt: {type(err).__name__}: {err}; {fix}") from err
+        raise CheckpointError(f"checkpoint {path} is corrupt: {reading} does not load ({type(err).__name__}: {err}); "
+                              f"{fix}") from err
+    for shard, end in sorted(shard_sizes.items()):
+        size = shard.stat().st_size if shard.is_file() else None
+        if size is None or size < end:
+            problem = "is missing" if size is None else f"is truncated ({size:,} bytes; its .metadata needs {end:,})"
+            raise CheckpointError(f"checkpoint {path} is incomplete or corrupt: {shard.relative_to(path)} {problem}; "
+                                  f"{fix}")
+
+
+def _shard_sizes(part_dir: Path) -> dict[Path, int]:
+    """The shard files a worker's ``.metadata`` (``torch.distributed.checkpoint``) points into and the size each must
+    have at least (the end of the last tensor it holds), so a truncated or missing shard is found before loading."""
+    metadata = FileSystemReader(str(part_dir)).read_metadata()
+    sizes: dict[Path, int] = {}
+    for item in metadata.storage_data.values():  # one _StorageInfo (file, offset, length) per stored item
+        shard = part_dir / item.relative_path
+        sizes[shard] = max(sizes.get(shard, 0), item.offset + item.length)
+    return sizes
 
 
 def load_trainer_state(path: str | Path) -> dict:

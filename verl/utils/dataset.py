@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 
 SCHEMA_HINT = ("Search-R1 schema: prompt: [{role, content}], reward_model: {ground_truth: {target: [str, ...]}}, "
-               "data_source: str (optional), extra_info (optional); see DESIGN.md and data_prep/")
+               "data_source: str (optional), extra_info (optional); see docs/design.md (Parquet row schema) "
+               "and data_prep/")
 
 
 class DataError(ValueError):
@@ -49,7 +50,7 @@ def read_rows(files: str, required: tuple[str, ...] = ()) -> list[dict]:
             raise DataError(f"{name!r} lacks the column(s) {missing} (it has {table.column_names}); {SCHEMA_HINT}")
         rows.extend(table.to_pylist())
     if not rows:
-        raise DataError(f"no rows in {files!r}")
+        raise DataError(f"no rows in {files!r}: give parquet file(s) with at least one row ({SCHEMA_HINT})")
     return rows
 
 

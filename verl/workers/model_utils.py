@@ -4,12 +4,17 @@ Choices:
 
 * **Any Hugging Face model** loaded with an ``AutoModel*`` class; the actor and the reference use
   ``AutoModelForCausalLM``, the critic ``AutoModelForTokenClassification`` (see ``critic.py``).
+* **Checked before loading.** ``check_model_files`` (``check_models`` for a config) reads a model
+  directory's JSON files, config and tokenizer and the weights files' headers and sizes, so a damaged
+  directory is one error naming the file before any worker starts, not a traceback from a worker.
 * **Dropout off.** Every ``nn.Dropout`` gets ``p = 0``: the log-probs of ``compute_log_prob`` and of
   the update must be the same function of the weights (PPO ratio exactly 1 before the first step),
   and data-parallel ranks must agree. Trainable models stay in train mode so gradient checkpointing
   (which transformers runs only in train mode) works.
-* **Precision.** Trainable weights (and so AdamW's state) stay float32; ``rollout.dtype`` bfloat16 /
-  float16 runs the forward under ``torch.autocast``. The frozen reference is loaded in that dtype.
+* **Precision.** Trainable weights (and so AdamW's state) stay float32; a training dtype of bfloat16 /
+  float16 (``actor.fsdp_config.dtype``, ``critic.model.fsdp_config.dtype``) runs the forward under
+  ``torch.autocast``. The frozen reference is loaded in ``ref.fsdp_config.dtype``. The rollout engine's
+  dtype (``rollout.dtype``) is its own.
 * **Sharding.** With ``torch.distributed`` initialised and world size > 1, each decoder layer (the
   classes the model lists in ``_no_split_modules``) and then the root are wrapped with FSDP2
   ``fully_shard`` on a 1-D mesh (gloo on CPU, nccl on GPU). Every rank seeds identically before
@@ -26,9 +31,12 @@ Choices:
 
 from __future__ import annotations
 
+import json
 import logging
 import resource
+import zipfile
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -37,8 +45,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
+from verl.config import Config, ConfigError, uses_critic
 from verl.protocol import Batch
-from verl.trainer.core_algos import logprobs_and_entropy
+from verl.trainer.logprobs import logprobs_and_entropy
 from verl.workers.lora import LoraSpec, add_lora
 
 logger = logging.getLogger(__name__)
@@ -137,6 +146,91 @@ def load_model(auto_cls: type, path: str, *, device: torch.device, dtype: torch.
     return model
 
 
+JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json")
+WEIGHTS_HINT = ("model.safetensors, model-*.safetensors shards with model.safetensors.index.json, or "
+                "pytorch_model.bin")
+
+
+def check_model_files(path: str, trust_remote_code: bool = False, tokenizer: bool = True) -> None:
+    """Check, without loading the weights, that the model at ``path`` will load: its JSON files parse,
+    transformers reads its config (and ``tokenizer``), and every weights file is whole (a safetensors file's
+    header and size, a zipped ``.bin``'s directory). A Hub id (no such local directory) gets the config and
+    tokenizer checks only. Raises ValueError naming the file and what is wrong, so a damaged model directory
+    is one message before any worker starts, not a traceback from inside a worker's ``from_pretrained``."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig  # heavy import
+
+    local = Path(path)
+    if local.is_dir():
+        for name in JSON_FILES:
+            if (local / name).is_file():
+                try:
+                    json.loads((local / name).read_bytes())
+                except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+                    raise ValueError(f"{name} is not valid JSON ({err})") from None
+        _check_weights(local)
+    remote = {"trust_remote_code": trust_remote_code}
+    loads = [("config.json", lambda: AutoConfig.from_pretrained(path, **remote))]
+    if tokenizer:
+        loads.append(("the tokenizer", lambda: AutoTokenizer.from_pretrained(path, **remote)))
+    if (local / "generation_config.json").is_file():
+        loads.append(("generation_config.json", lambda: GenerationConfig.from_pretrained(path)))
+    for what, load in loads:
+        try:
+            load()
+        except Exception as err:  # transformers raises OSError, ValueError, KeyError, ... for a bad file
+            where = "" if local.is_dir() else " (not a local directory; looked up on the Hugging Face Hub)"
+            raise ValueError(f"{what} does not load{where}: {type(err).__name__}: {err}") from None
+
+
+def _check_weights(model_dir: Path) -> None:
+    """Every weights file of ``model_dir`` (and every shard its ``*.index.json`` names) is there and whole."""
+    files = set(model_dir.glob("*.safetensors")) | set(model_dir.glob("pytorch_model*.bin"))
+    for index in model_dir.glob("*.index.json"):
+        try:
+            shards = set(json.loads(index.read_bytes())["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{index.name} is not a weights index (JSON with a weight_map): {err!r}") from None
+        missing = sorted(name for name in shards if not (model_dir / name).is_file())
+        if missing:
+            raise ValueError(f"{index.name} names {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+                             "missing: copy the whole model directory")
+        files |= {model_dir / name for name in shards}
+    if not files:
+        raise ValueError(f"the directory holds no weights (allowed: {WEIGHTS_HINT})")
+    from safetensors import safe_open
+
+    for file in sorted(files):
+        if file.suffix == ".safetensors":
+            try:
+                with safe_open(str(file), framework="pt"):  # reads the header; checks the file covers it
+                    pass
+            except Exception as err:  # SafetensorError, OSError
+                raise ValueError(f"{file.name} is damaged or truncated ({file.stat().st_size:,} bytes: {err}); copy "
+                                 "or save the model again") from None
+        elif _starts_with(file, b"PK") and not zipfile.is_zipfile(file):  # torch.save's zip format, cut off
+            raise ValueError(f"{file.name} is damaged or truncated ({file.stat().st_size:,} bytes: no zip directory "
+                             "at its end); copy or save the model again")
+
+
+def _starts_with(file: Path, magic: bytes) -> bool:
+    with file.open("rb") as f:
+        return f.read(len(magic)) == magic
+
+
+def check_models(cfg: Config) -> None:
+    """``check_model_files`` for the policy (``actor_rollout_ref.model.path``, with its tokenizer) and a critic
+    with its own ``critic.model.path``; ConfigError naming the key otherwise."""
+    paths = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, True)]
+    if cfg.critic.model.path is not None and uses_critic(cfg):
+        paths.append(("critic.model.path", cfg.critic.model.path, False))
+    for key, path, with_tokenizer in paths:
+        try:
+            check_model_files(path, cfg.actor_rollout_ref.model.trust_remote_code, tokenizer=with_tokenizer)
+        except ValueError as err:
+            raise ConfigError(f"config key {key}={path!r} is invalid: {err} (allowed: a Hugging Face model directory "
+                              "whose config.json, tokenizer and weights load)") from None
+
+
 def init_single_process_group(device: torch.device) -> None:
     """A torch.distributed world of this process alone, unless one exists (FSDP2 needs a process group)."""
     if not dist.is_initialized():
@@ -226,7 +320,7 @@ def response_log_probs(model: nn.Module, batch: Batch, device: torch.device, dty
     """Log-probs [b, R] of ``responses`` under a causal LM, and the policy entropy [b, R] if asked.
 
     ``entropy_grad`` keeps the entropy in the autograd graph (an entropy bonus); otherwise it is
-    computed without gradient (a metric). Both come from ``core_algos.logprobs_and_entropy`` over
+    computed without gradient (a metric). Both come from ``logprobs.logprobs_and_entropy`` over
     token chunks, so the model's logits are the only [b, r, V] tensor. Padding columns hold 0.
     """
 

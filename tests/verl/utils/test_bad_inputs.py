@@ -8,10 +8,13 @@ torch.distributed.checkpoint (or, for the empty answers, as a run that learns no
 
 from __future__ import annotations
 
+import warnings
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.tiny_model import train_tokenizer
@@ -88,11 +91,13 @@ def test_missing_model_and_data_paths_name_the_key(tmp_path):
 
 
 def committed(root, step: int):
-    """A checkpoint directory with every file ``verify`` checks (contents real for trainer.pt and extra_state)."""
+    """A checkpoint directory with every file ``verify`` checks, all real (a torch.distributed.checkpoint shard and
+    its .metadata per worker, trainer.pt, extra_state.pt)."""
     tmp = checkpoint.begin(root, step)
     for part in ("actor", "critic"):
-        (tmp / part).mkdir()
-        (tmp / part / ".metadata").write_bytes(b"x")
+        with warnings.catch_warnings():  # that it runs in one process, as asked
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save({"model": {"w": torch.arange(64.0)}}, checkpoint_id=tmp / part, no_dist=True)
         torch.save({"scheduler": {}}, tmp / part / "extra_state.pt")
     return checkpoint.commit(root, tmp, step, {"step": step, "loader": {}, "kl_coef": 0.0}, "a: 1\n")
 
@@ -108,6 +113,23 @@ def test_corrupt_checkpoints_are_refused_naming_the_path_and_the_fix(tmp_path):
     (bad / "critic" / ".metadata").unlink()
     with pytest.raises(checkpoint.CheckpointError, match=r"incomplete or corrupt: missing critic/.metadata"):
         checkpoint.verify(bad, ["actor", "critic"])
+
+
+def test_truncated_or_missing_shards_are_refused_before_loading(tmp_path):
+    """Guards against a shard cut short (a full disk, an interrupted copy) or lost passing ``verify`` and failing
+    as a traceback from inside torch.distributed.checkpoint when the workers load it."""
+    path = committed(tmp_path, 1)
+    (shard,) = (path / "actor").glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(checkpoint.CheckpointError, match=rf"incomplete or corrupt: actor/{shard.name} is truncated "
+                                                         r"\(100 bytes; its .metadata needs [\d,]+\); delete"):
+        checkpoint.verify(path, ["actor", "critic"])
+    shard.unlink()
+    with pytest.raises(checkpoint.CheckpointError, match=rf"actor/{shard.name} is missing"):
+        checkpoint.verify(path, ["actor"])
+    (path / "critic" / ".metadata").write_bytes(b"\x80\x04garbage")
+    with pytest.raises(checkpoint.CheckpointError, match=r"is corrupt: critic/.metadata does not load"):
+        checkpoint.verify(path, ["critic"])
 
 
 def test_only_committed_checkpoints_are_found_whatever_the_marker_says(tmp_path):

@@ -1,0 +1,1 @@
+"""Utilities of the trainer: dataset, checkpoints, run directory, tracking, plots, logging, memory estimate."""
