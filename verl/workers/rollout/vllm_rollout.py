@@ -29,6 +29,11 @@ Choices:
   where the flag is a no-op.
 - vLLM's CPU worker replaces ``torch.set_num_threads`` process-wide with a no-op; since the
   engine shares the trainer's process, the original function is put back after the engine loads.
+- A CPU tensor-parallel engine talks through shared-memory files ``/dev/shm/<ident>-tp:0-[0-1]-cpushm_<rank>``
+  whose name is the same for every run under ``external_launcher`` and which vLLM never unlinks; the next run's
+  engine then fails ("create shm in SHMManager failed. errno: 17"). Before such an engine starts, the first rank
+  removes those files when no live process maps them (``remove_stale_cpu_shm``), then all ranks meet at a
+  barrier.
 """
 
 from __future__ import annotations
@@ -86,6 +91,30 @@ def _reload_weights_on_worker(worker, named_tensors: Iterator[tuple[str, torch.T
     worker.model_runner.reload_weights(weights_iterator=named_tensors)
 
 
+SHM_DIR = "/dev/shm"
+
+
+def remove_stale_cpu_shm(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink vLLM-CPU tensor-parallel shared-memory files (``*-cpushm_*``) that no live process maps: the leftovers
+    of finished or killed runs. Returns the paths removed."""
+    candidates = sorted(os.path.join(shm_dir, name) for name in os.listdir(shm_dir) if "-cpushm" in name) \
+        if os.path.isdir(shm_dir) else []
+    if not candidates:
+        return []
+    mapped: set[str] = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/maps") as maps:
+                mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps if "-cpushm" in line)
+    stale = [path for path in candidates if path not in mapped]
+    for path in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    if stale:
+        logger.info("removed %d stale vLLM shared-memory file(s): %s", len(stale), ", ".join(stale))
+    return stale
+
+
 class VLLMRollout:
     """``RolloutEngine`` backed by ``vllm.LLM`` in this process (see the module docstring)."""
 
@@ -100,6 +129,10 @@ class VLLMRollout:
                         current_platform.device_type)
         memory_kwargs = ({"kv_cache_memory_bytes": int(cpu_kv_cache_gb * GIB)} if on_cpu
                          else {"gpu_memory_utilization": gpu_memory_utilization})
+        if on_cpu and in_worker_group and tensor_parallel_size > 1:
+            if torch.distributed.get_rank() == 0:
+                remove_stale_cpu_shm()
+            torch.distributed.barrier()
         set_num_threads = torch.set_num_threads
         start = time.perf_counter()
         with _modules_hidden_from_kernel_scan():
