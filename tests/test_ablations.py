@@ -1,14 +1,12 @@
 """benchmarks/ablations.py: an output directory is resumed only with the warm-start code that built it."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import ablations  # noqa: E402
+from benchmarks import ablations  # noqa: E402  (a namespace package: the repository root is on sys.path)
 
 
 def test_source_hash_is_the_launchers():

@@ -27,6 +27,8 @@ from search_r1 import evaluate
 from search_r1.prompts import make_prompt
 from verl.config import DEMO_CONFIG
 
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -28,6 +28,8 @@ from data_prep.tiny_model import save_tiny_model
 from retrieval_server.launcher import free_port
 from search_r1.prompts import make_prompt
 
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

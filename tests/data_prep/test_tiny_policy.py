@@ -32,6 +32,8 @@ from retrieval_server.launcher import ServerProcess
 from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN
 from search_r1.search.client import RetrievalClient
 
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
+
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from retrieval_test_corpus import corpus_lines
 
 from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess
+from tests.retrieval_server.retrieval_test_corpus import corpus_lines
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,9 @@ import re
 
 import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
-from retrieval_test_corpus import PASSAGES, RARE_TERM
 
 from retrieval_server.bm25 import BM25Retriever
+from tests.retrieval_server.retrieval_test_corpus import PASSAGES, RARE_TERM
 
 
 def _tokens(text: str) -> list[str]:

@@ -13,9 +13,11 @@ import random
 
 import httpx
 import pytest
-from retrieval_test_corpus import PASSAGES
 
 from retrieval_server.launcher import ServerProcess
+from tests.retrieval_server.retrieval_test_corpus import PASSAGES
+
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 PATTERNS = ("what is {t} known for", "{t} history")
 QUERIES = [pattern.format(t=title) for _, title, _ in PASSAGES for pattern in PATTERNS]  # 40 distinct queries

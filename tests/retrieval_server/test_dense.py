@@ -5,13 +5,13 @@ from __future__ import annotations
 import faiss
 import numpy as np
 import pytest
-from retrieval_test_corpus import PASSAGES
 
 from retrieval_server.build_index import build_index
 from retrieval_server.dense import build_dense_index
 from retrieval_server.encoder import DEFAULT_MODEL, Encoder
 from retrieval_server.manifest import INDEX_FILE, Manifest
 from retrieval_server.service import load_retriever
+from tests.retrieval_server.retrieval_test_corpus import PASSAGES
 
 
 def _unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:

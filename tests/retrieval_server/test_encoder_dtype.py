@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from retrieval_test_corpus import PASSAGES
 
 from retrieval_server.encoder import DEFAULT_MODEL, Encoder, EncoderError
+from tests.retrieval_server.retrieval_test_corpus import PASSAGES
 
 QUERIES = ["Which river flows into the Sallow Sea?", "who made glass in Kelbrook", "cheese aged in caves",
            "a telescope made of brass", "folk songs about ferrymen", "who built the stone arches",

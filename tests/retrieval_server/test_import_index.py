@@ -12,12 +12,14 @@ import faiss
 import httpx
 import numpy as np
 import pytest
-from retrieval_test_corpus import PASSAGES
 
 from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX
 from retrieval_server.import_index import import_index
 from retrieval_server.launcher import ServerProcess
 from retrieval_server.manifest import MANIFEST_NAME, Manifest, ManifestError
+from tests.retrieval_server.retrieval_test_corpus import PASSAGES
+
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 CONTENTS = [f'"{title}"\n{text}' for _, title, text in PASSAGES]
 QUERIES = ["Which river flows into the Sallow Sea?", "who made glass in Kelbrook", "cheese aged in caves",

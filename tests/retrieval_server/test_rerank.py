@@ -7,10 +7,12 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-from retrieval_test_corpus import PASSAGES
 
 from retrieval_server.launcher import ServerProcess
 from retrieval_server.rerank import Reranker, RerankerError
+from tests.retrieval_server.retrieval_test_corpus import PASSAGES
+
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 CONTENTS = {pid: f'"{title}"\n{text}' for pid, title, text in PASSAGES}
 QUERIES = ["Which river flows into the Sallow Sea?", "who made glass in Kelbrook", "cheese aged in caves",

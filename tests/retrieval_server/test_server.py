@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-from retrieval_test_corpus import PASSAGES, RARE_TERM
 
 from retrieval_server.encoder import DEFAULT_MODEL, Encoder
 from retrieval_server.launcher import ServerProcess
+from tests.retrieval_server.retrieval_test_corpus import PASSAGES, RARE_TERM
 
 IDS = [pid for pid, _, _ in PASSAGES]
 CONTENTS = [f'"{title}"\n{text}' for _, title, text in PASSAGES]

@@ -28,6 +28,8 @@ from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.prompts import make_prompt
 
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["data.train_batch_size=4", "data.max_response_length=24", "data.max_obs_length=32",
          "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",

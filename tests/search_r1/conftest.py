@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from memorised_policy import QUESTIONS, memorised_policy
 
 from data_prep.tiny_model import train_tokenizer
 from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.prompts import INSTRUCTION
+from tests.search_r1.memorised_policy import QUESTIONS, memorised_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 

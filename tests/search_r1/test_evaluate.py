@@ -10,10 +10,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from memorised_policy import QUESTIONS, TOPK
 
 from data_prep.qa_search import make_row, rows_to_parquet
 from search_r1.evaluate import main
+from tests.search_r1.memorised_policy import QUESTIONS, TOPK
+
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 FRANCE, TOKYO = QUESTIONS  # the policy answers Paris / Japan after one search
 # (data_source, question, golden answers): per source one right and one wrong answer under the default scoring;

@@ -183,6 +183,7 @@ def search_workspace(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_one_grpo_step_with_search_r1s_grpo_script(search_workspace, tmp_path):
     """The published GRPO overrides, then the sizes scaled to a 2-core machine (the same key names, so the later
     value wins): one step trains against a real retrieval service at Search-R1's /retrieve URL, with the

@@ -9,16 +9,18 @@ import sys
 import pytest
 import ray
 import torch
-from memorised_policy import QUESTIONS, TOPK, memorised_policy
 
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, StopReason
 from search_r1.search.client import RetrievalClient
+from tests.search_r1.memorised_policy import QUESTIONS, TOPK, memorised_policy
 from verl.config import DEMO_CONFIG, load_config
 from verl.single_controller import create_worker_group
 from verl.single_controller.rollout import GroupRollout
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
+
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,6 +12,8 @@ from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.search import RetrievalClient, RetrievalError, RetrievalUnavailable
 
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
+
 CORPUS = [
     ("paris", "Paris", "Paris is the capital and largest city of France, on the river Seine."),
     ("berlin", "Berlin", "Berlin is the capital of Germany and its largest city by population."),

@@ -12,10 +12,10 @@ import dataclasses
 
 import pytest
 import ray
-from rollout_helpers import raw_logprobs
 from transformers import AutoModelForCausalLM
-from worker_test_utils import add_targets, random_batch
 
+from tests.verl.workers.rollout.rollout_helpers import raw_logprobs
+from tests.verl.workers.worker_test_utils import add_targets, random_batch
 from verl.config import DEMO_CONFIG, load_config
 from verl.single_controller import create_worker_group
 from verl.single_controller.rollout import GroupRollout, split_by_tokens
@@ -23,7 +23,7 @@ from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.rollout import build_rollout
 from verl.workers.rollout.base import SamplingParams
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]  # slow: Ray or FSDP processes
 
 STOPS = ["</search>", "</answer>"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
-from worker_test_utils import add_targets, make_config, random_batch
 
+from tests.verl.workers.worker_test_utils import add_targets, make_config, random_batch
 from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import combine, split_for_ranks
@@ -14,7 +14,7 @@ from verl.workers.actor import ActorWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.reference import RefWorker
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]  # slow: Ray or FSDP processes
 
 OVERRIDES = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
              "actor_rollout_ref.actor.ppo_epochs=2", "critic.ppo_micro_batch_size_per_gpu=2", "critic.ppo_epochs=2")

@@ -1,3 +1,3 @@
 """Fixtures of the trainer tests (defined in ``trainer_test_utils``)."""
 
-from trainer_test_utils import run_main, workspace  # noqa: F401
+from tests.verl.trainer.trainer_test_utils import run_main, workspace  # noqa: F401

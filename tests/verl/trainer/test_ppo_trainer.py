@@ -12,10 +12,12 @@ import time
 
 import pytest
 import torch
-from trainer_test_utils import RAY_WORLD_2, final_weights, metrics, overrides
 
+from tests.verl.trainer.trainer_test_utils import RAY_WORLD_2, final_weights, metrics, overrides
 from verl.config import ConfigError, load_config
 from verl.trainer.recipe import load_recipe
+
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 
 @pytest.mark.parametrize("world", [[], RAY_WORLD_2], ids=["local", "ray-world-2"])

@@ -10,15 +10,17 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from trainer_test_utils import overrides
 
 from search_r1.recipe import build_recipe
+from tests.verl.trainer.trainer_test_utils import overrides
 from verl.config import load_config
 from verl.protocol import Batch
 from verl.trainer.main_ppo import split_args
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.trainer.recipe import GENERATED_TENSORS, RecipeOutputError, check_generated
 from verl.utils.seq import pack_trajectories
+
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 
 def generated(rows: int = 4) -> Batch:

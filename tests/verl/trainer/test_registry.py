@@ -11,11 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor
-from trainer_test_utils import metrics, overrides
 
+from tests.verl.trainer.trainer_test_utils import metrics, overrides
 from verl.config import ConfigError, load_config, uses_critic
 from verl.trainer.core_algos import AdvantageInputs, masked_mean, register_adv_estimator
 from verl.trainer.main_ppo import build_trainer, split_args
+
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 CALLS: list[tuple[AdvantageInputs, Tensor]] = []  # what the trainer handed the estimator, and what it returned
 

@@ -22,13 +22,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_test_utils import ROOT, metrics, overrides
 
 from data_prep.qa_search import make_row, rows_to_parquet
 from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.llm_agent.formatting import INFO_CLOSE
+from tests.verl.trainer.trainer_test_utils import ROOT, metrics, overrides
 from verl.utils import checkpoint
+
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 NAN_AFTER_FIRST_STEP = '''
 calls = 0

@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
-from worker_test_utils import (
+
+from tests.verl.workers.worker_test_utils import (
     PAD_ID,
     add_targets,
     assert_equal_parameters,
@@ -21,7 +22,6 @@ from worker_test_utils import (
     random_batch,
     real_vocab_batch,
 )
-
 from verl.protocol import Batch
 from verl.trainer.core_algos import rollout_mismatch, truncated_is_weights
 from verl.utils.seq import pack_trajectories

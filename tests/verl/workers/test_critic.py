@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from worker_test_utils import (
+
+from tests.verl.workers.worker_test_utils import (
     add_targets,
     assert_equal_parameters,
     assert_same_update,
@@ -15,7 +16,6 @@ from worker_test_utils import (
     perturb_masked,
     random_batch,
 )
-
 from verl.workers.critic import CriticWorker
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from worker_test_utils import add_targets, make_config, random_batch
 
+from tests.verl.workers.worker_test_utils import add_targets, make_config, random_batch
 from verl.protocol import Batch
 from verl.workers.actor import ActorWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.reference import RefWorker
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]  # slow: Ray or FSDP processes
 
 # Token-budget micro-batches give the two ranks different local micro-batch counts (they must agree).
 OVERRIDES = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.entropy_coeff=0.01",

@@ -12,8 +12,15 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
-from worker_test_utils import add_targets, assert_same_update, gradients, make_config, parameters, random_batch
 
+from tests.verl.workers.worker_test_utils import (
+    add_targets,
+    assert_same_update,
+    gradients,
+    make_config,
+    parameters,
+    random_batch,
+)
 from verl.utils.memory import count_parameters, estimate_memory
 from verl.workers.actor import ActorWorker
 from verl.workers.actor_rollout import ActorRolloutWorker

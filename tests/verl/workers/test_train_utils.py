@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 from torch import nn
-from worker_test_utils import random_batch
 
+from tests.verl.workers.worker_test_utils import random_batch
 from verl.protocol import Batch
 from verl.workers.model_utils import micro_batches
 from verl.workers.train_utils import TrainState, global_counts, optimizer_steps_per_training_step

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rollout_helpers import hf_model, model_dir, prompts, state_dict, tokenizer
+
+from tests.verl.workers.rollout.rollout_helpers import hf_model, model_dir, prompts, state_dict, tokenizer
 
 __all__ = ["hf_model", "model_dir", "prompts", "state_dict", "tokenizer"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rollout_helpers import greedy_loop, perturbed, raw_logprobs
 
+from tests.verl.workers.rollout.rollout_helpers import greedy_loop, perturbed, raw_logprobs
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout, truncate_at_stop
 

@@ -11,13 +11,14 @@ import torch
 
 pytest.importorskip("vllm")
 
-from rollout_helpers import perturbed, raw_logprobs  # noqa: E402
-
+from tests.verl.workers.rollout.rollout_helpers import perturbed, raw_logprobs  # noqa: E402
 from verl.config import DEMO_CONFIG, load_config  # noqa: E402
 from verl.workers.rollout import build_rollout  # noqa: E402
 from verl.workers.rollout.base import SamplingParams  # noqa: E402
 from verl.workers.rollout.hf_rollout import HFRollout  # noqa: E402
 from verl.workers.rollout.vllm_rollout import VLLMRollout  # noqa: E402
+
+pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 STOPS = ["</search>", "</answer>"]
 
