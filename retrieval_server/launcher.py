@@ -27,18 +27,24 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A running ``python -m retrieval_server.serve``; use as a context manager to stop it on exit."""
+    """A running ``python -m retrieval_server.serve``; use as a context manager to stop it on exit.
 
-    def __init__(self, index_dir: str | Path, corpus: str | Path, extra_args: list[str] | None = None,
-                 port: int | None = None, source: str | Path | None = None):
+    ``command`` replaces the default command (e.g. ``retrieval_launch.sh`` or an installed ``search-r1-retrieve``,
+    which must listen on ``port``); ``cwd`` and ``env`` are its working directory and environment.
+    """
+
+    def __init__(self, index_dir: str | Path | None = None, corpus: str | Path | None = None,
+                 extra_args: list[str] | None = None, port: int | None = None, source: str | Path | None = None,
+                 command: list[str] | None = None, cwd: str | Path | None = None, env: dict[str, str] | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.health_seen: list[str] = []  # "status" values /health answered, in order (deduplicated)
         self._log = tempfile.NamedTemporaryFile(prefix="retrieval_server_", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "retrieval_server.serve", "--index", str(index_dir), "--corpus", str(corpus),
-               "--port", str(self.port), *(extra_args or [])]
-        env = None if source is None else {**os.environ, "PYTHONPATH": str(Path(source).resolve())}
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=source, env=env)
+        cmd = command or [sys.executable, "-m", "retrieval_server.serve", "--index", str(index_dir), "--corpus",
+                          str(corpus), "--port", str(self.port), *(extra_args or [])]
+        if source is not None:
+            env, cwd = {**(env or os.environ), "PYTHONPATH": str(Path(source).resolve())}, source
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
 
     def memory(self) -> dict[str, int]:
         """The server process's resident memory in MiB (Linux): ``VmRSS`` = ``RssAnon`` (private) + ``RssFile``

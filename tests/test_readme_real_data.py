@@ -15,14 +15,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from data_prep.tiny_model import save_tiny_model
-from retrieval_server.launcher import free_port
+from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.prompts import make_prompt
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
@@ -70,20 +69,11 @@ def test_readme_real_data_steps(tmp_path):
                                "INDEX_DIR": f"{tmp_path}/indexes/bm52"})
     assert typo.returncode == 2 and "bm52 has no manifest.json" in typo.stderr
     assert not (tmp_path / "indexes" / "bm52").exists()
-    with open(tmp_path / "service.log", "w") as log:
-        service = subprocess.Popen(["bash", "retrieval_launch.sh"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHON": py, "CORPUS": str(corpus),
-                                        "INDEX_DIR": f"{tmp_path}/indexes/bm25", "PORT": str(port)})
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(1200):
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert service.poll() is None, (tmp_path / "service.log").read_text()
-            time.sleep(0.1)
+    env = {**os.environ, "PYTHON": py, "CORPUS": str(corpus), "INDEX_DIR": f"{tmp_path}/indexes/bm25",
+           "PORT": str(port)}
+    with ServerProcess(command=["bash", "retrieval_launch.sh"], port=port, cwd=ROOT, env=env) as service:
+        service.wait_ready()
+        url = service.url
         top = httpx.post(f"{url}/retrieve", json={"queries": ["capital of Varn"], "topk": 1}).json()["result"][0][0]
         assert "Pelleck" in top["contents"]
 
@@ -109,6 +99,3 @@ def test_readme_real_data_steps(tmp_path):
            f"--retriever-url {url} --out {tmp_path}/eval/nq data.max_response_length=48")
         report = json.loads((tmp_path / "eval" / "nq" / "results.json").read_text())
         assert report["by_source"]["nq"]["n"] == len(FACTS)
-    finally:
-        service.terminate()
-        service.wait(timeout=30)

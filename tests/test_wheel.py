@@ -16,7 +16,6 @@ import os
 import site
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pytest
 
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.tiny_model import save_tiny_model
-from retrieval_server.launcher import free_port
+from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.prompts import make_prompt
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
@@ -33,9 +32,13 @@ pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `m
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def outside_env() -> dict[str, str]:
+    """This environment without what would point Python back at the checkout or the project's venv."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
 def run(cmd: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kw)
+    done = subprocess.run(cmd, cwd=cwd, env=outside_env(), capture_output=True, text=True, timeout=600, **kw)
     assert done.returncode == 0, f"{cmd}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -84,20 +87,11 @@ def test_console_commands_build_serve_and_train_one_step(installed, tmp_path):
     run([str(installed / "search-r1-build-index"), "--corpus", "corpus.jsonl", "--out", "index", "--retriever",
          "bm25"], cwd=tmp_path)
     port = free_port()
-    with open(tmp_path / "server.log", "w") as log:
-        server = subprocess.Popen([str(installed / "search-r1-retrieve"), "--index", "index", "--corpus",
-                                   "corpus.jsonl", "--port", str(port)], cwd=tmp_path, stdout=log,
-                                  stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None, (tmp_path / "server.log").read_text()
-            time.sleep(0.1)
+    command = [str(installed / "search-r1-retrieve"), "--index", "index", "--corpus", "corpus.jsonl", "--port",
+               str(port)]
+    with ServerProcess(command=command, port=port, cwd=tmp_path, env=outside_env()) as server:
+        server.wait_ready()
+        url = server.url
         hits = httpx.post(f"{url}/retrieve", json={"queries": ["the Dune guild"], "topk": 1}).json()["result"]
         assert hits[0][0]["id"] == "3"
         done = run([str(installed / "search-r1-train"), "data.train_files=train.parquet",
@@ -106,8 +100,5 @@ def test_console_commands_build_serve_and_train_one_step(installed, tmp_path):
                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
                     "trainer.total_training_steps=1", "trainer.val_before_train=false",
                     "trainer.test_freq=-1", "trainer.logger=[jsonl]", "trainer.default_local_dir=run"], cwd=tmp_path)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     assert "search   " in done.stdout and (tmp_path / "run" / "hf_model" / "config.json").exists()
     assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1]

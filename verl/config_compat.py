@@ -71,7 +71,7 @@ RULES: dict[str, Alias | GlobalCount | NoEffect] = {
     "critic.model.use_remove_padding": NoEffect(_PAD),
     "algorithm.no_think_rl": NoEffect("Search-R1 raises an error when it is true; false is what every run does",
                                       (False,)),
-    "trainer.default_hdfs_dir": NoEffect("no HDFS upload here; checkpoints stay in trainer.default_local_dir"),
+    "trainer.default_hdfs_dir": NoEffect("there is no HDFS upload; checkpoints stay in trainer.default_local_dir"),
     # ---- our own earlier spellings (before the verl names were adopted)
     "actor_rollout_ref.actor.lr": Alias("actor_rollout_ref.actor.optim.lr", "renamed: actor.optim.lr"),
     "actor_rollout_ref.actor.lr_warmup_steps_ratio": Alias("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",

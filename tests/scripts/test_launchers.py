@@ -22,11 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from data_prep.qa_search import make_row, rows_to_parquet
-from data_prep.tiny_model import save_tiny_model
-from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess, free_port
-from search_r1.prompts import make_prompt
+from tests.search_workspace import build_search_workspace
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
@@ -39,21 +36,12 @@ SMALL = ["data.train_batch_size=4", "data.max_response_length=24", "data.max_obs
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
-    """A corpus, its BM25 index, four questions as parquet and a tiny model: "the user's" parts."""
-    root = tmp_path_factory.mktemp("launch")
-    passages = [f'"Guild {i}"\nThe guild number {i} of Vuzaholm was founded by Arlen Tosk {i}.' for i in range(8)]
-    (root / "corpus.jsonl").write_text("".join(json.dumps({"id": str(i), "contents": p}) + "\n"
-                                               for i, p in enumerate(passages)))
-    build_index(root / "corpus.jsonl", root / "index", retriever="bm25")
-    questions = [f"Who founded the guild number {i} of Vuzaholm" for i in range(4)]
-    save_tiny_model(root / "model", [make_prompt(q) for q in questions] * 4, vocab_size=600)
-    rows = [make_row("toy", q, [f"Arlen Tosk {i}"], "train", i) for i, q in enumerate(questions)]
-    rows_to_parquet(rows, root / "train.parquet")
-    return root
+    """"The user's" parts: a corpus, its BM25 index, questions as parquet and a tiny model."""
+    return build_search_workspace(tmp_path_factory.mktemp("launch"))
 
 
 def user_args(ws: Path, out: Path, port: int, *extra: str) -> list[str]:
-    return [f"data.train_files={ws / 'train.parquet'}", f"data.val_files={ws / 'train.parquet'}",
+    return [f"data.train_files={ws / 'data' / 'train.parquet'}", f"data.val_files={ws / 'data' / 'test.parquet'}",
             f"actor_rollout_ref.model.path={ws / 'model'}", f"retriever.url=http://127.0.0.1:{port}", *SMALL,
             "trainer.total_training_steps=1", "trainer.logger=[jsonl]", f"trainer.default_local_dir={out}", *extra]
 
@@ -131,8 +119,8 @@ def demo_tree(workspace, tmp_path) -> Path:
     demo = root / "data" / "demo"
     demo.mkdir(parents=True)
     shutil.copy(workspace / "corpus.jsonl", demo / "corpus.jsonl")
-    shutil.copy(workspace / "train.parquet", demo / "train.parquet")
-    shutil.copy(workspace / "train.parquet", demo / "test.parquet")
+    shutil.copy(workspace / "data" / "train.parquet", demo / "train.parquet")
+    shutil.copy(workspace / "data" / "test.parquet", demo / "test.parquet")
     shutil.copytree(workspace / "model", demo / "tiny_policy")
     stamp = subprocess.run(["bash", "-c", "source scripts/launch_common.sh && demo_source_hash"], cwd=root,
                            capture_output=True, text=True, check=True).stdout

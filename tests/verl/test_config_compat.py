@@ -19,9 +19,9 @@ import pytest
 
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.tiny_model import save_tiny_model
-from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess
 from search_r1.prompts import make_prompt
+from tests.search_workspace import build_search_workspace
 from verl.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,18 +169,7 @@ def test_train_data_num_trains_on_a_seeded_subset(tmp_path):
 
 @pytest.fixture(scope="module")
 def search_workspace(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("search_r1_scripts")
-    passages = [f'"Guild {i}"\nThe guild number {i} of Vuzaholm was founded by Arlen Tosk {i}.' for i in range(8)]
-    (root / "corpus.jsonl").write_text("".join(json.dumps({"id": str(i), "contents": p}) + "\n"
-                                               for i, p in enumerate(passages)))
-    build_index(root / "corpus.jsonl", root / "index", retriever="bm25")
-    questions = [f"Who founded the guild number {i} of Vuzaholm" for i in range(4)]
-    save_tiny_model(root / "model", [make_prompt(q) for q in questions] * 4, vocab_size=600)
-    (root / "data").mkdir()
-    rows = [make_row("nq", q, [f"Arlen Tosk {i}"], "train", i) for i, q in enumerate(questions)]
-    rows_to_parquet(rows, root / "data" / "train.parquet")
-    rows_to_parquet(rows, root / "data" / "test.parquet")
-    return root
+    return build_search_workspace(tmp_path_factory.mktemp("search_r1_scripts"), data_source="nq")
 
 
 @pytest.mark.slow
