@@ -96,12 +96,18 @@ class FSDPConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+
+
+@dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 32
     ppo_micro_batch_size_per_gpu: int = 8
     ppo_epochs: int = 1
     grad_clip: float | None = 1.0
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
@@ -297,6 +303,7 @@ def choices() -> dict[str, tuple[str, ...]]:
             "algorithm.adv_estimator": algos.ADV_ESTIMATORS.names(),
             "algorithm.kl_penalty": kl_estimators,
             "actor_rollout_ref.actor.kl_loss_type": kl_estimators,
+            "actor_rollout_ref.actor.policy_loss.loss_mode": algos.POLICY_LOSSES.names(),
             "actor_rollout_ref.actor.loss_agg_mode": algos.AGG_MODES,
             "algorithm.kl_ctrl.type": algos.KL_CONTROLLERS}
 

@@ -65,9 +65,11 @@ from torch import Tensor
 # The registries (``registry``), re-exported: importing this module registers the built-ins below.
 from verl.trainer.registry import ADV_ESTIMATORS as ADV_ESTIMATORS
 from verl.trainer.registry import KL_ESTIMATORS as KL_ESTIMATORS
+from verl.trainer.registry import POLICY_LOSSES as POLICY_LOSSES
 from verl.trainer.registry import AdvantageInputs as AdvantageInputs
 from verl.trainer.registry import register_adv_estimator as register_adv_estimator
 from verl.trainer.registry import register_kl_estimator as register_kl_estimator
+from verl.trainer.registry import register_policy_loss as register_policy_loss
 
 logger = logging.getLogger(__name__)
 
@@ -303,6 +305,7 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, global_tokens: float | N
     raise ValueError(f"unknown loss_agg_mode {mode!r}: valid are {list(AGG_MODES)}")
 
 
+@register_policy_loss("vanilla")
 def compute_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, mask: Tensor,
                         clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None,
                         loss_agg_mode: str = "token-mean", global_tokens: float | None = None,

@@ -4,7 +4,8 @@ An advantage estimator is one function decorated with ``register_adv_estimator``
 whether it consumes critic values (the trainer then builds a critic), group ids (``uid``: rows of one
 prompt share it, so ``rollout.n`` must be >= 2) and which ``algorithm.*`` keys it reads. Every estimator
 takes one ``AdvantageInputs`` record, so the trainer calls them all the same way. KL estimators
-(``actor.kl_loss_type``, ``algorithm.kl_penalty``) are registered with ``register_kl_estimator``.
+(``actor.kl_loss_type``, ``algorithm.kl_penalty``) are registered with ``register_kl_estimator``, policy
+losses (``actor.policy_loss.loss_mode``) with ``register_policy_loss``.
 
 Everything that names an estimator asks these registries: the config's allowed values and its
 critic and group-size rules (``verl.config``), and the trainer's call (``PPOTrainer.compute_advantages``).
@@ -98,6 +99,26 @@ def register_adv_estimator(name: str, *, needs_critic: bool = False, needs_group
     ``algorithm.adv_estimator=name``, with what it needs (see ``AdvEstimator``)."""
     def register(fn: AdvantageFn) -> AdvantageFn:
         ADV_ESTIMATORS.add(name, AdvEstimator(fn, needs_critic, needs_groups, tuple(config_args)))
+        return fn
+    return register
+
+
+# ----------------------------------------------------------------------------------------------
+# Policy losses
+# ----------------------------------------------------------------------------------------------
+
+# (old_log_prob [B, T], log_prob [B, T], advantages [B, T], mask [B, T], clip_ratio_low, clip_ratio_high,
+#  clip_ratio_c, loss_agg_mode, global_tokens, global_seqs, token_weights=[B, T] | None) -> (loss, detached metrics)
+PolicyLossFn = Callable[..., tuple["Tensor", dict[str, "Tensor"]]]
+
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register a policy loss (the signature of ``core_algos.compute_policy_loss``) as the config value
+    ``actor_rollout_ref.actor.policy_loss.loss_mode=name``."""
+    def register(fn: PolicyLossFn) -> PolicyLossFn:
+        POLICY_LOSSES.add(name, fn)
         return fn
     return register
 

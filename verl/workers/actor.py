@@ -5,7 +5,8 @@ Choices:
 * Log-probs are those of the model's own distribution (logits not divided by the sampling
   temperature): old, new and reference log-probs all use the same definition, so the PPO ratio
   and the KL terms are consistent whatever temperature the rollout sampled at.
-* Loss of a micro-batch = PPO clipped surrogate (``core_algos.compute_policy_loss``, low/high and
+* Loss of a micro-batch = the registered policy loss of ``actor.policy_loss.loss_mode`` (by default the PPO
+  clipped surrogate, ``core_algos.compute_policy_loss``, low/high and
   dual clip) - ``entropy_coeff`` x entropy + ``kl_loss_coef`` x KL(actor || reference) when
   ``use_kl_loss`` (GRPO style, ``kl_loss_type`` estimator). All three aggregate with
   ``loss_agg_mode`` over ``loss_mask`` only, normalised by the mini-batch's global counts
@@ -31,7 +32,7 @@ from transformers import AutoModelForCausalLM
 
 from verl.config import Config, trajectories_per_step, uses_lora
 from verl.protocol import Batch
-from verl.trainer.core_algos import agg_loss, compute_policy_loss, kl_penalty, masked_mean, truncated_is_weights
+from verl.trainer.core_algos import POLICY_LOSSES, agg_loss, kl_penalty, masked_mean, truncated_is_weights
 from verl.workers.lora import LoraSpec
 from verl.workers.model_utils import (
     DTYPES,
@@ -74,6 +75,7 @@ class ActorWorker:
         self.state = TrainState(self.model, a.optim.lr, a.optim.weight_decay, a.optim.lr_warmup_steps_ratio, steps,
                                 a.grad_clip, DTYPES[a.optim_state_dtype])
         self.max_tokens = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
+        self.policy_loss = POLICY_LOSSES.get(a.policy_loss.loss_mode)  # core_algos.compute_policy_loss by default
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         """``old_log_probs`` and ``entropy`` [B, R] of ``responses`` under the current weights (no grad)."""
@@ -129,9 +131,9 @@ class ActorWorker:
         old_log_prob = to_device("old_log_probs")
         tis = None if a.tis_cap is None else truncated_is_weights(old_log_prob, to_device("rollout_log_probs"),
                                                                   a.tis_cap)  # [b, R]
-        pg_loss, pg_metrics = compute_policy_loss(old_log_prob, log_prob, to_device("advantages"),
-                                                  mask, low, high, a.clip_ratio_c, a.loss_agg_mode,
-                                                  counts.tokens, counts.seqs, token_weights=tis)
+        pg_loss, pg_metrics = self.policy_loss(old_log_prob, log_prob, to_device("advantages"),
+                                               mask, low, high, a.clip_ratio_c, a.loss_agg_mode,
+                                               counts.tokens, counts.seqs, token_weights=tis)
         share = token_weight(mask, counts)
         metrics = {"pg_loss": pg_loss.item(), "entropy": masked_mean(entropy, mask).item() * share,
                    **{name: value.item() * share for name, value in pg_metrics.items()}}

@@ -1,3 +1,4 @@
-"""Fixtures of the trainer tests (defined in ``trainer_test_utils``)."""
+"""Fixtures of the trainer tests (defined in ``trainer_test_utils``, and the tiny model of the worker tests)."""
 
 from tests.verl.trainer.trainer_test_utils import run_main, workspace  # noqa: F401
+from tests.verl.workers.worker_test_utils import tiny_model_dir  # noqa: F401

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from tests.verl.trainer.trainer_test_utils import metrics, overrides
+from tests.verl.workers.worker_test_utils import add_targets, make_config, random_batch
 from verl.config import ConfigError, load_config, uses_critic
 from verl.trainer.core_algos import AdvantageInputs, masked_mean, register_adv_estimator
 from verl.trainer.main_ppo import build_trainer, split_args
@@ -73,3 +74,24 @@ def test_config_rules_come_from_the_declarations():
                                         "actor_rollout_ref.rollout.n=2"]))
     with pytest.raises(ConfigError, match=r"algorithm\.adv_estimator='reads_no_such_key_for_test'.*\['gama'\]"):
         load_config(["algorithm.adv_estimator=reads_no_such_key_for_test"])
+
+
+def test_a_policy_loss_registered_here_is_a_config_value_and_the_actors_loss(tiny_model_dir):
+    """Guards against a policy loss that needs edits beyond its one registered function: the config accepts its
+    name, refuses an unknown one listing the registered ones, and the actor's update calls it."""
+    from verl.trainer.core_algos import compute_policy_loss
+    from verl.trainer.registry import POLICY_LOSSES, register_policy_loss
+    from verl.workers.actor import ActorWorker
+
+    calls = []
+    if "halved_vanilla" not in POLICY_LOSSES:
+        @register_policy_loss("halved_vanilla")
+        def halved(*args, **kwargs):
+            calls.append(1)
+            loss, metrics = compute_policy_loss(*args, **kwargs)
+            return 0.5 * loss, metrics
+    with pytest.raises(ConfigError, match=r"policy_loss.loss_mode='nope'.*vanilla, halved_vanilla"):
+        load_config(["actor_rollout_ref.actor.policy_loss.loss_mode=nope"])
+    cfg = make_config(tiny_model_dir, "actor_rollout_ref.actor.policy_loss.loss_mode=halved_vanilla")
+    ActorWorker(cfg, total_steps=1).update_actor(add_targets(random_batch(seed=3), seed=3))
+    assert calls  # every micro-batch's loss came from the registered function
