@@ -46,9 +46,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from search_r1.prompts import DEFAULT_TEMPLATE, load_template, make_prompt
+from verl.utils.progress import progress
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, dict | None, str]]:
     if not path.is_file():
         raise ValueError(f"source {path}: " + ("a directory, not a file" if path.is_dir() else "no such file")
                          + ' (allowed: a JSONL file with one {"id", "question", "golden_answers"} per line)')
-    with path.open("rb") as raw, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+    with path.open("rb") as raw, progress(total=path.stat().st_size, unit="B", unit_scale=True,
                                      desc=path.name, leave=False) as bar:
         for line_no, line in enumerate(raw, start=1):
             bar.update(len(line))
@@ -184,7 +184,7 @@ def _hf_records(spec: SourceSpec) -> Iterator[tuple[str, dict | None, str]]:
         dataset = datasets.load_dataset(spec.hf_dataset, spec.hf_config, split=spec.hf_split)
     except Exception as exc:  # any loader failure (offline, unknown name, bad split) becomes one clear error
         raise RuntimeError(f"could not load {spec.describe()}: {type(exc).__name__}: {exc}") from exc
-    for i, record in enumerate(tqdm(dataset, desc=spec.data_source, leave=False)):
+    for i, record in enumerate(progress(dataset, desc=spec.data_source, leave=False)):
         yield f"{spec.describe()} row {i}", record, ""
 
 

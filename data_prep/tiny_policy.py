@@ -60,7 +60,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from data_prep.demo_kb import Question, load_questions
@@ -68,6 +67,7 @@ from data_prep.tiny_model import TAG_TOKENS, build_model, train_tokenizer
 from search_r1.llm_agent import formatting
 from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, format_passages
 from search_r1.prompts import make_prompt
+from verl.utils.progress import progress
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ def _optimise(model: Qwen2ForCausalLM, steps: int, lr: float, warmup_ratio: floa
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     losses: list[float] = []
     model.train()
-    bar = tqdm(range(steps), desc=desc, unit="step")
+    bar = progress(range(steps), desc=desc, unit="step")
     for _ in bar:
         loss = loss_fn()
         loss.backward()

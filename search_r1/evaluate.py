@@ -39,7 +39,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from search_r1.eval_report import to_markdown, write_reports
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, Trajectory
@@ -47,6 +46,7 @@ from search_r1.reward.qa_em import em_check, extract_answer, f1_score, ground_tr
 from search_r1.search.client import RetrievalClient, RetrievalError
 from verl.config import Config, ConfigError, load_config
 from verl.utils.dataset import DataError
+from verl.utils.progress import progress
 from verl.workers.rollout.base import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ def evaluate(args: argparse.Namespace) -> dict:
 def _roll_out(agent: LLMGenerationManager, tokenizer, dataset, todo: list[tuple[int, int]], args: argparse.Namespace,
               normalize: str, path: Path, done_before: int) -> None:
     """Run the loop over ``todo`` in batches, appending each batch's scored records to ``path`` (flushed)."""
-    with path.open("a") as f, tqdm(total=done_before + len(todo), initial=done_before, unit="traj",
+    with path.open("a") as f, progress(total=done_before + len(todo), initial=done_before, unit="traj",
                                    desc="evaluate") as bar:
         for start in range(0, len(todo), args.batch_size):
             batch = todo[start:start + args.batch_size]
