@@ -9,8 +9,8 @@ Choices:
 - A query with no indexed word scores 0 on every passage and gets k arbitrary passages with score 0
   (passages with no indexed word are stored empty, so the tokenizer's "empty" token matches none).
 - Retrieval uses the numba backend; ``threads=1`` selects its serial kernel, which releases the GIL.
-  bm25s JIT-compiles its kernels without numba's on-disk cache, which costs 5 s (idle machine) to
-  50 s (busy one) at every server start; ``_cache_numba_kernels`` turns that cache on for the two
+  bm25s JIT-compiles its kernels without numba's on-disk cache, which costs seconds to tens of seconds at
+  every server start (measured figures: docs/results.md); ``_cache_numba_kernels`` turns that cache on for the two
   retrieval kernels, so only the first start on a machine pays (numba invalidates the cache itself
   when bm25s's source or the CPU changes).
 """

@@ -65,13 +65,12 @@ def observation_ids(tokenizer: PreTrainedTokenizerBase, docs_per_row: list[list[
                          f"the {len(open_ids) + len(close_ids)} tokens of the information tags")
     if not docs_per_row:
         return []
-    passages = [format_passages(docs) for docs in docs_per_row]
-    blocks = encode([INFO_OPEN + text + INFO_CLOSE for text in passages])
+    blocks = encode([information_block(docs) for docs in docs_per_row])
     out = []
-    for block, text in zip(blocks, passages, strict=True):
+    for block, docs in zip(blocks, docs_per_row, strict=True):
         if len(block) <= max_obs_length:
             out.append((block, False))
         else:
-            (body,) = encode([text])
+            (body,) = encode([format_passages(docs)])
             out.append((open_ids + body[:room] + close_ids, True))
     return out
