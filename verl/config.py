@@ -148,6 +148,8 @@ class RolloutConfig:
     micro_batch_size: int = 64
     log_prob_micro_batch_size_per_gpu: int = 16
     tensor_model_parallel_size: int = 1
+    mode: str = "sync"
+    async_chunk_tokens: int = 0
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
 
@@ -215,6 +217,9 @@ class RetrieverConfig:
     topk: int = 3
     timeout: float = 30
     outage_timeout_s: float = 300
+    coalesce_ms: float = 5.0
+    coalesce_max: int = 512
+    max_inflight: int = 4
 
 
 @dataclass
@@ -273,6 +278,7 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # Allowed values of the string-choice keys, checked in ``validate``; the algorithm names are added by ``choices``.
 CHOICES: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.rollout.name": ("vllm", "hf"),
+    "actor_rollout_ref.rollout.mode": ("sync", "async"),
     "actor_rollout_ref.actor.optim_state_dtype": ("float32", "bfloat16"),
     "actor_rollout_ref.rollout.dtype": DTYPE_NAMES,
     "actor_rollout_ref.actor.fsdp_config.dtype": DTYPE_NAMES,
@@ -385,6 +391,10 @@ def validate(cfg: Config) -> Config:
     _require(re.match(r"https?://[^/\s]+", cfg.retriever.url) is not None, "retriever.url", cfg.retriever.url,
              "an http:// or https:// URL of the retrieval service, e.g. http://127.0.0.1:8000")
     _require(cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup", cfg.trainer.critic_warmup, "an integer >= 0")
+    for key, lowest in (("actor_rollout_ref.rollout.async_chunk_tokens", 0), ("retriever.coalesce_ms", 0),
+                        ("retriever.coalesce_max", 1), ("retriever.max_inflight", 1)):
+        value = _get(cfg, key)
+        _require(value >= lowest, key, value, f"a number >= {lowest}")
     model = cfg.actor_rollout_ref.model
     _require(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", model.lora_rank, "0 (off) or an integer >= 1")
     _require(model.lora_rank == 0 or len(model.target_modules) > 0, "actor_rollout_ref.model.target_modules",

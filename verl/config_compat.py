@@ -11,7 +11,7 @@ turns each ``key=value`` into ours before the config is merged, with three kinds
   it becomes our per-rank key, divided by the world size once the config is loaded.
 * ``NoEffect``: a key that changes nothing in this trainer (HDFS upload, CUDA graphs, profilers, ...);
   accepted with a one-line notice saying why. Where a value would ask for something this trainer does
-  not do (``actor.strategy=megatron``, ``rollout.mode=async``), ``allowed`` lists what it does, and any
+  not do (``actor.strategy=megatron``, ``algorithm.no_think_rl=true``), ``allowed`` lists what it does, and any
   other value is an error naming the key.
 
 Two spellings of one setting in one command line with different values are an error (which one was meant
@@ -130,8 +130,6 @@ RULES: dict[str, Alias | GlobalCount | NoEffect] = {
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": NoEffect("follows actor_rollout_ref.actor.use_dynamic_bsz"),
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": NoEffect(
         "follows actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
-    "actor_rollout_ref.rollout.mode": NoEffect("rollouts run in lockstep turns (asynchronous rollout is not built "
-                                               "yet)", ("sync",)),
     "actor_rollout_ref.rollout.prompt_length": NoEffect("the engine's prompt budget is data.max_prompt_length"),
     "actor_rollout_ref.rollout.response_length": NoEffect("the engine's budget is data.max_response_length"),
     "actor_rollout_ref.rollout.ignore_eos": NoEffect("generation stops at EOS and at </search> / </answer>", (False,)),

@@ -1,10 +1,22 @@
 """The multi-turn search loop (Search-R1): think, then search or answer, until done.
 
-Each turn generates for the still-active rows in ONE ``engine.generate`` call that stops at
-``</search>`` or ``</answer>``. Rows that searched get their passages from ONE batched retrieval
-request per turn, rendered as an ``<information>`` block; a turn with no well-formed action gets a
-feedback text; a turn that answered ends the row. After ``max_turns`` turns that may search, one
-final turn runs in which a search is no longer executed: the row ends after it whatever it wrote.
+Every row runs its own turn loop (``_trajectory``, one asyncio task per row): generate until
+``</search>`` or ``</answer>``; a search gets its passages from the retrieval service, rendered as an
+``<information>`` block; a turn with no well-formed action gets a feedback text; a turn that answered
+ends the row. After ``max_turns`` turns that may search, one final turn runs in which a search is no
+longer executed: the row ends after it whatever it wrote. The rows' requests are served by one of
+two schedules (``actor_rollout_ref.rollout.mode``; ``verl.workers.rollout.scheduler``):
+
+- ``sync`` (lockstep): each turn is ONE engine call for all active rows, then ONE batched retrieval for
+  all rows that searched; a row waits for the slowest row of its turn. Same calls, in the same order,
+  with the same seeds, as the turn-by-turn loop this replaced.
+- ``async``: no barrier. A row that finished its turn goes to retrieval at once while others still
+  generate, and back to an engine as soon as its passages are in; each engine batches whatever is
+  pending (``EngineScheduler``: least-loaded engine, the previous turn's engine preferred; turns cut
+  into ``rollout.async_chunk_tokens`` chunks); searches that arrive within ``retriever.coalesce_ms``
+  go out as one request (``Coalescer``). Each row samples with its own seeds, so its tokens do not
+  depend on which rows shared an engine call; with greedy decoding both schedules give the same
+  trajectories up to floating-point differences of batch composition (docs/results.md).
 
 Choices, and where they differ from Search-R1:
 
@@ -20,11 +32,11 @@ Choices, and where they differ from Search-R1:
   (Search-R1 left-cuts the rolling context to ``max_prompt_length``, so the engine samples under a
   context the actor never sees.) A prompt longer than ``max_prompt_length`` is an error: the
   dataset drops such rows.
-- Length budget. One call per turn means one ``max_tokens`` for all rows: it is the largest
-  remaining budget, and a row's output is cut to its own remaining budget (that row then ends with
-  ``MAX_LENGTH``). An observation is the tokenisation of the whole block when it fits in
-  ``max_obs_length`` tokens, else truncated by cutting the passages and then closing the block
-  (counted; ``formatting.observation_ids``); an inserted block that would leave the policy no
+- Length budget. A row's turn may sample its remaining budget; a call for several rows asks for the
+  largest and cuts each row's output to its own (that row then ends with ``MAX_LENGTH``). An
+  observation is the tokenisation of the whole block when it fits in ``max_obs_length`` tokens,
+  else truncated by cutting the passages and then closing the block (counted;
+  ``formatting.observation_ids``); an inserted block that would leave the policy no
   token of budget ends the row with ``MAX_LENGTH`` instead of being appended.
 - Forced prefixes (``run(..., turn_prefix=fn)``, evaluation only): before a turn, ``fn`` may insert
   ids at the start of a row's turn (e.g. the first words of a search decision) to measure the policy
@@ -37,18 +49,24 @@ Choices, and where they differ from Search-R1:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import logging
-from collections.abc import Callable
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, INVALID_ACTION_FEEDBACK, observation_ids
 from verl.config import Config
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
-from verl.workers.rollout.base import Generator, SamplingParams
+from verl.workers.rollout.base import GenerationOutput, Generator, SamplingParams, as_pool
+from verl.workers.rollout.scheduler import Coalescer, EngineScheduler, Lockstep
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -89,12 +107,20 @@ class AgentConfig:
     max_obs_length: int  # one inserted <information> block, tags included
     do_search: bool  # false = every search gets an empty <information> block, no request
     topk: int  # passages per search; must equal the client's topk
+    mode: str = "sync"  # sync | async (module docstring)
+    chunk_tokens: int = 0  # async: tokens per request per engine round (0 = the whole turn)
+    coalesce_ms: float = 5.0  # async: searches arriving within this of the first waiting one share a request
+    coalesce_max: int = 512  # async: at most this many queries per request
+    max_inflight_searches: int = 4  # async: retrieval requests running at once
 
     @classmethod
     def from_config(cls, cfg: Config) -> AgentConfig:
+        r, rollout = cfg.retriever, cfg.actor_rollout_ref.rollout
         return cls(max_turns=cfg.max_turns, max_start_length=cfg.data.max_start_length,
                    max_prompt_length=cfg.data.max_prompt_length, max_response_length=cfg.data.max_response_length,
-                   max_obs_length=cfg.data.max_obs_length, do_search=cfg.do_search, topk=cfg.retriever.topk)
+                   max_obs_length=cfg.data.max_obs_length, do_search=cfg.do_search, topk=r.topk,
+                   mode=rollout.mode, chunk_tokens=rollout.async_chunk_tokens,
+                   coalesce_ms=r.coalesce_ms, coalesce_max=r.coalesce_max, max_inflight_searches=r.max_inflight)
 
 
 @dataclass
@@ -113,6 +139,7 @@ class Trajectory:
     num_invalid: int = 0  # turns that ended in no well-formed action (feedback or EOS)
     truncated_obs: int = 0  # <information> blocks cut to max_obs_length
     prompt_truncated: bool = False  # the prompt was cut to max_start_length
+    retrieval_wait_s: float = 0.0  # seconds this row waited for its searches' passages
 
     def append(self, ids: list[int], sampled: bool, log_probs: list[float] | None = None) -> None:
         self.response_ids.extend(ids)
@@ -123,6 +150,8 @@ class Trajectory:
 @dataclass
 class AgentResult:
     trajectories: list[Trajectory]
+    wall_s: float = 0.0  # the whole run
+    schedule: dict[str, float] = field(default_factory=dict)  # the schedule's counters (async: engine calls ...)
 
     def metrics(self) -> dict[str, float]:
         """Per-step rollout metrics, computed from the trajectories' typed fields."""
@@ -141,6 +170,9 @@ class AgentResult:
             "agent/truncated_prompts": float(sum(t.prompt_truncated for t in trajs)),
             "agent/inserted_token_frac": inserted / max(tokens, 1),
             "agent/mean_response_len": tokens / rows,
+            "agent/retrieval_wait_s": sum(t.retrieval_wait_s for t in trajs) / rows,  # per trajectory
+            "perf/trajectories_per_s": len(trajs) / max(self.wall_s, 1e-9),
+            **self.schedule,
         }
         for reason in StopReason:
             metrics[f"agent/stop/{reason.value}"] = float(sum(t.stop_reason is reason for t in trajs))
@@ -149,6 +181,38 @@ class AgentResult:
 
 # (row index, turn index, the row's trajectory so far) -> ids inserted at the start of that row's turn ([] = none)
 TurnPrefixFn = Callable[[int, int, Trajectory], list[int]]
+
+
+@dataclass
+class _IO:
+    """What a row's loop awaits, as the schedule provides it."""
+
+    generate: Callable[[int, int, list[int], int], Awaitable[GenerationOutput]]  # (row, turn, context, budget)
+    search: Callable[[int, str], Awaitable[list[dict]]]  # (row, query) -> passages
+    leave: Callable[[], None]  # a row ended
+    stats: Callable[[], dict[str, float]]
+
+
+def run_coroutine(make: Callable[[], Awaitable[Any]]) -> Any:
+    """``asyncio.run(make())``; in a helper thread when this thread already runs an event loop (a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(make())
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name="agent-loop")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 class ActionKind(enum.Enum):
@@ -218,22 +282,123 @@ class LLMGenerationManager:
             raise ValueError(f"the search loop samples one trajectory per row; got n={params.n} "
                              "(repeat the rows instead)")
         rows = [self._start(list(p), i) for i, p in enumerate(prompt_ids)]
-        for turn in range(self.cfg.max_turns + 1):
-            if turn_prefix is not None:
-                for i, row in enumerate(rows):
-                    forced = turn_prefix(i, turn, row) if row.stop_reason is None else []
-                    if forced:
-                        self._insert(row, list(forced))
-            active = [r for r in rows if r.stop_reason is None]
-            if not active:
-                break
-            self._turn(active, params, final=turn == self.cfg.max_turns)
+        start = time.perf_counter()
+        stats = run_coroutine(lambda: self._run_all(rows, dataclasses.replace(params, stop=list(STOP_STRINGS)),
+                                                    turn_prefix))
         truncated = sum(r.prompt_truncated for r in rows)
         if truncated:
             logger.warning("%d of %d prompts were cut to data.max_start_length=%d tokens", truncated, len(rows),
                            self.cfg.max_start_length)
         self._warn_truncated_obs(rows)
-        return AgentResult(rows)
+        return AgentResult(rows, wall_s=time.perf_counter() - start, schedule=stats)
+
+    async def _run_all(self, rows: list[Trajectory], params: SamplingParams,
+                       turn_prefix: TurnPrefixFn | None) -> dict[str, float]:
+        """Every row's loop as its own task, over the schedule of ``cfg.mode``; the schedule's counters."""
+        loop = asyncio.get_running_loop()
+        pool = as_pool(self.engine)
+        workers = pool.num_engines + self.cfg.max_inflight_searches + 1
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as executor:
+            def run_blocking(fn, *args):
+                return loop.run_in_executor(executor, fn, *args)
+
+            io = self._lockstep_io(rows, params, run_blocking) if self.cfg.mode == "sync" else \
+                self._async_io(pool, params, run_blocking)
+            tasks = [asyncio.ensure_future(self._trajectory(i, row, io, params.logprobs, turn_prefix))
+                     for i, row in enumerate(rows)]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:  # the first failure is raised (as the lockstep loop raised it); the rest stop
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+        return io.stats()
+
+    def _lockstep_io(self, rows: list[Trajectory], params: SamplingParams, run_blocking) -> _IO:
+        """``mode: sync``: one engine call per turn for all active rows (``max_tokens`` = the largest remaining
+        budget, ``params.seed`` for every turn), one retrieval per turn for all searching rows, searches first."""
+
+        async def generate(requests: list[tuple[list[int], int]]) -> list[GenerationOutput]:
+            turn_params = dataclasses.replace(params, max_tokens=max(budget for _, budget in requests))
+            outputs = await run_blocking(self.engine.generate, [context for context, _ in requests], turn_params)
+            if len(outputs) != len(requests):
+                raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(requests)} prompts")
+            return outputs
+
+        async def search(queries: list[str]) -> list[list[dict]]:
+            return await run_blocking(self._search, queries)
+
+        lockstep = Lockstep(len(rows), [("search", search), ("generate", generate)])
+        return _IO(generate=lambda key, turn, context, budget: lockstep.submit("generate", key, (context, budget)),
+                   search=lambda key, query: lockstep.submit("search", key, query), leave=lockstep.leave,
+                   stats=lambda: {})
+
+    def _async_io(self, pool, params: SamplingParams, run_blocking) -> _IO:
+        """``mode: async``: the engine scheduler and a coalescer of retrieval requests (``rollout.scheduler``)."""
+        seed = params.seed if params.seed is not None else random.getrandbits(62)
+        scheduler = EngineScheduler(pool, params, run_blocking, self.cfg.chunk_tokens, self._decode, seed)
+        coalescer = Coalescer(self._search, run_blocking, self.cfg.coalesce_ms / 1000, self.cfg.coalesce_max,
+                              self.cfg.max_inflight_searches)
+
+        def stats() -> dict[str, float]:
+            return {"perf/engine_calls": float(scheduler.stats.engine_calls),
+                    "perf/rows_per_engine_call": scheduler.stats.rows / max(scheduler.stats.engine_calls, 1),
+                    "perf/chunks_continued": float(scheduler.stats.chunks_continued),
+                    "perf/retrieval_calls": float(coalescer.calls),
+                    "perf/queries_per_retrieval_call": coalescer.items / max(coalescer.calls, 1)}
+
+        return _IO(generate=scheduler.generate, search=lambda key, query: coalescer.submit(query),
+                   leave=lambda: None, stats=stats)
+
+    def _search(self, queries: list[str]) -> list[list[dict]]:
+        docs_per_query = self.client.search(queries)
+        if len(docs_per_query) != len(queries):
+            raise RuntimeError(f"retrieval returned {len(docs_per_query)} results for {len(queries)} queries")
+        return docs_per_query
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    async def _trajectory(self, index: int, row: Trajectory, io: _IO, logprobs: bool,
+                          turn_prefix: TurnPrefixFn | None) -> None:
+        """One row's turns: (forced prefix), generate, then search / answer / feedback, until it ends."""
+        try:
+            for turn in range(self.cfg.max_turns + 1):
+                forced = turn_prefix(index, turn, row) if turn_prefix is not None else []
+                if forced and not self._insert(row, list(forced)):
+                    break
+                final = turn == self.cfg.max_turns
+                budget = self.cfg.max_response_length - len(row.response_ids)
+                out = await io.generate(index, turn, row.prompt_ids + row.response_ids, budget)
+                ids = out.token_ids[:budget]
+                row.num_turns += 1
+                row.append(ids, sampled=True, log_probs=out.logprobs[:budget] if logprobs else None)
+                kind, content = parse_action(self._decode(ids), out.finish_reason, out.stop_str,
+                                             cut=len(ids) < len(out.token_ids))
+                if kind is ActionKind.SEARCH and not final:
+                    if not self._insert_fits(row, len(self._open_ids) + len(self._close_ids)):
+                        row.stop_reason = StopReason.MAX_LENGTH  # not even an empty block fits: no request
+                        break
+                    await self._answer_search(index, row, content, io)
+                else:
+                    self._settle(row, kind, final)
+                if row.stop_reason is not None:
+                    break
+        finally:
+            io.leave()
+
+    async def _answer_search(self, index: int, row: Trajectory, query: str, io: _IO) -> None:
+        """The passages for ``query`` as an <information> block (an empty block when do_search is off)."""
+        docs: list[dict] = []
+        if self.cfg.do_search:
+            start = time.perf_counter()
+            docs = await io.search(index, query)
+            row.retrieval_wait_s += time.perf_counter() - start
+        (block, truncated), = observation_ids(self.tokenizer, [docs], self.cfg.max_obs_length)
+        if self._insert(row, block):
+            row.num_searches += 1
+            row.truncated_obs += truncated
 
     def _warn_truncated_obs(self, rows: list[Trajectory]) -> None:
         """Warn (once per manager, i.e. once per run) when more than TRUNCATED_OBS_WARN_FRAC of a call's searches
@@ -254,34 +419,6 @@ class LLMGenerationManager:
             raise ValueError(f"prompt {index} is empty")
         cut = len(prompt) > self.cfg.max_start_length
         return Trajectory(prompt_ids=prompt[-self.cfg.max_start_length:], prompt_truncated=cut)
-
-    def _turn(self, rows: list[Trajectory], params: SamplingParams, final: bool) -> None:
-        """One generation turn for ``rows`` (all active), then the environment's replies."""
-        budgets = [self.cfg.max_response_length - len(r.response_ids) for r in rows]
-        turn_params = dataclasses.replace(params, max_tokens=max(budgets), stop=list(STOP_STRINGS))
-        outputs = self.engine.generate([r.prompt_ids + r.response_ids for r in rows], turn_params)
-        if len(outputs) != len(rows):
-            raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(rows)} prompts")
-        sampled = [out.token_ids[:budget] for out, budget in zip(outputs, budgets, strict=True)]
-        log_probs = [out.logprobs[:budget] if params.logprobs else None for out, budget in zip(outputs, budgets,
-                                                                                              strict=True)]
-        texts = self.tokenizer.batch_decode(sampled, skip_special_tokens=True)
-        searchers: list[Trajectory] = []
-        queries: list[str] = []
-        for row, ids, text, out, lps in zip(rows, sampled, texts, outputs, log_probs, strict=True):
-            row.num_turns += 1
-            row.append(ids, sampled=True, log_probs=lps)
-            kind, content = parse_action(text, out.finish_reason, out.stop_str, cut=len(ids) < len(out.token_ids))
-            if kind is ActionKind.SEARCH and not final:
-                if self._insert_fits(row, len(self._open_ids) + len(self._close_ids)):
-                    searchers.append(row)
-                    queries.append(content)
-                else:  # not even an empty block fits: no request
-                    row.stop_reason = StopReason.MAX_LENGTH
-            else:
-                self._settle(row, kind, final)
-        if searchers:
-            self._answer_searches(searchers, queries)
 
     def _settle(self, row: Trajectory, kind: ActionKind, final: bool) -> None:
         """Apply a turn's action other than an executed search to ``row``."""
@@ -309,20 +446,6 @@ class LLMGenerationManager:
             return False
         row.append(ids, sampled=False)
         return True
-
-    def _answer_searches(self, rows: list[Trajectory], queries: list[str]) -> None:
-        """One batched retrieval for all searching rows, then an <information> block for each."""
-        if self.cfg.do_search:
-            docs_per_row = self.client.search(queries)
-            if len(docs_per_row) != len(queries):
-                raise RuntimeError(f"retrieval returned {len(docs_per_row)} results for {len(queries)} queries")
-        else:
-            docs_per_row = [[] for _ in queries]
-        blocks = observation_ids(self.tokenizer, docs_per_row, self.cfg.max_obs_length)
-        for row, (block, truncated) in zip(rows, blocks, strict=True):
-            if self._insert(row, block):
-                row.num_searches += 1
-                row.truncated_obs += truncated
 
     def __call__(self, batch: Batch, params: SamplingParams) -> Batch:
         """The trainer's generation function.

@@ -127,7 +127,7 @@ def test_search_r1_grpo_script_loads_with_its_meaning():
 @pytest.mark.parametrize("override, message", [
     ("actor_rollout_ref.actor.strategy=megatron", r"strategy='megatron'.*FSDP2.*allowed: 'fsdp', 'fsdp2'"),
     ("algorithm.no_think_rl=true", r"no_think_rl=True.*allowed: False"),
-    ("actor_rollout_ref.rollout.mode=async", r"rollout.mode='async'.*allowed: 'sync'"),
+    ("actor_rollout_ref.rollout.mode=spmd", r"rollout.mode.*spmd.*sync, async"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", r"sequence parallelism"),
     ("~trainer.val_only", r"deleting keys"),
     ("trainer.no_such_key=1", r"unknown config key 'trainer.no_such_key'"),

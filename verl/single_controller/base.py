@@ -11,6 +11,9 @@ The single controller (the trainer) drives it with three calls:
   (checkpoints, weight sync, export: collectives that every rank must enter).
 * ``execute_each(method, args_per_rank)``: ``method(*args_per_rank[r])`` on rank r, in parallel,
   results in rank order (generation: each rank continues its own share of the rows).
+* ``execute_ranks(method, ranks, *args)``: the same call on some ranks only (the asynchronous rollout
+  calls one engine's ranks while the other engines are busy with their own calls). Calls to disjoint
+  ranks may come from several driver threads at once; a rank runs its calls one at a time.
 
 All three go through one primitive per backend (``_run``), which is where the driver's traffic is
 metered: ``traffic`` adds up the payload of every call's arguments (driver -> workers) and of every
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import threading
 from typing import Any
 
 import numpy as np
@@ -93,16 +97,23 @@ class WorkerGroup:
 
     def __init__(self) -> None:
         self.traffic = Traffic()
+        self._traffic_lock = threading.Lock()  # calls to disjoint ranks may come from several threads
 
-    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any]) -> list:
-        """Call ``method(*args_per_rank[r], **kwargs)`` on every rank r, in parallel; the results in rank order."""
+    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any],
+             ranks: list[int] | None = None) -> list:
+        """Call ``method(*args_per_rank[k], **kwargs)`` on rank ``ranks[k]`` (default: every rank), in parallel;
+        the results in that order."""
         raise NotImplementedError
 
-    def _call(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any] | None = None) -> list:
+    def _call(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any] | None = None,
+              ranks: list[int] | None = None) -> list:
         kwargs = kwargs or {}
-        self.traffic.to_workers += sum(payload_bytes(args) + payload_bytes(kwargs) for args in args_per_rank)
-        results = self._run(method, args_per_rank, kwargs)
-        self.traffic.to_driver += payload_bytes(results)
+        sent = sum(payload_bytes(args) + payload_bytes(kwargs) for args in args_per_rank)
+        results = self._run(method, args_per_rank, kwargs, ranks)
+        received = payload_bytes(results)
+        with self._traffic_lock:
+            self.traffic.to_workers += sent
+            self.traffic.to_driver += received
         return results
 
     def execute_split(self, method: str, batch: Batch) -> Batch | dict:
@@ -119,9 +130,16 @@ class WorkerGroup:
         check_args_per_rank(method, args_per_rank, self.world_size)
         return self._call(method, args_per_rank)
 
+    def execute_ranks(self, method: str, ranks: list[int], *args: Any) -> list:
+        """Call ``method(*args)`` on each of ``ranks`` only, in parallel; the results in the order of ``ranks``."""
+        if not ranks or any(not 0 <= r < self.world_size for r in ranks):
+            raise ValueError(f"{method}: ranks {ranks} are not a non-empty subset of 0..{self.world_size - 1}")
+        return self._call(method, [args] * len(ranks), ranks=list(ranks))
+
     def take_traffic(self) -> Traffic:
         """The traffic since the previous call (then reset)."""
-        traffic, self.traffic = self.traffic, Traffic()
+        with self._traffic_lock:
+            traffic, self.traffic = self.traffic, Traffic()
         return traffic
 
     def shutdown(self) -> None:
@@ -158,7 +176,8 @@ class LocalWorkerGroup(WorkerGroup):
         self.world_size = 1
         self.worker = worker_cls(cfg, **init_kwargs)
 
-    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any]) -> list:
+    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any],
+             ranks: list[int] | None = None) -> list:
         return [getattr(self.worker, method)(*args_per_rank[0], **kwargs)]
 
     def shutdown(self) -> None:

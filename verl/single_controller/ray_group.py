@@ -111,9 +111,11 @@ class RayWorkerGroup(WorkerGroup):
         ray.get([w.build.remote(worker_cls, cfg, init_kwargs) for w in self.workers])
         logger.info("%s: %d Ray workers on %s", worker_cls.__name__, world_size, "GPUs" if use_gpu else "CPUs")
 
-    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any]) -> list:
+    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any],
+             ranks: list[int] | None = None) -> list:
+        workers = self.workers if ranks is None else [self.workers[r] for r in ranks]
         return ray.get([w.execute.remote(method, *args, **kwargs)
-                        for w, args in zip(self.workers, args_per_rank, strict=True)])
+                        for w, args in zip(workers, args_per_rank, strict=True)])
 
     def shutdown(self) -> None:
         for worker in self.workers:

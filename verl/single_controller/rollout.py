@@ -17,12 +17,20 @@ a tensor-parallel engine must see the same prompts), so there are ``dp = world /
   seed, duplicated prompts (GRPO groups) on different engines sample independently, and with one
   engine the call is exactly the single-engine call.
 
-``take_metrics`` reports ``perf/rollout_ranks``: the ranks whose engine generated since the last call.
+``generate_on(e, ...)`` (``rollout.base.EnginePool``) calls engine ``e``'s ranks only, with the prompts and
+params as given (no split, no seed offset): the asynchronous loop places rows itself and seeds each row
+(``row_seeds``), and its calls to different engines run at the same time.
+
+``take_metrics`` reports, since its previous call: ``perf/rollout_ranks`` (the ranks whose engine generated)
+and ``perf/rollout_idle_frac`` (the share of engine time with nothing to generate: 1 - the engines' summed
+busy seconds, as each engine's first rank measured them, / (engines x wall seconds)).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 
 from verl.single_controller.base import WorkerGroup
 from verl.workers.rollout.base import GenerationOutput, SamplingParams
@@ -52,7 +60,10 @@ class GroupRollout:
         self.group = group
         self.tp = tensor_parallel_size
         self.engines = group.world_size // tensor_parallel_size
+        self.num_engines = self.engines
         self._ranks_used: set[int] = set()
+        self._lock = threading.Lock()
+        self._window_start = time.perf_counter()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         """Continue each prompt on the engines; ``len(prompts) * params.n`` outputs, grouped by prompt."""
@@ -79,8 +90,28 @@ class GroupRollout:
                 self._ranks_used.update(range(engine * self.tp, (engine + 1) * self.tp))
         return outputs
 
+    def generate_on(self, engine: int, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+        """Continue ``prompts`` on engine ``engine`` alone (every rank of a tensor-parallel engine gets the call)."""
+        if not 0 <= engine < self.engines:
+            raise IndexError(f"engine {engine} of {self.engines}")
+        ranks = list(range(engine * self.tp, (engine + 1) * self.tp))
+        outputs = self.group.execute_ranks("generate", ranks, prompts, params)[0]
+        if len(outputs) != len(prompts) * params.n:
+            raise RuntimeError(f"engine {engine} returned {len(outputs)} outputs for {len(prompts)} prompts "
+                               f"x n={params.n}")
+        if prompts:
+            with self._lock:
+                self._ranks_used.update(ranks)
+        return outputs
+
     def take_metrics(self) -> dict[str, float]:
-        """``perf/rollout_ranks`` since the previous call (then reset)."""
-        metrics = {"perf/rollout_ranks": float(len(self._ranks_used))}
-        self._ranks_used.clear()
+        """``perf/rollout_ranks`` and ``perf/rollout_idle_frac`` since the previous call (then reset)."""
+        busy = self.group.execute_all("take_rollout_busy_s")  # per rank; an engine's first rank speaks for it
+        wall = time.perf_counter() - self._window_start
+        engine_busy = sum(busy[e * self.tp] for e in range(self.engines))
+        with self._lock:
+            metrics = {"perf/rollout_ranks": float(len(self._ranks_used)),
+                       "perf/rollout_idle_frac": max(0.0, 1.0 - engine_busy / max(self.engines * wall, 1e-9))}
+            self._ranks_used.clear()
+            self._window_start = time.perf_counter()
         return metrics

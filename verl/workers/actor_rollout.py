@@ -53,10 +53,22 @@ class ActorRolloutWorker(ActorWorker):
         super().__init__(cfg, total_steps)
         self.engine_dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
         self.engine = build_rollout(cfg)
+        self.rollout_busy_s = 0.0  # seconds spent in engine calls since take_rollout_busy_s
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         """This rank's share of a generate call (``Generator.generate``); no rows -> no engine call."""
-        return self.engine.generate(prompts, params) if prompts else []
+        if not prompts:
+            return []
+        start = time.perf_counter()
+        try:
+            return self.engine.generate(prompts, params)
+        finally:
+            self.rollout_busy_s += time.perf_counter() - start
+
+    def take_rollout_busy_s(self) -> float:
+        """Seconds this rank's engine spent generating since the previous call (then reset)."""
+        busy, self.rollout_busy_s = self.rollout_busy_s, 0.0
+        return busy
 
     def sync_rollout_weights(self) -> dict[str, float]:
         """Stream the actor's current weights into this rank's engine (call on every rank: collective).

@@ -29,6 +29,10 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # generation ends after any of these strings (included in output)
     logprobs: bool = False  # also return the sampled tokens' log-probs under the engine
     seed: int | None = None
+    # One seed per prompt (overrides ``seed``): prompt i's samples depend on row_seeds[i] only, not on which
+    # other prompts share the call (the asynchronous loop batches whatever is pending, so a row's neighbours
+    # vary from run to run). With n > 1, sample j of prompt i uses row_seeds[i] + j.
+    row_seeds: list[int] | None = None
 
 
 @dataclass
@@ -46,8 +50,38 @@ class Generator(Protocol):
         """Continue each prompt; returns ``len(prompts) * params.n`` outputs, grouped by prompt
         (prompt 0's n samples first, then prompt 1's, ...). ``params.seed = s`` makes the call
         reproducible and uses seeds ``s .. s + len(prompts) * n - 1`` only (vLLM: one per sample;
-        HF: ``s`` seeds the whole call), so calls given disjoint ranges sample independently."""
+        HF: ``s`` seeds the whole call), so calls given disjoint ranges sample independently.
+        ``params.row_seeds`` gives each prompt its own seed instead (see ``SamplingParams``)."""
         ...
+
+
+class EnginePool(Protocol):
+    """Several engines the driver can call one at a time (the asynchronous loop's view of the rollout):
+    ``generate_on(e, ...)`` runs on engine ``e`` only, so calls to different engines run concurrently."""
+
+    num_engines: int
+
+    def generate_on(self, engine: int, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+        ...
+
+
+class SingleEnginePool:
+    """One ``Generator`` (an engine in this process: evaluation, inference) as an ``EnginePool`` of one."""
+
+    num_engines = 1
+
+    def __init__(self, generator: Generator):
+        self.generator = generator
+
+    def generate_on(self, engine: int, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+        if engine != 0:
+            raise IndexError(f"engine {engine} of a pool of one")
+        return self.generator.generate(prompts, params)
+
+
+def as_pool(generator: Generator) -> EnginePool:
+    """``generator`` itself when it is an ``EnginePool`` (the driver's ``GroupRollout``), else a pool of one."""
+    return generator if hasattr(generator, "generate_on") else SingleEnginePool(generator)
 
 
 class RolloutEngine(Generator, Protocol):

@@ -20,6 +20,9 @@ not installed, e.g. the GPU machine). It behaves like ``VLLMRollout`` so the two
   step by a logits processor placed before the sampling warpers, so memory stays O(batch x vocab).
 - Seeds: a call with ``seed`` runs under that torch seed (inside ``fork_rng``, so the global RNG is
   untouched); a call without draws its seed from the engine's generator seeded once by ``seed``.
+  A call with ``row_seeds`` samples each row with its own ``torch.Generator`` (``_RowSampler``: the
+  temperature, top-k and top-p of ``SamplingParams`` applied to the row's logits, then one draw), so a
+  row's tokens do not depend on the other rows of the call; ``generate`` then only takes the drawn token.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ class HFRollout:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         """Continue each prompt; ``len(prompts) * params.n`` outputs grouped by prompt."""
         rows = [list(ids) for ids in prompts for _ in range(params.n)]
+        seeds = None if params.row_seeds is None else [s + j for s in params.row_seeds for j in range(params.n)]
+        if seeds is not None and len(params.row_seeds) != len(prompts):
+            raise ValueError(f"{len(params.row_seeds)} row_seeds for {len(prompts)} prompts")
         call_seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self.rng))
         devices = []  # CUDA devices whose RNG state fork_rng saves and restores
         if self.device.type == "cuda":
@@ -76,7 +82,9 @@ class HFRollout:
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
             torch.manual_seed(call_seed)
             for start in range(0, len(rows), self.micro_batch_size):
-                outputs.extend(self._generate_micro_batch(rows[start:start + self.micro_batch_size], params))
+                stop = start + self.micro_batch_size
+                outputs.extend(self._generate_micro_batch(rows[start:stop], params,
+                                                          None if seeds is None else seeds[start:stop]))
         return outputs
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -89,14 +97,20 @@ class HFRollout:
                     raise KeyError(f"sync_weights got a name the model does not have: {name!r}")
                 own[name].copy_(tensor)
 
-    def _generate_micro_batch(self, rows: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+    def _generate_micro_batch(self, rows: list[list[int]], params: SamplingParams,
+                              seeds: list[int] | None) -> list[GenerationOutput]:
         input_ids, attention_mask = self._left_pad(rows)  # [B, P]
         prompt_len = input_ids.shape[1]
         recorder = _SampledLogprobs() if params.logprobs else None
+        # per-row draws (row_seeds): the processor picks each row's token, generate's own sampling is off
+        sampler = _RowSampler(params, seeds) if seeds is not None and params.temperature > 0 else None
+        config = self._generation_config(params if sampler is None else
+                                         SamplingParams(max_tokens=params.max_tokens, temperature=0))
+        processors = [p for p in (recorder, sampler) if p is not None]  # the recorder first: raw logits
         criteria = [_StopStringsInWindow(self._decode, params.stop, prompt_len)] if params.stop else []
         sequences = self.model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, generation_config=self._generation_config(params),
-            logits_processor=LogitsProcessorList([recorder] if recorder else []),
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+            logits_processor=LogitsProcessorList(processors),
             stopping_criteria=StoppingCriteriaList(criteria),
         )  # [B, P + T]
         new_ids = sequences[:, prompt_len:].tolist()  # [B][T]
@@ -182,6 +196,36 @@ class _SampledLogprobs(LogitsProcessor):
         if self.pending is not None:
             self.values.append(self.pending.gather(1, sampled[:, None]).squeeze(1))
             self.pending = None
+
+
+class _RowSampler(LogitsProcessor):
+    """Draws each row's next token with the row's own generator; returns logits that let only it be chosen.
+
+    The row's logits get ``SamplingParams``' temperature, then top-k, then top-p (the smallest set of most
+    likely tokens whose probability reaches top_p; at least one token), as vLLM and transformers apply them.
+    """
+
+    def __init__(self, params: SamplingParams, seeds: list[int]) -> None:
+        self.temperature, self.top_k, self.top_p = params.temperature, params.top_k, params.top_p
+        self.generators = [torch.Generator().manual_seed(int(seed) % 2**63) for seed in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        logits = scores.float() / self.temperature  # [B, V]
+        if 0 < self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if self.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= self.top_p  # the mass before a token already reaches top_p
+            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs.cpu()
+        chosen = torch.stack([torch.multinomial(probs[b], 1, generator=self.generators[b])[0]
+                              for b in range(probs.shape[0])]).to(scores.device)  # [B]
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(1, chosen[:, None], 0.0)
+        return out
 
 
 class _StopStringsInWindow(StoppingCriteria):

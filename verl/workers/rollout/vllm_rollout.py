@@ -19,6 +19,7 @@ Choices:
 - Seeds: with ``SamplingParams.seed = s``, prompt i gets seed ``s + i * n`` and vLLM gives its
   j-th sample ``s + i * n + j``, so identical prompts in one call still get distinct samples and a
   call is reproducible. With ``seed=None`` the engine's generator (seeded once by ``seed``) is used.
+  With ``row_seeds``, prompt i gets seed ``row_seeds[i]`` whatever else the call holds.
 - Memory: on CPU the KV cache is ``cpu_kv_cache_gb`` GiB (engine arg ``kv_cache_memory_bytes``,
   the same knob ``VLLM_CPU_KVCACHE_SPACE`` sets, but fractional); on GPU weights + KV cache take
   ``gpu_memory_utilization`` of the device. ``enforce_eager=True`` everywhere (as Search-R1/verl):
@@ -180,6 +181,8 @@ class VLLMRollout:
 
     def _vllm_params(self, params: SamplingParams, prompt_index: int) -> vllm.SamplingParams:
         seed = None if params.seed is None else params.seed + prompt_index * params.n
+        if params.row_seeds is not None:
+            seed = params.row_seeds[prompt_index]
         return vllm.SamplingParams(
             n=params.n, max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
             top_k=params.top_k, stop=list(params.stop), include_stop_str_in_output=True,
