@@ -150,6 +150,7 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 1
     mode: str = "sync"
     async_chunk_tokens: int = 0
+    partial: bool = False
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
 
@@ -243,6 +244,8 @@ class TrainerConfig:
     total_epochs: int = 1
     total_training_steps: int | None = None
     critic_warmup: int = 0
+    max_staleness: int = 0
+    rollout_data_dir: str | None = None
     project_name: str = "search_r1"
     experiment_name: str | None = None  # None = <data>_<model>_<adv_estimator> (run_name)
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
@@ -391,6 +394,7 @@ def validate(cfg: Config) -> Config:
     _require(re.match(r"https?://[^/\s]+", cfg.retriever.url) is not None, "retriever.url", cfg.retriever.url,
              "an http:// or https:// URL of the retrieval service, e.g. http://127.0.0.1:8000")
     _require(cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup", cfg.trainer.critic_warmup, "an integer >= 0")
+    _check_pipeline(cfg)
     for key, lowest in (("actor_rollout_ref.rollout.async_chunk_tokens", 0), ("retriever.coalesce_ms", 0),
                         ("retriever.coalesce_max", 1), ("retriever.max_inflight", 1)):
         value = _get(cfg, key)
@@ -425,6 +429,21 @@ def validate(cfg: Config) -> Config:
     _require(cfg.trainer.resume_mode in ("auto", "disable") or Path(cfg.trainer.resume_mode).exists(),
              "trainer.resume_mode", cfg.trainer.resume_mode, "auto, disable or an existing checkpoint path")
     return cfg
+
+
+def _check_pipeline(cfg: Config) -> None:
+    """trainer.max_staleness and what it needs (verl/trainer/pipeline.py)."""
+    k, rollout = cfg.trainer.max_staleness, cfg.actor_rollout_ref.rollout
+    _require(k >= 0, "trainer.max_staleness", k, "an integer >= 0 (0 = generate each batch after the previous update)")
+    if k > 0:
+        _require(cfg.actor_rollout_ref.actor.tis_cap is not None, "actor_rollout_ref.actor.tis_cap", None,
+                 f"a cap (e.g. 2) when trainer.max_staleness={k}: rows sampled by weights up to {k} updates old are "
+                 "corrected by truncated importance sampling against the engines' log-probs")
+        _require(rollout.tensor_model_parallel_size == 1, "actor_rollout_ref.rollout.tensor_model_parallel_size",
+                 rollout.tensor_model_parallel_size, "1 when trainer.max_staleness > 0 (a tensor-parallel engine's "
+                 "collectives would interleave with training's on the same ranks)")
+    _require(k > 0 or not rollout.partial, "actor_rollout_ref.rollout.partial", rollout.partial,
+             "false when trainer.max_staleness=0 (there is no rollout in flight at a weight sync)")
 
 
 def _check_model_dir(key: str, path: str | None) -> None:

@@ -148,8 +148,6 @@ RULES: dict[str, Alias | GlobalCount | NoEffect] = {
     "trainer.worker_nsight_options": NoEffect(_NO_PROFILER),
     "ray_init.timeline_json_file": NoEffect(_NO_PROFILER),
     "ray_init.num_cpus": NoEffect("Ray starts with the machine's CPUs (a cluster's address comes from RAY_ADDRESS)"),
-    "trainer.rollout_data_dir": NoEffect("generations are not dumped during training; `python -m search_r1.evaluate "
-                                         "--out DIR` writes every trajectory of a model"),
     "trainer.validation_data_dir": NoEffect("validation generations are not dumped; `python -m search_r1.evaluate "
                                             "--out DIR` writes every trajectory of a model"),
     "data.tokenizer": NoEffect("the tokenizer is the policy's (actor_rollout_ref.model.path)", (None,)),

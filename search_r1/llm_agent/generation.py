@@ -133,6 +133,9 @@ class Trajectory:
     info_mask: list[int] = field(default_factory=list)
     # the engine's log-prob of each sampled id (0.0 on inserted ids); filled when the call asks for log-probs
     rollout_log_probs: list[float] = field(default_factory=list)
+    # the policy version (trainer step) of the weights that sampled each id; -1 on inserted ids and where the
+    # engine reports none (an engine outside the trainer)
+    versions: list[int] = field(default_factory=list)
     stop_reason: StopReason | None = None
     num_turns: int = 0  # generation turns (engine calls that included this row)
     num_searches: int = 0  # searches answered with an <information> block
@@ -141,10 +144,17 @@ class Trajectory:
     prompt_truncated: bool = False  # the prompt was cut to max_start_length
     retrieval_wait_s: float = 0.0  # seconds this row waited for its searches' passages
 
-    def append(self, ids: list[int], sampled: bool, log_probs: list[float] | None = None) -> None:
+    def append(self, ids: list[int], sampled: bool, log_probs: list[float] | None = None,
+               versions: list[int] | None = None) -> None:
         self.response_ids.extend(ids)
         self.info_mask.extend([1 if sampled else 0] * len(ids))
         self.rollout_log_probs.extend(log_probs if log_probs is not None else [0.0] * len(ids))
+        self.versions.extend(versions if versions is not None else [-1] * len(ids))
+
+    def version_range(self) -> tuple[int, int]:
+        """(oldest, newest) policy version among the sampled ids; (-1, -1) when none is known."""
+        known = [v for v in self.versions if v >= 0]
+        return (min(known), max(known)) if known else (-1, -1)
 
 
 @dataclass
@@ -373,7 +383,8 @@ class LLMGenerationManager:
                 out = await io.generate(index, turn, row.prompt_ids + row.response_ids, budget)
                 ids = out.token_ids[:budget]
                 row.num_turns += 1
-                row.append(ids, sampled=True, log_probs=out.logprobs[:budget] if logprobs else None)
+                row.append(ids, sampled=True, log_probs=out.logprobs[:budget] if logprobs else None,
+                           versions=out.versions[:budget] if out.versions else None)
                 kind, content = parse_action(self._decode(ids), out.finish_reason, out.stop_str,
                                              cut=len(ids) < len(out.token_ids))
                 if kind is ActionKind.SEARCH and not final:
@@ -453,8 +464,9 @@ class LLMGenerationManager:
         Reads ``batch.non_tensors["raw_prompt_ids"]`` (token ids per row, chat template applied).
         Returns the tensors of ``pack_trajectories`` ([B, P], [B, R], [B, P + R] ...; with
         ``params.logprobs`` also ``rollout_log_probs`` [B, R]), every input non-tensor column, the
-        non-tensors ``stop_reason`` (str), ``num_turns`` and ``num_searches`` (int), the input meta and
-        ``meta["gen_metrics"]``.
+        non-tensors ``stop_reason`` (str), ``num_turns``, ``num_searches``, ``min_version`` and
+        ``max_version`` (int: the oldest / newest policy version that sampled the row, -1 = unknown), the
+        input meta and ``meta["gen_metrics"]``.
         """
         prompts = [[int(t) for t in ids] for ids in batch.non_tensors["raw_prompt_ids"]]
         result = self.run(prompts, params)
@@ -469,5 +481,8 @@ class LLMGenerationManager:
         non_tensors["stop_reason"] = [t.stop_reason.value for t in trajs]
         non_tensors["num_turns"] = [t.num_turns for t in trajs]
         non_tensors["num_searches"] = [t.num_searches for t in trajs]
+        ranges = [t.version_range() for t in trajs]  # policy versions of each row's sampled ids
+        non_tensors["min_version"] = [oldest for oldest, _ in ranges]
+        non_tensors["max_version"] = [newest for _, newest in ranges]
         return Batch(tensors, non_tensors, {**batch.meta, "gen_metrics": result.metrics()})
 

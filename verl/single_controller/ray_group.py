@@ -93,7 +93,7 @@ class WorkerProcess:
 class RayWorkerGroup(WorkerGroup):
     """``world_size`` Ray actors, each one data-parallel rank of ``worker_cls``."""
 
-    def __init__(self, worker_cls: type, cfg: Config, world_size: int, **init_kwargs: Any):
+    def __init__(self, worker_cls: type, cfg: Config, world_size: int, max_concurrency: int = 1, **init_kwargs: Any):
         super().__init__()
         ensure_ray(world_size)
         pool, use_gpu = resource_pool(world_size)
@@ -101,7 +101,7 @@ class RayWorkerGroup(WorkerGroup):
         actor_cls = ray.remote(WorkerProcess)
         self.world_size = world_size
         self.workers = [
-            actor_cls.options(num_cpus=share, num_gpus=share if use_gpu else 0,
+            actor_cls.options(num_cpus=share, num_gpus=share if use_gpu else 0, max_concurrency=max_concurrency,
                               scheduling_strategy=PlacementGroupSchedulingStrategy(pool, rank)).remote()
             for rank in range(world_size)
         ]

@@ -21,6 +21,12 @@ a tensor-parallel engine must see the same prompts), so there are ``dp = world /
 params as given (no split, no seed offset): the asynchronous loop places rows itself and seeds each row
 (``row_seeds``), and its calls to different engines run at the same time.
 
+**Versions.** ``version`` is the trainer step whose weights the engines hold (0 = the initial policy; the trainer
+sets it after each step, ``weights_update``). Every output carries it per token (``GenerationOutput.versions``).
+``weights_update()`` is a context for the sync: it waits for the engine calls in flight to end, holds new ones
+back until the sync is done, then sets the new version; engine calls themselves may run concurrently (several
+trajectories' rounds on different engines, a pipeline's rollout while the trainer trains).
+
 ``take_metrics`` reports, since its previous call: ``perf/rollout_ranks`` (the ranks whose engine generated)
 and ``perf/rollout_idle_frac`` (the share of engine time with nothing to generate: 1 - the engines' summed
 busy seconds, as each engine's first rank measured them, / (engines x wall seconds)).
@@ -28,6 +34,7 @@ busy seconds, as each engine's first rank measured them, / (engines x wall secon
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -64,6 +71,39 @@ class GroupRollout:
         self._ranks_used: set[int] = set()
         self._lock = threading.Lock()
         self._window_start = time.perf_counter()
+        self.version = 0
+        self._calls = threading.Condition()  # guards _running / _updating (engine calls vs weight updates)
+        self._running = 0
+        self._updating = False
+
+    @contextlib.contextmanager
+    def _engine_call(self):
+        """Held during one engine call: waits while weights are being updated; yields the engines' version."""
+        with self._calls:
+            self._calls.wait_for(lambda: not self._updating)
+            self._running += 1
+            version = self.version
+        try:
+            yield version
+        finally:
+            with self._calls:
+                self._running -= 1
+                self._calls.notify_all()
+
+    @contextlib.contextmanager
+    def weights_update(self, version: int):
+        """Around a weight sync: no engine call runs inside; afterwards the engines hold ``version``."""
+        with self._calls:
+            self._calls.wait_for(lambda: not self._updating)
+            self._updating = True
+            self._calls.wait_for(lambda: self._running == 0)
+        try:
+            yield
+            self.version = version
+        finally:
+            with self._calls:
+                self._updating = False
+                self._calls.notify_all()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         """Continue each prompt on the engines; ``len(prompts) * params.n`` outputs, grouped by prompt."""
@@ -76,7 +116,8 @@ class GroupRollout:
             seed = None if params.seed is None else params.seed + engine * seeds_per_call
             args_per_rank.append(([prompts[i] for i in rows_per_engine[engine]],
                                   dataclasses.replace(params, seed=seed)))
-        results = self.group.execute_each("generate", args_per_rank)
+        with self._engine_call() as version:
+            results = self.group.execute_each("generate", args_per_rank)
         n = params.n
         outputs: list[GenerationOutput | None] = [None] * len(prompts) * n
         for engine, rows in enumerate(rows_per_engine):
@@ -84,6 +125,7 @@ class GroupRollout:
             if len(engine_outputs) != len(rows) * n:
                 raise RuntimeError(f"engine {engine} returned {len(engine_outputs)} outputs for {len(rows)} "
                                    f"prompts x n={n}")
+            _tag(engine_outputs, version)
             for k, row in enumerate(rows):
                 outputs[row * n:(row + 1) * n] = engine_outputs[k * n:(k + 1) * n]
             if rows:
@@ -95,7 +137,8 @@ class GroupRollout:
         if not 0 <= engine < self.engines:
             raise IndexError(f"engine {engine} of {self.engines}")
         ranks = list(range(engine * self.tp, (engine + 1) * self.tp))
-        outputs = self.group.execute_ranks("generate", ranks, prompts, params)[0]
+        with self._engine_call() as version:
+            outputs = _tag(self.group.execute_ranks("generate", ranks, prompts, params)[0], version)
         if len(outputs) != len(prompts) * params.n:
             raise RuntimeError(f"engine {engine} returned {len(outputs)} outputs for {len(prompts)} prompts "
                                f"x n={params.n}")
@@ -115,3 +158,9 @@ class GroupRollout:
             self._ranks_used.clear()
             self._window_start = time.perf_counter()
         return metrics
+
+
+def _tag(outputs: list[GenerationOutput], version: int) -> list[GenerationOutput]:
+    for out in outputs:
+        out.versions = [version] * len(out.token_ids)
+    return outputs

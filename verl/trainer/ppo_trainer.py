@@ -59,12 +59,14 @@ from verl.single_controller.base import Traffic
 from verl.single_controller.rollout import GroupRollout
 from verl.trainer import core_algos
 from verl.trainer.health import HealthMonitor, TrainingStopped
+from verl.trainer.pipeline import Generated, InlineRollout, PipelinedRollout, staleness
 from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated
 from verl.trainer.reward import RewardManager, load_custom_score_fn
 from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.memory import report_memory
 from verl.utils.plots import plot_curves
+from verl.utils.rollout_log import write_rollouts
 from verl.utils.tracking import Tracker
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
@@ -119,13 +121,17 @@ class PPOTrainer:
                                cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
         self.health = HealthMonitor(cfg.trainer, self.out_dir)
         self._trained_step = 0  # the last step whose updates ran (an outage before them rewinds the step)
+        self.loader_state = self.loader.state_dict()  # after the last trained batch (what a checkpoint stores)
 
     def _build_workers(self) -> None:
         """Actor (with a rollout engine on every rank), reference and critic groups of world_size ranks."""
         world = world_size(self.cfg)
         make = lambda cls: create_worker_group(cls, self.cfg, self.cfg.trainer.backend, world,  # noqa: E731
                                                total_steps=self.total_steps)
-        self.actor = make(ActorRolloutWorker)
+        # the pipelined rollout (max_staleness >= 1) generates on the actor ranks while they train
+        self.actor = create_worker_group(ActorRolloutWorker, self.cfg, self.cfg.trainer.backend, world,
+                                         max_concurrency=2 if self.cfg.trainer.max_staleness > 0 else 1,
+                                         total_steps=self.total_steps)
         # The reference: its own frozen model, or under LoRA the actor with its adapters disabled.
         self.ref = None
         if uses_reference(self.cfg):
@@ -141,48 +147,86 @@ class PPOTrainer:
             self.tracker.log(self.last_validation, step=self.step)
             if self.cfg.trainer.val_only:
                 return self.last_validation
-        batches = self._batch_stream()
-        # A progress bar on a terminal; in a log file the tracker's line per step says the same.
-        with tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step",
-                  disable=not sys.stderr.isatty()) as progress:
-            while self.step < self.total_steps:
-                loader_before = self.loader.state_dict()
-                self.step += 1
-                timing: dict[str, float] = {}
-                try:
-                    with _timed("step", timing):
-                        batch, metrics = self.run_step(next(batches), timing)
-                except EnvironmentUnavailable as err:
-                    self.stop_for_outage(err, loader_before)
-                metrics.update(self.health.observe(self.step, metrics))
-                self.tracker.log({**metrics, **timing, **self._perf(batch, timing)}, step=self.step)
-                if self._due(self.cfg.trainer.save_freq):  # after the log: a kill in between redoes the step
-                    self.save()
-                progress.update()
+        rollout = self._start_rollout()  # which batch is generated when (trainer.max_staleness; pipeline.py)
+        try:
+            # A progress bar on a terminal; in a log file the tracker's line per step says the same.
+            with tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step",
+                      disable=not sys.stderr.isatty()) as progress:
+                while self.step < self.total_steps:
+                    self.step += 1
+                    timing: dict[str, float] = {}
+                    try:
+                        with _timed("step", timing):
+                            batch, metrics = self.run_step(rollout, timing)
+                    except EnvironmentUnavailable as err:
+                        self.stop_for_outage(err)
+                    metrics.update(self.health.observe(self.step, metrics))
+                    self.tracker.log({**metrics, **timing, **self._perf(batch, timing)}, step=self.step)
+                    if self._due(self.cfg.trainer.save_freq):  # after the log: a kill in between redoes the step
+                        self.save()
+                    progress.update()
+        finally:
+            rollout.close()
         self.tracker.close()
         self.export_hf(self.out_dir / "hf_model")
         plot_curves(self.tracker.jsonl_path, self.out_dir / "curves.png", self.cfg.trainer.experiment_name)
         return self.last_validation
 
-    def run_step(self, batch: Batch, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-        """Generate, score and train on one batch; then validate when due."""
+    def run_step(self, rollout: InlineRollout | PipelinedRollout, timing: dict[str, float]) -> tuple[Batch, dict]:
+        """Take this step's generated batch, score and train on it, move the engines to this step's weights;
+        then validate when due."""
         self._take_traffic()  # count only this step's worker-group calls (not the previous checkpoint's)
-        with _timed("gen", timing):
-            batch = self.generate(batch, self._train_sampling())
+        with _timed("wait_rollout", timing):
+            generated = rollout.take(self.step)
+        train_start = time.perf_counter()
+        batch, metrics = self._check_staleness(rollout, generated)
+        timing["timing/gen"] = generated.ended - generated.started
         with _timed("reward", timing):
             batch = self.score(batch)
-        metrics = self.train_on(batch, timing)
-        self._trained_step = self.step
+        train_metrics, updated = self.train_on(batch, timing)
+        metrics.update(train_metrics)
+        with _timed("sync", timing), rollout.weights_update(), self.rollout.weights_update(version=self.step):
+            if updated:  # the engines now hold this step's policy (unchanged when no update ran: same version)
+                metrics.update(self.sync_weights())
+        self._trained_step, self.loader_state = self.step, generated.loader_state
+        if self.cfg.trainer.rollout_data_dir:
+            write_rollouts(self.cfg.trainer.rollout_data_dir, self.step, batch, self.tokenizer)
+        metrics["perf/overlap_s"] = rollout.overlap_s(train_start, time.perf_counter())
         if self._due(self.cfg.trainer.test_freq):
-            with _timed("validate", timing):
+            with _timed("validate", timing), rollout.quiet():
                 self.last_validation = self.validate()
                 metrics.update(self.last_validation)
         return batch, metrics
 
-    def train_on(self, batch: Batch, timing: dict[str, float]) -> dict[str, float]:
-        """Log-probs, values, advantages and the updates for one generated, scored batch.
+    def _start_rollout(self) -> InlineRollout | PipelinedRollout:
+        generate = lambda batch, step: self.generate(batch, self._train_sampling(step))  # noqa: E731
+        k = self.cfg.trainer.max_staleness
+        if k == 0:
+            return InlineRollout(self.loader, generate)
+        return PipelinedRollout(self.loader, generate, first_step=self.step + 1, last_step=self.total_steps,
+                                max_staleness=k, partial=self.cfg.actor_rollout_ref.rollout.partial,
+                                version=lambda: self.rollout.version)
 
-        A NaN/Inf advantage or return skips both updates (and the weight sync): nothing changes.
+    def _check_staleness(self, rollout, generated: Generated) -> tuple[Batch, dict[str, float]]:
+        """The staleness bound on the batch about to be trained (policy version ``step - 1``); a batch holding a row
+        more than ``max_staleness`` versions behind is dropped and generated again on the current weights."""
+        batch, dropped = generated.batch, 0
+        stale = staleness(batch, self.step - 1)
+        if stale.max(initial=0) > rollout.max_staleness:
+            logger.warning("step %d: %d rows are more than trainer.max_staleness=%d versions behind: generating the "
+                           "batch again", self.step, int((stale > rollout.max_staleness).sum()), rollout.max_staleness)
+            dropped = len(batch)
+            with rollout.quiet():
+                batch = self.generate(generated.prompts, self._train_sampling(self.step))
+            stale = staleness(batch, self.step - 1)
+        return batch, {"rollout/staleness_mean": float(stale.mean()), "rollout/staleness_max": float(stale.max()),
+                       "rollout/dropped_stale": float(dropped)}
+
+    def train_on(self, batch: Batch, timing: dict[str, float]) -> tuple[dict[str, float], bool]:
+        """Log-probs, values, advantages and the updates for one generated, scored batch -> (metrics, whether the
+        actor was updated: its weights then go to the engines).
+
+        A NaN/Inf advantage or return skips both updates: nothing changes.
         """
         with _timed("old_log_prob", timing):
             batch = batch.union(self.actor.execute_split("compute_log_prob", batch))
@@ -199,19 +243,18 @@ class PPOTrainer:
             updates = self.cfg.actor_rollout_ref.actor.ppo_epochs * (len(batch) //
                                                                      self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
             return {**metrics, **self._data_metrics(batch), "actor/skipped_updates": float(updates),
-                    "actor/nonfinite_advantages": 1.0}
+                    "actor/nonfinite_advantages": 1.0}, False
         if self.critic is not None:
             with _timed("update_critic", timing):
                 metrics.update(self.critic.execute_split("update_critic", batch))
         # verl's rule: the first critic_warmup - 1 steps train the critic only
-        if self.step >= self.cfg.trainer.critic_warmup:
+        updated = self.step >= self.cfg.trainer.critic_warmup
+        if updated:
             with _timed("update_actor", timing):
                 metrics.update(self.actor.execute_split("update_actor", batch))
-            with _timed("sync", timing):
-                metrics.update(self.sync_weights())
         per_rank = self.actor.execute_all("peak_memory")  # the largest rank's peak of this step
         metrics.update({key: max(rank[key] for rank in per_rank) for key in per_rank[0]})
-        return {**metrics, **self._data_metrics(batch)}
+        return {**metrics, **self._data_metrics(batch)}, updated
 
     # ------------------------------------------------------------------ phases
     def generate(self, batch: Batch, params: SamplingParams, n: int | None = None) -> Batch:
@@ -270,15 +313,15 @@ class PPOTrainer:
             logger.warning("step %d: non-finite %s: the step's updates are skipped", self.step, " and ".join(bad))
         return not bad
 
-    def stop_for_outage(self, err: EnvironmentUnavailable, loader_before: dict) -> NoReturn:
+    def stop_for_outage(self, err: EnvironmentUnavailable) -> NoReturn:
         """The recipe's environment stayed down: checkpoint the last finished step, raise ``TrainingStopped``.
 
-        If the outage came before this step's updates the step is undone (the loader rewound to its batch),
-        so the rerun trains it on real results; after them (during validation) the step is kept.
+        If the outage came before this step's updates the step is undone (the checkpoint's loader position is
+        the last trained batch's), so the rerun trains it on real results; after them (during validation) the
+        step is kept.
         """
         if self._trained_step < self.step:
             self.step -= 1
-            self.loader.load_state_dict(loader_before)
         saved = checkpoint.step_dir(self.out_dir, self.step)
         if self.step > 0 and not saved.exists():
             saved = self.save()
@@ -339,7 +382,8 @@ class PPOTrainer:
         self.actor.execute_all("save_checkpoint", str(tmp / "actor"))
         if self.critic is not None:
             self.critic.execute_all("save_checkpoint", str(tmp / "critic"))
-        state = {"step": self.step, "loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
+        # the loader's position after the last TRAINED batch: batches generated ahead are generated again on resume
+        state = {"step": self.step, "loader": self.loader_state, "kl_coef": self.kl_ctrl.value}
         path = checkpoint.commit(self.out_dir, tmp, self.step, state, to_yaml(self.cfg))
         logger.info("saved checkpoint %s in %.1fs", path, time.perf_counter() - start)
         return path
@@ -359,9 +403,11 @@ class PPOTrainer:
         state = checkpoint.load_trainer_state(path)
         self.step = state["step"]
         self.loader.load_state_dict(state["loader"])
+        self.loader_state = self.loader.state_dict()
         self.kl_ctrl.value = state["kl_coef"]
         self.tracker.truncate_after(self.step)
-        self.sync_weights()
+        with self.rollout.weights_update(version=self.step):
+            self.sync_weights()
 
     # ------------------------------------------------------------------ helpers
     def _batch_stream(self) -> Iterator[Batch]:
@@ -371,11 +417,11 @@ class PPOTrainer:
     def _due(self, freq: int) -> bool:
         return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)
 
-    def _train_sampling(self) -> SamplingParams:
+    def _train_sampling(self, step: int) -> SamplingParams:
         r = self.cfg.actor_rollout_ref.rollout
         # A per-step seed makes a resumed run sample exactly what the uninterrupted run sampled.
         return SamplingParams(max_tokens=self.cfg.data.max_response_length, temperature=r.temperature, top_p=r.top_p,
-                              top_k=r.top_k, seed=self.cfg.trainer.seed * 100_003 + self.step, logprobs=True)
+                              top_k=r.top_k, seed=self.cfg.trainer.seed * 100_003 + step, logprobs=True)
 
     def _data_metrics(self, batch: Batch) -> dict[str, float]:
         mask, rmask = batch["loss_mask"].float(), batch["response_mask"].float()

@@ -95,11 +95,13 @@ def test_no_turn_barrier_a_row_on_a_free_engine_does_not_wait(tokenizer, service
     """Row "quick" (search, then answer) on a fast engine must finish both turns while row "slow" (one long turn)
     still runs on the other engine; the lockstep schedule would hold its second turn until "slow" ended."""
     texts = {"<|im_start|>user\nslow<|im_end|>\n": ["<answer> Nile </answer>"],
-             "<|im_start|>user\nquick<|im_end|>\n": ["<search> capital of France </search>", "<answer> Paris </answer>"]}
+             "<|im_start|>user\nquick<|im_end|>\n": ["<search> capital of France </search>",
+                                                    "<answer> Paris </answer>"]}
     prompts = [encode(tokenizer, p) for p in texts]
     scripts = {tuple(p): turns for p, turns in zip(prompts, texts.values(), strict=True)}
     log: list = []
-    pool = TwoEngines([TimedEngine(tokenizer, dict(scripts), 1.5, log), TimedEngine(tokenizer, dict(scripts), 0.05, log)])
+    pool = TwoEngines([TimedEngine(tokenizer, dict(scripts), 1.5, log),
+                       TimedEngine(tokenizer, dict(scripts), 0.05, log)])
     agent = LLMGenerationManager(tokenizer, pool, CountingClient(service_url, TOPK), agent_cfg(mode="async"))
     result = agent.run(prompts, GREEDY)
     slow, quick = result.trajectories

@@ -159,8 +159,8 @@ def search_setup(workspace, tmp_path_factory) -> dict:
             "train": root / "train.parquet"}
 
 
-def search_overrides(ws: Path, setup: dict, out: Path, port: int, outage_s: float) -> list[str]:
-    return overrides(ws, out, 4, f"actor_rollout_ref.model.path={setup['model']}",
+def search_overrides(ws: Path, setup: dict, out: Path, port: int, outage_s: float, *extra: str) -> list[str]:
+    return overrides(ws, out, 4, *extra, f"actor_rollout_ref.model.path={setup['model']}",
                      f"data.train_files={setup['train']}", "do_search=true", f"retriever.url=http://127.0.0.1:{port}",
                      f"retriever.outage_timeout_s={outage_s}", "max_turns=2", "data.max_response_length=48",
                      "retriever.topk=1", "actor_rollout_ref.actor.optim.lr=1e-5")
@@ -172,17 +172,19 @@ def start_server(setup: dict, port: int) -> ServerProcess:
     return server
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_retriever_outage_is_survived_or_ends_with_a_checkpoint_and_no_step_lost(workspace, search_setup, tmp_path,
-                                                                                 runs):
-    """A: the service is killed (SIGKILL) after step 1 and restarted after the client has logged its waits:
-    the run goes on. B: killed after step 1 with a 2 s outage budget: the run saves, stops (exit 3) naming the
-    URL and the checkpoint of its last finished step; rerun with the service back, it resumes after that step.
+                                                                                 runs, mode):
+    """In both rollout modes. A: the service is killed (SIGKILL) after step 1 and restarted after the client has
+    logged its waits: the run goes on. B: killed after step 1 with a 2 s outage budget: the run saves, stops
+    (exit 3) naming the URL and the checkpoint of its last finished step; rerun with the service back, it resumes after that step.
     Both give, step for step, the same metrics as each other (nothing was trained on empty results, no step was
     lost or repeated)."""
     port = free_port()
     server = start_server(search_setup, port)
     try:
-        a = runs(search_overrides(workspace, search_setup, tmp_path / "a", port, 300), tmp_path / "a.log")
+        extra = f"actor_rollout_ref.rollout.mode={mode}"
+        a = runs(search_overrides(workspace, search_setup, tmp_path / "a", port, 300, extra), tmp_path / "a.log")
         a.wait_for(lambda: (tmp_path / "a" / "global_step_1").exists())
         server.proc.kill()
         server.stop()
@@ -191,7 +193,7 @@ def test_retriever_outage_is_survived_or_ends_with_a_checkpoint_and_no_step_lost
         assert a.finish() == 0, a.text()[-3000:]
         assert "retriever.outage_timeout_s=300" in a.text()
 
-        b = runs(search_overrides(workspace, search_setup, tmp_path / "b", port, 2), tmp_path / "b.log")
+        b = runs(search_overrides(workspace, search_setup, tmp_path / "b", port, 2, extra), tmp_path / "b.log")
         b.wait_for(lambda: (tmp_path / "b" / "global_step_1").exists())
         server.proc.kill()  # a step takes ~0.4 s, and its searches start ~30 ms after the previous checkpoint:
         server.stop()  # the run may finish step 2 or 3 before the kill lands, never all four
@@ -203,7 +205,7 @@ def test_retriever_outage_is_survived_or_ends_with_a_checkpoint_and_no_step_lost
         assert 1 <= last <= 3 and stopped.group(2) == str(tmp_path / "b" / f"global_step_{last}")
         assert checkpoint.complete_steps(tmp_path / "b") == list(range(1, last + 1))
         server = start_server(search_setup, port)
-        b = runs(search_overrides(workspace, search_setup, tmp_path / "b", port, 2), tmp_path / "b2.log")
+        b = runs(search_overrides(workspace, search_setup, tmp_path / "b", port, 2, extra), tmp_path / "b2.log")
         assert b.finish() == 0, b.text()[-3000:]
         assert f"resuming from {tmp_path / 'b' / f'global_step_{last}'}" in b.text()
     finally:

@@ -43,6 +43,9 @@ class GenerationOutput:
     finish_reason: str  # "stop" (eos or a stop string) | "length" (max_tokens reached)
     stop_str: str | None = None  # the stop string that ended generation, None for eos/length
     logprobs: list[float] | None = None  # per sampled token, when SamplingParams.logprobs
+    # per sampled token, the policy version of the weights that sampled it (set by the driver's GroupRollout: the
+    # trainer step whose weights the engine held; None = an engine outside the trainer)
+    versions: list[int] | None = None
 
 
 class Generator(Protocol):

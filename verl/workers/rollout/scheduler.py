@@ -108,6 +108,7 @@ class _Request:
     future: asyncio.Future
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     chunks: int = 0
 
     @property
@@ -220,6 +221,7 @@ class EngineScheduler:
         cut = len(out.token_ids) > limit
         request.token_ids += ids
         request.logprobs += (out.logprobs or [0.0] * len(out.token_ids))[:limit]
+        request.versions += (out.versions or [0] * len(out.token_ids))[:limit]
         request.remaining -= len(ids)
         request.chunks += 1
         finish, stop_str = ("stop", out.stop_str) if out.finish_reason == "stop" and not cut else ("length", None)
@@ -227,10 +229,12 @@ class EngineScheduler:
             kept, reason, found = truncate_at_stop(request.token_ids, [], self.params.stop, self.decode)
             if reason == "stop":
                 request.token_ids, request.logprobs = kept, request.logprobs[:len(kept)]
+                request.versions = request.versions[:len(kept)]
                 finish, stop_str = "stop", found
         if finish == "stop" or request.remaining <= 0:
             request.future.set_result(GenerationOutput(request.token_ids, finish, stop_str,
-                                                       request.logprobs if self.params.logprobs else None))
+                                                       request.logprobs if self.params.logprobs else None,
+                                                       request.versions))
             return
         request.prompt = request.prompt + ids
         self.stats.chunks_continued += 1
