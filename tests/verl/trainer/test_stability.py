@@ -177,9 +177,9 @@ def test_retriever_outage_is_survived_or_ends_with_a_checkpoint_and_no_step_lost
                                                                                  runs, mode):
     """In both rollout modes. A: the service is killed (SIGKILL) after step 1 and restarted after the client has
     logged its waits: the run goes on. B: killed after step 1 with a 2 s outage budget: the run saves, stops
-    (exit 3) naming the URL and the checkpoint of its last finished step; rerun with the service back, it resumes after that step.
-    Both give, step for step, the same metrics as each other (nothing was trained on empty results, no step was
-    lost or repeated)."""
+    (exit 3) naming the URL and the checkpoint of its last finished step; rerun with the service back, it resumes
+    after that step. Both give, step for step, the same metrics as each other (nothing was trained on empty
+    results, no step was lost or repeated)."""
     port = free_port()
     server = start_server(search_setup, port)
     try:
