@@ -245,6 +245,7 @@ class TrainerConfig:
     total_training_steps: int | None = None
     critic_warmup: int = 0
     max_staleness: int = 0
+    rollout_ranks: int = 0
     rollout_data_dir: str | None = None
     project_name: str = "search_r1"
     experiment_name: str | None = None  # None = <data>_<model>_<adv_estimator> (run_name)
@@ -439,9 +440,10 @@ def _check_pipeline(cfg: Config) -> None:
         _require(cfg.actor_rollout_ref.actor.tis_cap is not None, "actor_rollout_ref.actor.tis_cap", None,
                  f"a cap (e.g. 2) when trainer.max_staleness={k}: rows sampled by weights up to {k} updates old are "
                  "corrected by truncated importance sampling against the engines' log-probs")
-        _require(rollout.tensor_model_parallel_size == 1, "actor_rollout_ref.rollout.tensor_model_parallel_size",
-                 rollout.tensor_model_parallel_size, "1 when trainer.max_staleness > 0 (a tensor-parallel engine's "
-                 "collectives would interleave with training's on the same ranks)")
+        _require(rollout.tensor_model_parallel_size == 1 or cfg.trainer.rollout_ranks > 0,
+                 "actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
+                 "1 when trainer.max_staleness > 0 with engines on the training ranks (a tensor-parallel engine's "
+                 "collectives would interleave with training's); or put the engines on trainer.rollout_ranks")
     _require(k > 0 or not rollout.partial, "actor_rollout_ref.rollout.partial", rollout.partial,
              "false when trainer.max_staleness=0 (there is no rollout in flight at a weight sync)")
 
@@ -482,19 +484,31 @@ def check_paths(cfg: Config) -> None:
 
 
 def world_size(cfg: Config) -> int:
-    """Ranks of every worker group: 1 for the local backend, nodes x workers per node for Ray."""
+    """Ranks of every training group (actor, critic, reference): 1 for the local backend, nodes x workers per node
+    for Ray, less the ranks that only generate (``trainer.rollout_ranks``)."""
     t = cfg.trainer
-    return 1 if t.backend == "local" else t.nnodes * t.n_gpus_per_node
+    return 1 if t.backend == "local" else t.nnodes * t.n_gpus_per_node - t.rollout_ranks
+
+
+def rollout_world_size(cfg: Config) -> int:
+    """Ranks that host engines: the rollout ranks when disaggregated, else every training rank."""
+    return cfg.trainer.rollout_ranks or world_size(cfg)
 
 
 def _validate_ranks(cfg: Config) -> None:
     """Rows split evenly over the ranks; tensor-parallel groups tile the ranks (DP = world / TP)."""
-    world = world_size(cfg)
+    t = cfg.trainer
+    total = 1 if t.backend == "local" else t.nnodes * t.n_gpus_per_node
+    _require(t.rollout_ranks == 0 or (t.backend == "ray" and 0 < t.rollout_ranks < total), "trainer.rollout_ranks",
+             t.rollout_ranks, f"0 (engines on the training ranks) or, with trainer.backend=ray, 1 .. {total - 1} (the "
+             f"ranks of trainer.nnodes x trainer.n_gpus_per_node = {total} that only generate)")
+    world, engines = world_size(cfg), rollout_world_size(cfg)
     rollout = cfg.actor_rollout_ref.rollout
     tp = rollout.tensor_model_parallel_size
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    _require(world % tp == 0, key, tp, f"a divisor of the world size {world} (trainer.backend={cfg.trainer.backend}, "
-             f"trainer.nnodes x trainer.n_gpus_per_node = {cfg.trainer.nnodes} x {cfg.trainer.n_gpus_per_node})")
+    _require(engines % tp == 0, key, tp, f"a divisor of the {engines} rank(s) that host engines (trainer.backend="
+             f"{t.backend}, trainer.nnodes x trainer.n_gpus_per_node = {t.nnodes} x {t.n_gpus_per_node}, "
+             f"trainer.rollout_ranks={t.rollout_ranks})")
     _require(tp == 1 or rollout.name == "vllm", key, tp, "1 with actor_rollout_ref.rollout.name=hf "
              "(transformers generate has no tensor parallelism; use vllm)")
     rows = trajectories_per_step(cfg)

@@ -8,6 +8,9 @@ Choices:
   of that size (actor, critic, reference) puts rank i in bundle i and asks for a
   ``1 / MAX_COLOCATED`` share of it: the roles share each GPU (colocated, as in verl) instead of
   needing three times the devices, and rank i of every role lands on the same device.
+* **Disaggregated placement** (``trainer.rollout_ranks = N``): the pool has ``train + N`` bundles; the training
+  groups take bundles ``[0, train)`` and the rollout group (engines only) bundles ``[train, train + N)``, so the
+  two never share a device.
 * **Process group**: the driver asks rank 0 for its node address and a free port; every actor
   sets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``/``LOCAL_RANK`` and joins
   torch.distributed (nccl with a GPU, gloo on CPU) *before* building its worker, so the worker's
@@ -93,16 +96,18 @@ class WorkerProcess:
 class RayWorkerGroup(WorkerGroup):
     """``world_size`` Ray actors, each one data-parallel rank of ``worker_cls``."""
 
-    def __init__(self, worker_cls: type, cfg: Config, world_size: int, max_concurrency: int = 1, **init_kwargs: Any):
+    def __init__(self, worker_cls: type, cfg: Config, world_size: int, max_concurrency: int = 1,
+                 pool_size: int | None = None, first_bundle: int = 0, **init_kwargs: Any):
         super().__init__()
-        ensure_ray(world_size)
-        pool, use_gpu = resource_pool(world_size)
+        pool_size = world_size if pool_size is None else pool_size
+        ensure_ray(pool_size)
+        pool, use_gpu = resource_pool(pool_size)
         share = 1.0 / MAX_COLOCATED
         actor_cls = ray.remote(WorkerProcess)
         self.world_size = world_size
         self.workers = [
             actor_cls.options(num_cpus=share, num_gpus=share if use_gpu else 0, max_concurrency=max_concurrency,
-                              scheduling_strategy=PlacementGroupSchedulingStrategy(pool, rank)).remote()
+                              scheduling_strategy=PlacementGroupSchedulingStrategy(pool, first_bundle + rank)).remote()
             for rank in range(world_size)
         ]
         master_addr, master_port = ray.get(self.workers[0].address.remote())

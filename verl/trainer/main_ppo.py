@@ -72,7 +72,10 @@ def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
         f"run      {cfg.algorithm.adv_estimator}, {trainer.total_steps} steps -> {trainer.out_dir}"
         + (f" (continuing {latest.name})" if latest else ""),
         f"model    {cfg.actor_rollout_ref.model.path} ({r.name} engine in {r.dtype}, training in "
-        f"{a.fsdp_config.dtype}, {world_size(cfg)} rank(s), {t.backend} backend)",
+        f"{a.fsdp_config.dtype}, {world_size(cfg)} rank(s)"
+        + (f" + {t.rollout_ranks} rollout rank(s)" if t.rollout_ranks else "") + f", {t.backend} backend)",
+        f"rollout  {r.mode}" + (f", pipelined: up to {t.max_staleness} version(s) stale"
+                                + (", partial" if r.partial else "") if t.max_staleness else ", on-policy"),
         f"data     {len(trainer.train_set):,} train rows ({cfg.data.train_files}), {len(trainer.val_set):,} validation "
         f"rows",
         f"batch    {cfg.data.train_batch_size} prompts x {r.n} samples = {trajectories} trajectories; {updates} actor "

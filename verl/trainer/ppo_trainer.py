@@ -33,6 +33,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -73,6 +74,7 @@ from verl.workers.critic import CriticWorker
 from verl.workers.model_utils import check_models
 from verl.workers.reference import RefWorker
 from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout_worker import RolloutWorker
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +84,14 @@ def _timed(name: str, timing: dict[str, float]):
     start = time.perf_counter()
     yield
     timing[f"timing/{name}"] = time.perf_counter() - start
+
+
+def _concurrently(*calls):
+    """Run the calls in threads at once (calls to different worker groups that meet in one collective); results in
+    order; the first error is raised."""
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
 
 
 def _mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -112,7 +122,7 @@ class PPOTrainer:
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         report_memory(cfg)
         self._build_workers()
-        self.rollout = GroupRollout(self.actor, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
+        self.rollout = GroupRollout(self.engines, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
         self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)
         custom = cfg.custom_reward_function
         score = load_custom_score_fn(custom.path, custom.name) if custom.path else self.recipe.score
@@ -124,19 +134,29 @@ class PPOTrainer:
         self.loader_state = self.loader.state_dict()  # after the last trained batch (what a checkpoint stores)
 
     def _build_workers(self) -> None:
-        """Actor (with a rollout engine on every rank), reference and critic groups of world_size ranks."""
-        world = world_size(self.cfg)
-        make = lambda cls: create_worker_group(cls, self.cfg, self.cfg.trainer.backend, world,  # noqa: E731
-                                               total_steps=self.total_steps)
-        # the pipelined rollout (max_staleness >= 1) generates on the actor ranks while they train
-        self.actor = create_worker_group(ActorRolloutWorker, self.cfg, self.cfg.trainer.backend, world,
-                                         max_concurrency=2 if self.cfg.trainer.max_staleness > 0 else 1,
-                                         total_steps=self.total_steps)
+        """Actor (with a rollout engine on every rank, unless trainer.rollout_ranks puts the engines on ranks of their
+        own), reference and critic groups of world_size ranks."""
+        world, t = world_size(self.cfg), self.cfg.trainer
+        placed = dict(pool_size=world + t.rollout_ranks) if t.rollout_ranks else {}
+        make = lambda cls, **kw: create_worker_group(cls, self.cfg, t.backend, world,  # noqa: E731
+                                                     total_steps=self.total_steps, **placed, **kw)
+        # colocated engines generate on the actor ranks while they train when the rollout is pipelined
+        self.actor = make(ActorRolloutWorker, max_concurrency=2 if t.max_staleness > 0 and not t.rollout_ranks else 1)
         # The reference: its own frozen model, or under LoRA the actor with its adapters disabled.
         self.ref = None
         if uses_reference(self.cfg):
             self.ref = self.actor if uses_lora(self.cfg) else make(RefWorker)
         self.critic = make(CriticWorker) if uses_critic(self.cfg) else None
+        self.engines = self.actor
+        if t.rollout_ranks:
+            self.engines = create_worker_group(RolloutWorker, self.cfg, t.backend, t.rollout_ranks,
+                                               total_steps=self.total_steps, pool_size=world + t.rollout_ranks,
+                                               first_bundle=world)
+            host, port = self.actor.execute_ranks("weight_channel_address", [0])[0]
+            members = 1 + t.rollout_ranks
+            _concurrently(lambda: self.actor.execute_ranks("join_weight_channel", [0], host, port, 0, members),
+                          lambda: self.engines.execute_each("join_weight_channel", [
+                              (host, port, 1 + r, members) for r in range(t.rollout_ranks)]))
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -330,18 +350,25 @@ class PPOTrainer:
                               f"command again to continue at step {self.step + 1}") from err
 
     def sync_weights(self) -> dict[str, float]:
-        """Every actor rank streams its new weights into its own engine (in memory, no disk, not via the driver).
+        """The actor's new weights into every engine (in memory, no disk, not via the driver): each actor rank streams
+        them into its own engine, or (disaggregated) training rank 0 broadcasts them to the rollout ranks as they are
+        gathered (``WeightChannel``).
 
         ``perf/sync_bytes_driver``: the payload of every worker-group call made while syncing, both ways
         (arguments to the workers, results to the driver; ``single_controller.base.payload_bytes``), metered by
         the groups themselves, so weights routed through the driver by any call of this phase would show.
-        Today only each rank's small stats dict comes back. ``perf/sync_bytes_engine`` / ``_gathered``: rank
-        0's own counts of the bytes handed to its engine / received from other ranks.
+        Today only each rank's small stats dict comes back. ``perf/sync_bytes_engine`` / ``_gathered``: the bytes
+        handed to the first engine / received by training rank 0 from other ranks in the gathers.
         """
         start = self._traffic_total()
-        per_rank = self.actor.execute_all("sync_rollout_weights")
-        metrics = {"perf/sync_bytes_engine": per_rank[0]["engine_bytes"],
-                   "perf/sync_bytes_gathered": per_rank[0]["gathered_bytes"]}
+        if self.engines is self.actor:
+            per_rank = self.actor.execute_all("sync_rollout_weights")
+            engine_bytes, gathered = per_rank[0]["engine_bytes"], per_rank[0]["gathered_bytes"]
+        else:
+            sent, received = _concurrently(lambda: self.actor.execute_all("send_weights"),
+                                           lambda: self.engines.execute_all("receive_weights"))
+            engine_bytes, gathered = received[0]["engine_bytes"], sent[0]["gathered_bytes"]
+        metrics = {"perf/sync_bytes_engine": engine_bytes, "perf/sync_bytes_gathered": gathered}
         return {**metrics, "perf/sync_bytes_driver": float((self._traffic_total() - start).total)}
 
     def export_hf(self, out: Path) -> None:
@@ -440,7 +467,7 @@ class PPOTrainer:
 
     def _groups(self) -> list[WorkerGroup]:
         """The distinct worker groups (under LoRA the reference is the actor's group)."""
-        return list({id(g): g for g in (self.actor, self.ref, self.critic) if g is not None}.values())
+        return list({id(g): g for g in (self.actor, self.ref, self.critic, self.engines) if g is not None}.values())
 
     def _traffic_total(self) -> Traffic:
         return sum((g.traffic for g in self._groups()), Traffic())

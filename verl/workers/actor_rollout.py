@@ -42,6 +42,7 @@ from verl.workers.lora import merge_lora
 from verl.workers.model_utils import DTYPES, gather_full_state_dict, world
 from verl.workers.rollout import build_rollout
 from verl.workers.rollout.base import GenerationOutput, SamplingParams
+from verl.workers.weight_channel import WeightChannel
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +53,10 @@ class ActorRolloutWorker(ActorWorker):
     def __init__(self, cfg: Config, total_steps: int):
         super().__init__(cfg, total_steps)
         self.engine_dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
-        self.engine = build_rollout(cfg)
+        # disaggregated (trainer.rollout_ranks > 0): the engines live on the rollout ranks, fed by send_weights
+        self.engine = build_rollout(cfg) if cfg.trainer.rollout_ranks == 0 else None
         self.rollout_busy_s = 0.0  # seconds spent in engine calls since take_rollout_busy_s
+        self.channel: WeightChannel | None = None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         """This rank's share of a generate call (``Generator.generate``); no rows -> no engine call."""
@@ -79,6 +82,33 @@ class ActorRolloutWorker(ActorWorker):
         start = time.perf_counter()
         stats = {"tensors": 0.0, "engine_bytes": 0.0, "gathered_bytes": 0.0}
         self.engine.sync_weights(self._counted(self._hf_weights(self._full_weights(stats)), stats))
+        stats["seconds"] = time.perf_counter() - start
+        return stats
+
+    def weight_channel_address(self) -> tuple[str, int]:
+        """This node's address and a free port for the weight channel's store (asked of rank 0)."""
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return socket.gethostbyname(socket.gethostname()), port
+
+    def join_weight_channel(self, host: str, port: int, member: int, members: int) -> None:
+        """Rank 0 only: member 0 of the channel to the rollout ranks (``WeightChannel``)."""
+        self.channel = WeightChannel(host, port, member, members)
+
+    def send_weights(self) -> dict[str, float]:
+        """Disaggregated sync (call on every training rank: the gather is a collective): rank 0 streams each full
+        weight to the rollout ranks as it is gathered; the other ranks only take part in the gathers."""
+        start = time.perf_counter()
+        stats = {"tensors": 0.0, "engine_bytes": 0.0, "gathered_bytes": 0.0}
+        named = self._counted(self._hf_weights(self._full_weights(stats)), stats)
+        if self.channel is not None:
+            self.channel.send(named)
+        else:
+            for _ in named:  # the gathers, in the same order as rank 0's
+                pass
         stats["seconds"] = time.perf_counter() - start
         return stats
 

@@ -98,3 +98,22 @@ def test_pipeline_needs_importance_correction():
         load_config(["trainer.max_staleness=1"])
     with pytest.raises(ConfigError, match="rollout.partial"):
         load_config(["actor_rollout_ref.rollout.partial=true"])
+
+
+def test_disaggregated_rollout_ranks_get_every_update_directly(workspace, tmp_path, run_main):
+    """trainer.rollout_ranks=1 of 2 Ray ranks: one rank trains, one only generates. With the pipeline off, the
+    engine's log-probs of what it sampled must equal the trainer's at every step (a missed or partial weight sync
+    shows as a mismatch from step 2 on, since lr=1e-3 moves the policy each step), the weights reach the engine
+    (bytes counted on the rollout rank) and almost nothing of them passes through the driver."""
+    out = tmp_path / "run"
+    proc = run_main(overrides(workspace, out, 3, *RAY_WORLD_2, "trainer.rollout_ranks=1",
+                              "actor_rollout_ref.rollout.mode=async"))
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log[-3000:]
+    assert "1 rank(s) + 1 rollout rank(s)" in log
+    records = metrics(out)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert r["rollout/logprob_diff_max"] < 1e-4, r
+        assert r["perf/sync_bytes_engine"] > 100_000 and r["perf/sync_bytes_driver"] < 1_000
+        assert r["perf/rollout_ranks"] == 1

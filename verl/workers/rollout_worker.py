@@ -1,0 +1,56 @@
+"""A rank that only generates (``trainer.rollout_ranks``: disaggregated placement).
+
+Holds an engine (``build_rollout``; vLLM joins this group's own torch.distributed world, so consecutive rollout
+ranks form tensor-parallel engines as on the actor ranks) and no trained weights. It serves the same engine calls
+as ``ActorRolloutWorker`` (``generate``, ``take_rollout_busy_s``), so ``GroupRollout`` drives either group; its
+weights arrive from training rank 0 over a ``WeightChannel``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from verl.config import Config
+from verl.workers.rollout import build_rollout
+from verl.workers.rollout.base import GenerationOutput, SamplingParams
+from verl.workers.weight_channel import WeightChannel
+
+
+class RolloutWorker:
+    def __init__(self, cfg: Config, total_steps: int):
+        self.cfg = cfg
+        self.engine = build_rollout(cfg)
+        self.rollout_busy_s = 0.0
+        self.channel: WeightChannel | None = None
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
+        if not prompts:
+            return []
+        start = time.perf_counter()
+        try:
+            return self.engine.generate(prompts, params)
+        finally:
+            self.rollout_busy_s += time.perf_counter() - start
+
+    def take_rollout_busy_s(self) -> float:
+        busy, self.rollout_busy_s = self.rollout_busy_s, 0.0
+        return busy
+
+    def join_weight_channel(self, host: str, port: int, member: int, members: int) -> None:
+        self.channel = WeightChannel(host, port, member, members)
+
+    def receive_weights(self) -> dict[str, float]:
+        """Stream the weights training rank 0 is sending into this rank's engine."""
+        start = time.perf_counter()
+        stats = {"tensors": 0.0, "engine_bytes": 0.0}
+
+        def counted():
+            for name, tensor in self.channel.receive():
+                stats["tensors"] += 1
+                stats["engine_bytes"] += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        self.engine.sync_weights(counted())
+        stats["seconds"] = time.perf_counter() - start
+        return stats
+
