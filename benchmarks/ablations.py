@@ -19,6 +19,9 @@ Variants (all from the same warm start, on the same 2000 training questions):
 - ``reinforce_pp``: REINFORCE++ (batch-whitened returns, no critic) with PPO's batch: 32 x 1, 62 steps.
 - ``rloo``: RLOO (leave-one-out baseline) with GRPO's batch: 16 x 5, 40 steps.
 - ``ppo_nomask``: ``ppo`` with ``actor_rollout_ref.actor.state_masking=false`` (retrieved tokens trained on).
+- ``async``: ``ppo`` with the asynchronous rollout and the one-step-off pipeline (``rollout.mode=async``,
+  ``trainer.max_staleness=1``, ``actor.tis_cap=2``): every batch after the first is sampled by the weights from
+  before the previous update. Learning parity with ``ppo`` is its acceptance test (docs/results.md).
 
 Order: the warm starts of all seeds, then variant by variant (``--variants ppo`` alone is the seed-robustness
 check of ``make demo``). Resumable: a warm start, run or evaluation whose output is complete is not redone
@@ -58,6 +61,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (table label, trainer 
     "rloo": ("RLOO", ["algorithm.adv_estimator=rloo", *GROUP]),
     "ppo_nomask": ("PPO, state masking off", ["algorithm.adv_estimator=gae",
                                                "actor_rollout_ref.actor.state_masking=false"]),
+    "async": ("PPO, async rollout, 1 step off-policy", ["algorithm.adv_estimator=gae",
+                                                        "actor_rollout_ref.rollout.mode=async",
+                                                        "trainer.max_staleness=1", "actor_rollout_ref.actor.tis_cap=2"]),
 }
 WARM_START_CODE = ("data_prep/demo_kb.py", "data_prep/tiny_model.py", "data_prep/tiny_policy.py")
 COLUMNS = [("em", "test EM"), (f"em/{ONE_HOP}", "one-hop EM"), (f"em/{TWO_HOP}", "two-hop EM"),
