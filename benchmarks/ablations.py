@@ -61,9 +61,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (table label, trainer 
     "rloo": ("RLOO", ["algorithm.adv_estimator=rloo", *GROUP]),
     "ppo_nomask": ("PPO, state masking off", ["algorithm.adv_estimator=gae",
                                                "actor_rollout_ref.actor.state_masking=false"]),
-    "async": ("PPO, async rollout, 1 step off-policy", ["algorithm.adv_estimator=gae",
-                                                        "actor_rollout_ref.rollout.mode=async",
-                                                        "trainer.max_staleness=1", "actor_rollout_ref.actor.tis_cap=2"]),
+    "async": ("PPO, async rollout, 1 step off-policy", [
+        "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=async", "trainer.max_staleness=1",
+        "actor_rollout_ref.actor.tis_cap=2"]),
 }
 WARM_START_CODE = ("data_prep/demo_kb.py", "data_prep/tiny_model.py", "data_prep/tiny_policy.py")
 COLUMNS = [("em", "test EM"), (f"em/{ONE_HOP}", "one-hop EM"), (f"em/{TWO_HOP}", "two-hop EM"),

@@ -49,7 +49,8 @@ DEMO = ROOT / "data/demo"
 VARIANTS = {
     "sync": ["actor_rollout_ref.rollout.mode=sync"],
     "async": ["actor_rollout_ref.rollout.mode=async"],
-    "async-k1": ["actor_rollout_ref.rollout.mode=async", "trainer.max_staleness=1", "actor_rollout_ref.actor.tis_cap=2"],
+    "async-k1": ["actor_rollout_ref.rollout.mode=async", "trainer.max_staleness=1",
+                 "actor_rollout_ref.actor.tis_cap=2"],
     "async-k1-disagg": ["actor_rollout_ref.rollout.mode=async", "trainer.max_staleness=1",
                         "actor_rollout_ref.actor.tis_cap=2", "trainer.rollout_ranks=1"],
 }
@@ -66,7 +67,8 @@ def train(url: str, variant: str, steps: int, out: Path, extra: list[str]) -> li
     """One training run -> its metrics records (SystemExit naming the log if it fails)."""
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config", "configs/demo.yaml", "--config",
            "configs/grpo.yaml", f"retriever.url={url}", f"trainer.total_training_steps={steps}",
-           "data.train_batch_size=16", "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.actor.ppo_mini_batch_size=80",
+           "data.train_batch_size=16", "actor_rollout_ref.rollout.n=5",
+           "actor_rollout_ref.actor.ppo_mini_batch_size=80",
            "trainer.backend=ray", "trainer.n_gpus_per_node=2", "trainer.val_before_train=false",
            "trainer.test_freq=0", "trainer.save_freq=0", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
            f"trainer.default_local_dir={out}", *VARIANTS[variant], *extra]
