@@ -201,6 +201,7 @@ class _IO:
     search: Callable[[int, str], Awaitable[list[dict]]]  # (row, query) -> passages
     leave: Callable[[], None]  # a row ended
     stats: Callable[[], dict[str, float]]
+    abort: Callable[[], None] = lambda: None  # after a failed run, once no engine call runs: drop unfinished requests
 
 
 def run_coroutine(make: Callable[[], Awaitable[Any]]) -> Any:
@@ -308,6 +309,7 @@ class LLMGenerationManager:
         loop = asyncio.get_running_loop()
         pool = as_pool(self.engine)
         workers = pool.num_engines + self.cfg.max_inflight_searches + 1
+        failed = True
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as executor:
             def run_blocking(fn, *args):
                 return loop.run_in_executor(executor, fn, *args)
@@ -318,11 +320,16 @@ class LLMGenerationManager:
                      for i, row in enumerate(rows)]
             try:
                 await asyncio.gather(*tasks)
+                failed = False
             except BaseException:  # the first failure is raised (as the lockstep loop raised it); the rest stop
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
+            finally:
+                if failed:
+                    executor.shutdown(wait=True)  # the engine calls still running end first
+                    io.abort()
         return io.stats()
 
     def _lockstep_io(self, rows: list[Trajectory], params: SamplingParams, run_blocking) -> _IO:
@@ -359,7 +366,7 @@ class LLMGenerationManager:
                     "perf/queries_per_retrieval_call": coalescer.items / max(coalescer.calls, 1)}
 
         return _IO(generate=scheduler.generate, search=lambda key, query: coalescer.submit(query),
-                   leave=lambda: None, stats=stats)
+                   leave=lambda: None, stats=stats, abort=scheduler.abort_unfinished)
 
     def _search(self, queries: list[str]) -> list[list[dict]]:
         docs_per_query = self.client.search(queries)

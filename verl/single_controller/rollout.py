@@ -72,6 +72,7 @@ class GroupRollout:
         self._lock = threading.Lock()
         self._window_start = time.perf_counter()
         self.version = 0
+        self.can_step = bool(group.execute_ranks("can_step", [0])[0])  # vLLM engines batch continuously
         self._calls = threading.Condition()  # guards _running / _updating (engine calls vs weight updates)
         self._running = 0
         self._updating = False
@@ -146,6 +147,24 @@ class GroupRollout:
             with self._lock:
                 self._ranks_used.update(ranks)
         return outputs
+
+    def _ranks(self, engine: int) -> list[int]:
+        if not 0 <= engine < self.engines:
+            raise IndexError(f"engine {engine} of {self.engines}")
+        return list(range(engine * self.tp, (engine + 1) * self.tp))
+
+    def step_on(self, engine: int, new: list, max_steps: int) -> tuple[int, list]:
+        """Continuous batching on engine ``engine`` (``EnginePool.step_on``); outputs tagged with the version."""
+        ranks = self._ranks(engine)
+        with self._engine_call() as version:
+            finished = self.group.execute_ranks("engine_step", ranks, new, max_steps)[0]
+        _tag([out for _, out in finished], version)
+        with self._lock:
+            self._ranks_used.update(ranks)
+        return version, finished
+
+    def abort_on(self, engine: int, request_ids: list[str]) -> None:
+        self.group.execute_ranks("engine_abort", self._ranks(engine), request_ids)
 
     def take_metrics(self) -> dict[str, float]:
         """``perf/rollout_ranks`` and ``perf/rollout_idle_frac`` since the previous call (then reset)."""

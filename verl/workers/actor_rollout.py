@@ -68,6 +68,20 @@ class ActorRolloutWorker(ActorWorker):
         finally:
             self.rollout_busy_s += time.perf_counter() - start
 
+    def engine_step(self, new: list, max_steps: int) -> list:
+        """Continuous batching (engines with ``step_requests``: vLLM): add ``new``, step until one finishes."""
+        start = time.perf_counter()
+        try:
+            return self.engine.step_requests(new, max_steps)
+        finally:
+            self.rollout_busy_s += time.perf_counter() - start
+
+    def engine_abort(self, request_ids: list[str]) -> None:
+        self.engine.abort_requests(request_ids)
+
+    def can_step(self) -> bool:
+        return hasattr(self.engine, "step_requests")
+
     def take_rollout_busy_s(self) -> float:
         """Seconds this rank's engine spent generating since the previous call (then reset)."""
         busy, self.rollout_busy_s = self.rollout_busy_s, 0.0

@@ -106,3 +106,22 @@ def test_infer_cli_names_the_url_when_the_service_is_down(policy, unused_url):
                            "--retriever-url", url], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2  # a wrong or unstarted --retriever-url: an input error, as in evaluate and training
     assert url in done.stderr and "retrieval_launch.sh" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_vllm_engine_continuous_batching_reproduces_the_memorised_search_trajectories(policy, service_url):
+    """The asynchronous loop over vLLM's continuous batching (requests added to the running batch as their
+    trajectories arrive): greedy rollouts equal the memorised ids, as the lockstep loop's do."""
+    pytest.importorskip("vllm")
+    from verl.workers.rollout.vllm_rollout import VLLMRollout
+
+    model_dir, tokenizer, prompts, responses, masks = policy
+    engine = VLLMRollout(str(model_dir), max_model_len=512, cpu_kv_cache_gb=0.25)
+    for mode in ("sync", "async"):
+        cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=256, max_response_length=320,
+                          max_obs_length=96, do_search=True, topk=TOPK, mode=mode)
+        agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, TOPK), cfg)
+        result = agent.run(prompts * 3, SamplingParams(max_tokens=1, temperature=0.0))
+        for traj, response, mask in zip(result.trajectories, responses * 3, masks * 3, strict=True):
+            assert traj.response_ids == response and traj.info_mask == mask, mode
+        if mode == "async":
+            assert result.schedule["perf/engine_calls"] >= 2

@@ -60,9 +60,15 @@ class Generator(Protocol):
 
 class EnginePool(Protocol):
     """Several engines the driver can call one at a time (the asynchronous loop's view of the rollout):
-    ``generate_on(e, ...)`` runs on engine ``e`` only, so calls to different engines run concurrently."""
+    ``generate_on(e, ...)`` runs on engine ``e`` only, so calls to different engines run concurrently.
+
+    Engines that batch continuously (vLLM) also take ``step_on(e, new, max_steps)``: add the requests ``new`` =
+    [(request id, prompt ids, params)] to engine e's running batch and step it until one finishes ->
+    (the engines' policy version or None, [(request id, output)] of the finished); ``abort_on(e, ids)`` drops
+    requests. ``can_step`` says whether they do."""
 
     num_engines: int
+    can_step: bool
 
     def generate_on(self, engine: int, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         ...
@@ -75,11 +81,18 @@ class SingleEnginePool:
 
     def __init__(self, generator: Generator):
         self.generator = generator
+        self.can_step = hasattr(generator, "step_requests")
 
     def generate_on(self, engine: int, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         if engine != 0:
             raise IndexError(f"engine {engine} of a pool of one")
         return self.generator.generate(prompts, params)
+
+    def step_on(self, engine: int, new: list, max_steps: int) -> tuple[int | None, list]:
+        return None, self.generator.step_requests(new, max_steps)
+
+    def abort_on(self, engine: int, request_ids: list[str]) -> None:
+        self.generator.abort_requests(request_ids)
 
 
 def as_pool(generator: Generator) -> EnginePool:

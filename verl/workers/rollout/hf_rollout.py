@@ -67,9 +67,12 @@ class HFRollout:
         self.pad_id = self.eos_ids[0] if pad is None else pad
         self.model.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
         self.rng = torch.Generator().manual_seed(seed)
+        self._threads = torch.get_num_threads()  # OpenMP's thread count is per thread: callers' threads get this one
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         """Continue each prompt; ``len(prompts) * params.n`` outputs grouped by prompt."""
+        if torch.get_num_threads() != self._threads:  # called from a pool thread (async loop, threaded Ray actor)
+            torch.set_num_threads(self._threads)
         rows = [list(ids) for ids in prompts for _ in range(params.n)]
         seeds = None if params.row_seeds is None else [s + j for s in params.row_seeds for j in range(params.n)]
         if seeds is not None and len(params.row_seeds) != len(prompts):

@@ -22,6 +22,11 @@ A trajectory's loop awaits two kinds of service: a generation (``EngineScheduler
   prefix cache re-read the context from it). A stop string that spans two chunks is found on the
   joined text (``truncate_at_stop``) and the tokens after it are dropped, as the engine would have
   stopped there.
+  Engines that batch continuously (``EnginePool.can_step``: vLLM) get no rounds: each engine's serving task
+  adds whatever is queued to the engine's running batch and steps it until a request finishes (at most
+  ``max_steps`` steps per call, so a new request joins within that many steps); finished requests go back to
+  their trajectories at once. A request's tokens record the policy version of the call that added it (weights
+  change only between batches there: ``rollout.partial`` is for the round engines).
 
 Blocking calls (engine calls, HTTP) run in the caller's thread pool through ``run_blocking``, so the
 event loop keeps serving the other trajectories while they run.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -110,6 +116,9 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     chunks: int = 0
+    queued_cost: int = 0  # the cost added to its engine's load when it was queued (continuous engines)
+    request_id: str = ""
+    first_version: int | None = None
 
     @property
     def cost(self) -> int:
@@ -127,8 +136,13 @@ class EngineScheduler:
     """The asynchronous schedule of the module docstring over ``pool``'s engines."""
 
     def __init__(self, pool: EnginePool, params: SamplingParams, run_blocking: RunBlocking, chunk_tokens: int,
-                 decode: Callable[[list[int]], str], seed: int):
+                 decode: Callable[[list[int]], str], seed: int, max_steps: int = 16):
         self.pool = pool
+        self.continuous = bool(getattr(pool, "can_step", False))
+        self.max_steps = max_steps
+        self.inflight: list[dict[str, _Request]] = [{} for _ in range(pool.num_engines)]
+        self._ids = itertools.count()
+        self._prefix = f"r{id(self):x}"
         self.params = params
         self.run_blocking = run_blocking
         self.chunk_tokens = chunk_tokens
@@ -153,6 +167,7 @@ class EngineScheduler:
         engine = previous if previous is not None and self.load[previous] <= self.load[least] + request.cost \
             else least
         self.queues[engine].append(request)
+        request.queued_cost = request.cost
         self.load[engine] += request.cost
         self._kick(engine)
 
@@ -161,9 +176,56 @@ class EngineScheduler:
         return [e for e in range(len(self.queues)) if e != engine and self.running[e] and self.queues[e]]
 
     def _kick(self, engine: int) -> None:
-        if not self.running[engine] and (self.queues[engine] or self._busy_queues(engine)):
+        if self.continuous:
+            if not self.running[engine] and self.queues[engine]:
+                self.running[engine] = True
+                asyncio.get_running_loop().create_task(self._serve(engine))
+        elif not self.running[engine] and (self.queues[engine] or self._busy_queues(engine)):
             self.running[engine] = True
             asyncio.get_running_loop().create_task(self._round(engine))
+
+    async def _serve(self, engine: int) -> None:
+        """Continuous engines: add what is queued, step until something finishes; until nothing is left."""
+        inflight = self.inflight[engine]
+        try:
+            while self.queues[engine] or inflight:
+                new, self.queues[engine] = self.queues[engine], []
+                items = []
+                for request in new:
+                    request.request_id = f"{self._prefix}-{next(self._ids)}"
+                    inflight[request.request_id] = request
+                    items.append((request.request_id, request.prompt, dataclasses.replace(
+                        self.params, max_tokens=request.remaining, row_seeds=None,
+                        seed=request_seed(self.seed, request.key, request.turn, 0))))
+                self.stats.engine_calls += 1
+                self.stats.rows += len(items)
+                try:
+                    version, finished = await self.run_blocking(self.pool.step_on, engine, items, self.max_steps)
+                except BaseException as err:  # noqa: BLE001 - every request on this engine fails with it
+                    for request in inflight.values():
+                        if not request.future.done():
+                            request.future.set_exception(err)
+                    if isinstance(err, asyncio.CancelledError):
+                        raise
+                    return
+                for request in new:
+                    request.first_version = version
+                for request_id, out in finished:
+                    request = inflight.pop(request_id)
+                    self.load[engine] -= request.queued_cost
+                    self.last_engine[request.key] = engine
+                    out.versions = None if version is None else [request.first_version] * len(out.token_ids)
+                    request.future.set_result(out)
+                await asyncio.sleep(0)  # let the trajectories just finished queue their next turn first
+        finally:
+            self.running[engine] = False
+
+    def abort_unfinished(self) -> None:
+        """Continuous engines: drop the requests still in their batches (after a failed rollout; blocking)."""
+        for engine, inflight in enumerate(self.inflight):
+            if inflight:
+                self.pool.abort_on(engine, list(inflight))
+                inflight.clear()
 
     def _take(self, engine: int) -> list[_Request]:
         """Everything queued for ``engine``; with nothing queued, the queue of the busy engine with most queued

