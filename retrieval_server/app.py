@@ -200,9 +200,10 @@ class _State:
 
 
 def create_app(load: Callable[[], SearchService], limits: Limits,
-               on_failure: Callable[[BaseException], None], log_interval_s: float) -> FastAPI:
+               on_failure: Callable[[BaseException], None], log_interval_s: float, delay_ms: float = 0.0) -> FastAPI:
     """The FastAPI app; ``load`` runs in a thread after startup and its result is served. Every ``log_interval_s``
-    seconds with requests, one summary line is logged (0: none)."""
+    seconds with requests, one summary line is logged (0: none). ``delay_ms`` (benchmarks only) holds every
+    ``/retrieve`` answer that long after its search, without blocking other requests (a slow backend)."""
     state = _State()
     request_stats = RequestStats() if log_interval_s > 0 else None
 
@@ -245,7 +246,8 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
             return JSONResponse(status, status_code=503)
         return JSONResponse({"status": "ok", **state.service.describe(),
                              "default_topk": limits.default_topk, "max_topk": limits.max_topk,
-                             "max_queries": limits.max_queries, "max_query_chars": limits.max_query_chars})
+                             "max_queries": limits.max_queries, "max_query_chars": limits.max_query_chars,
+                             "delay_ms": delay_ms})
 
     @app.get("/stats")
     async def stats() -> JSONResponse:
@@ -262,6 +264,8 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
         if not req.queries:
             return Response(b'{"result": []}', media_type="application/json"), 0
         hits_per_query = await state.coalescer.submit(req.queries, req.topk)
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
         content = await asyncio.to_thread(render_result, hits_per_query, req.return_scores)
         return Response(content, media_type="application/json"), len(req.queries)
 

@@ -75,7 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-interval", type=float, default=30.0,
                    help="seconds between summary log lines of the /retrieve requests (none in an interval "
                         "without requests; 0: off)")
+    p.add_argument("--delay-ms", type=float, default=0.0,
+                   help="benchmarks only: hold every /retrieve answer this many ms after its search, as a slow "
+                        "backend would (a dense search over 21M passages, a web search API); concurrent "
+                        "requests wait at the same time")
     args = p.parse_args(argv)
+    if not args.delay_ms >= 0:
+        p.error(f"--delay-ms must be 0 (off) or a positive number of milliseconds, got {args.delay_ms}")
     if not 0 <= args.port <= 65535:
         p.error(f"--port must be between 0 and 65535, got {args.port}")
     if not 1 <= args.topk <= args.max_topk:
@@ -136,13 +142,15 @@ def main(argv: list[str] | None = None) -> int:
         server.should_exit = True
 
     app = create_app(lambda: load_service(args.index, args.corpus, args.options), limits, on_failure,
-                     args.log_interval)
+                     args.log_interval, args.delay_ms)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
                                            timeout_graceful_shutdown=5,
                                            http=request_head_protocol(args.client_timeout,
                                                                          args.max_header_bytes)))
-    logger.info("serving %s index %s on http://%s:%d (loading in the background; GET /health)",
-                manifest.retriever, args.index, args.host, args.port)
+    logger.info("serving %s index %s on http://%s:%d (loading in the background; GET /health)%s",
+                manifest.retriever, args.index, args.host, args.port,
+                f"; every answer delayed by {args.delay_ms:g} ms (--delay-ms, benchmarks only)" if args.delay_ms
+                else "")
     server.run()
     return 1 if failures else 0
 
