@@ -38,16 +38,16 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 
 from verl.config import Config
 from verl.workers.actor import ActorWorker
+from verl.workers.engine_host import EngineHost
 from verl.workers.lora import merge_lora
 from verl.workers.model_utils import DTYPES, gather_full_state_dict, world
 from verl.workers.rollout import build_rollout
-from verl.workers.rollout.base import GenerationOutput, SamplingParams
 from verl.workers.weight_channel import WeightChannel
 
 logger = logging.getLogger(__name__)
 
 
-class ActorRolloutWorker(ActorWorker):
+class ActorRolloutWorker(ActorWorker, EngineHost):
     """``ActorWorker`` plus this rank's rollout engine: ``generate``, ``sync_rollout_weights``, ``save_hf_model``."""
 
     def __init__(self, cfg: Config, total_steps: int):
@@ -55,37 +55,7 @@ class ActorRolloutWorker(ActorWorker):
         self.engine_dtype = DTYPES[cfg.actor_rollout_ref.rollout.dtype]
         # disaggregated (trainer.rollout_ranks > 0): the engines live on the rollout ranks, fed by send_weights
         self.engine = build_rollout(cfg) if cfg.trainer.rollout_ranks == 0 else None
-        self.rollout_busy_s = 0.0  # seconds spent in engine calls since take_rollout_busy_s
         self.channel: WeightChannel | None = None
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
-        """This rank's share of a generate call (``Generator.generate``); no rows -> no engine call."""
-        if not prompts:
-            return []
-        start = time.perf_counter()
-        try:
-            return self.engine.generate(prompts, params)
-        finally:
-            self.rollout_busy_s += time.perf_counter() - start
-
-    def engine_step(self, new: list, max_steps: int) -> list:
-        """Continuous batching (engines with ``step_requests``: vLLM): add ``new``, step until one finishes."""
-        start = time.perf_counter()
-        try:
-            return self.engine.step_requests(new, max_steps)
-        finally:
-            self.rollout_busy_s += time.perf_counter() - start
-
-    def engine_abort(self, request_ids: list[str]) -> None:
-        self.engine.abort_requests(request_ids)
-
-    def can_step(self) -> bool:
-        return hasattr(self.engine, "step_requests")
-
-    def take_rollout_busy_s(self) -> float:
-        """Seconds this rank's engine spent generating since the previous call (then reset)."""
-        busy, self.rollout_busy_s = self.rollout_busy_s, 0.0
-        return busy
 
     def sync_rollout_weights(self) -> dict[str, float]:
         """Stream the actor's current weights into this rank's engine (call on every rank: collective).

@@ -2,7 +2,7 @@
 
 Holds an engine (``build_rollout``; vLLM joins this group's own torch.distributed world, so consecutive rollout
 ranks form tensor-parallel engines as on the actor ranks) and no trained weights. It serves the same engine calls
-as ``ActorRolloutWorker`` (``generate``, ``take_rollout_busy_s``), so ``GroupRollout`` drives either group; its
+as ``ActorRolloutWorker`` (``EngineHost``), so ``GroupRollout`` drives either group; its
 weights arrive from training rank 0 over a ``WeightChannel``.
 """
 
@@ -11,44 +11,16 @@ from __future__ import annotations
 import time
 
 from verl.config import Config
+from verl.workers.engine_host import EngineHost
 from verl.workers.rollout import build_rollout
-from verl.workers.rollout.base import GenerationOutput, SamplingParams
 from verl.workers.weight_channel import WeightChannel
 
 
-class RolloutWorker:
+class RolloutWorker(EngineHost):
     def __init__(self, cfg: Config, total_steps: int):
         self.cfg = cfg
         self.engine = build_rollout(cfg)
-        self.rollout_busy_s = 0.0
         self.channel: WeightChannel | None = None
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
-        if not prompts:
-            return []
-        start = time.perf_counter()
-        try:
-            return self.engine.generate(prompts, params)
-        finally:
-            self.rollout_busy_s += time.perf_counter() - start
-
-    def engine_step(self, new: list, max_steps: int) -> list:
-        """Continuous batching (engines with ``step_requests``: vLLM): add ``new``, step until one finishes."""
-        start = time.perf_counter()
-        try:
-            return self.engine.step_requests(new, max_steps)
-        finally:
-            self.rollout_busy_s += time.perf_counter() - start
-
-    def engine_abort(self, request_ids: list[str]) -> None:
-        self.engine.abort_requests(request_ids)
-
-    def can_step(self) -> bool:
-        return hasattr(self.engine, "step_requests")
-
-    def take_rollout_busy_s(self) -> float:
-        busy, self.rollout_busy_s = self.rollout_busy_s, 0.0
-        return busy
 
     def join_weight_channel(self, host: str, port: int, member: int, members: int) -> None:
         self.channel = WeightChannel(host, port, member, members)

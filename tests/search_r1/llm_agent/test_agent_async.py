@@ -16,20 +16,20 @@ import pytest
 from search_r1.llm_agent.generation import LLMGenerationManager, StopReason
 from search_r1.search.client import RetrievalError
 from tests.search_r1.llm_agent.conftest import ScriptedEngine
-from tests.search_r1.llm_agent.test_agent_loop import GREEDY, MIXED, TOPK, CountingClient, agent_cfg, encode
+from tests.search_r1.llm_agent.test_agent_loop import (
+    GREEDY,
+    MIXED,
+    SEARCH_PAST_MAX_TURNS,
+    TOPK,
+    CountingClient,
+    agent_cfg,
+    encode,
+)
 from verl.workers.rollout.base import SamplingParams
 
 SCENARIOS = {
     "mixed": (MIXED, {}),
-    "max_turns": ({
-        "<|im_start|>user\nkeeps searching<|im_end|>\n": [
-            "<search> capital of France </search>", "<search> capital of Germany </search>",
-            "<search> capital of Japan </search>"],
-        "<|im_start|>user\nanswers last<|im_end|>\n": [
-            "<search> Nile river </search>", "<search> Everest </search>", "<answer> Nile </answer>"],
-        "<|im_start|>user\ninvalid last<|im_end|>\n": [
-            "<search> Curie </search>", "<search> Curie Nobel </search>", "no action at all </answer>"],
-    }, {"max_turns": 2}),
+    "max_turns": (SEARCH_PAST_MAX_TURNS, {"max_turns": 2}),
     "budgets": ({
         "<|im_start|>user\nlong<|im_end|>\n": ["<search> Marie Curie Nobel radium </search>", "<think>" + " w" * 60],
         "<|im_start|>user\nshort<|im_end|>\n": ["<search>x</search>", "<answer> y </answer>"],

@@ -67,6 +67,18 @@ MIXED = {
 }
 
 
+# rows that would search past max_turns=2: one keeps searching, one answers in its final turn, one ends invalid
+SEARCH_PAST_MAX_TURNS = {
+    "<|im_start|>user\nkeeps searching<|im_end|>\n": [
+        "<search> capital of France </search>", "<search> capital of Germany </search>",
+        "<search> capital of Japan </search>"],
+    "<|im_start|>user\nanswers last<|im_end|>\n": [
+        "<search> Nile river </search>", "<search> Everest </search>", "<answer> Nile </answer>"],
+    "<|im_start|>user\ninvalid last<|im_end|>\n": [
+        "<search> Curie </search>", "<search> Curie Nobel </search>", "no action at all </answer>"],
+}
+
+
 @pytest.fixture
 def mixed_run(tokenizer, make_engine, service_url):
     """Rows that search twice, answer at once, search once, and act invalidly then answer."""
@@ -160,15 +172,7 @@ def test_metrics_match_a_plain_count(mixed_run):
 
 def test_max_turns_forces_a_final_turn_without_search(tokenizer, make_engine, service_url):
     """Guards against executing searches after max_turns, or ending without the final answer turn."""
-    engine, prompts = make_engine({
-        "<|im_start|>user\nkeeps searching<|im_end|>\n": [
-            "<search> capital of France </search>", "<search> capital of Germany </search>",
-            "<search> capital of Japan </search>"],
-        "<|im_start|>user\nanswers last<|im_end|>\n": [
-            "<search> Nile river </search>", "<search> Everest </search>", "<answer> Nile </answer>"],
-        "<|im_start|>user\ninvalid last<|im_end|>\n": [
-            "<search> Curie </search>", "<search> Curie Nobel </search>", "no action at all </answer>"],
-    })
+    engine, prompts = make_engine(SEARCH_PAST_MAX_TURNS)
     client = CountingClient(service_url, TOPK)
     result = LLMGenerationManager(tokenizer, engine, client, agent_cfg(max_turns=2)).run(prompts, GREEDY)
     assert client.requests == [["capital of France", "Nile river", "Curie"],
