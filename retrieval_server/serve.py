@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "backend would (a dense search over 21M passages, a web search API); concurrent "
                         "requests wait at the same time")
     args = p.parse_args(argv)
-    if not args.delay_ms >= 0:
+    if not 0 <= args.delay_ms < float("inf"):
         p.error(f"--delay-ms must be 0 (off) or a positive number of milliseconds, got {args.delay_ms}")
     if not 0 <= args.port <= 65535:
         p.error(f"--port must be between 0 and 65535, got {args.port}")
