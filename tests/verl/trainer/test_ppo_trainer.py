@@ -164,7 +164,8 @@ RAY_4 = ["trainer.backend=ray", "trainer.n_gpus_per_node=4"]
 
 @pytest.mark.parametrize("bad, needle", [
     (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
-     "tensor_model_parallel_size=2 is invalid: allowed a divisor of the 1 rank(s) that host engines (trainer.backend=local"),
+     "tensor_model_parallel_size=2 is invalid: allowed a divisor of the 1 rank(s) that host engines "
+     "(trainer.backend=local"),
     ([*RAY_4, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
      "tensor_model_parallel_size=3 is invalid: allowed a divisor of the 4 rank(s) that host engines"),
     ([*RAY_4, "trainer.rollout_ranks=4"], "trainer.rollout_ranks=4 is invalid: allowed 0 (engines on the training "
