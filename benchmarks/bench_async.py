@@ -22,6 +22,7 @@ interleaved (run 1 of every variant, then run 2, ...), so a machine that slows d
 ``search_r1.evaluate`` (HF and vLLM engines): its wall time per mode and the rows whose trajectory differs.
 
     python benchmarks/bench_async.py [--delays 0,300,1000] [--runs 3] [--steps 10] [--variants sync,async,...]
+                                     [--resume]
     python benchmarks/bench_async.py --parity [--engines hf,vllm]
 
 Needs the demo data and warm-started policy (``make demo`` once).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -73,12 +75,20 @@ def train(url: str, variant: str, steps: int, out: Path, extra: list[str]) -> li
            "trainer.test_freq=0", "trainer.save_freq=0", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
            f"trainer.default_local_dir={out}", *VARIANTS[variant], *extra]
     log = out.with_suffix(".log")
+    shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl appends: an interrupted run's records must not mix in
     out.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as f:
         status = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     if status != 0:
         raise SystemExit(f"{variant} failed (exit {status}); see {log}")
     return read_metrics(out / "metrics.jsonl")
+
+
+def finished(out: Path, steps: int) -> list[dict] | None:
+    """--resume: the metrics of a run that already completed its ``steps`` steps, else None (rerun it)."""
+    path = out / "metrics.jsonl"
+    records = read_metrics(path) if path.exists() else []
+    return records if sum(1 for r in records if "timing/step" in r) >= steps else None
 
 
 def summarise(records: list[dict]) -> dict[str, float]:
@@ -108,7 +118,8 @@ def bench(args: argparse.Namespace) -> None:
                 for variant in variants:
                     out = Path(args.out) / f"delay{delay:g}" / f"{variant}-run{run}"
                     start = time.perf_counter()
-                    figures = summarise(train(server.url, variant, args.steps, out, args.overrides))
+                    done = finished(out, args.steps) if args.resume else None
+                    figures = summarise(done or train(server.url, variant, args.steps, out, args.overrides))
                     results.setdefault((delay, variant), []).append(figures)
                     print(f"delay {delay:g} ms  {variant:16s} run {run}: {figures['traj_per_s']:.2f} traj/s, "
                           f"{figures['step_s']:.2f} s/step, idle {figures['idle']:.2f}, staleness "
@@ -168,6 +179,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--out", default=str(ROOT / "outputs/bench_async"))
+    p.add_argument("--resume", action="store_true",
+                   help="reuse runs under --out that completed --steps steps (after an interrupted benchmark)")
     p.add_argument("--parity", action="store_true", help="compare sync and async evaluation instead")
     p.add_argument("--engines", default="hf,vllm", help="--parity: engines to compare")
     p.add_argument("overrides", nargs="*", help="extra trainer config overrides key=value")
