@@ -3,8 +3,10 @@
 Choices:
 - The port is bound before the index is loaded: ``/health`` answers 503 ``{"status": "loading"}``
   until the index is ready, then 200 with what is served (retriever, index, encoder and its dtype,
-  cache size, reranker). ``/stats`` answers the counters of the deduplicating query cache. A load
-  failure (corpus or encoder mismatch) is logged and handed to ``on_failure``, which stops the server.
+  cache size, reranker; corpus checksum, a hash of the encoder fingerprint and the shard's rows, which a
+  client checks a set of shards and replicas with). ``/stats`` answers the counters of the deduplicating
+  query cache. A load failure (corpus or encoder mismatch) is logged and handed to ``on_failure``,
+  which stops the server.
 - The request body is read and validated by hand, not by a pydantic model, so each bad input gets
   its own status and a message naming the field: 400 body is not JSON; 413 body, query count or
   query length over the limits; 422 wrong types, empty query strings, ``topk`` outside
@@ -20,7 +22,8 @@ Choices:
   is rendered in a thread too, so the event loop only does I/O and validation. Passages go out as
   their corpus lines, spliced into the answer without decoding and re-encoding them (the largest
   cost of a big BM25 batch after the search itself); a corpus row with fields beyond id/contents
-  returns them too, as Search-R1's own server does.
+  returns them too, as Search-R1's own server does. ``return_scores`` / ``return_rows`` (optional,
+  false by default: Search-R1's shape) add each hit's score / corpus row.
 - Each ``/retrieve`` answer (its status, query count and wall time) is recorded in a ``RequestStats`` that a
   task of the app summarises in one log line every ``log_interval_s`` (see ``logs.py``); 0 records nothing.
 """
@@ -68,6 +71,7 @@ class RetrieveRequest:
     queries: list[str]
     topk: int
     return_scores: bool
+    return_rows: bool = False  # each hit also gives its corpus row ("row"): a client merging shards needs it
 
 
 class RequestError(Exception):
@@ -114,10 +118,11 @@ def parse_retrieve_request(body: bytes, limits: Limits) -> RetrieveRequest:
         raise RequestError(422, f"'topk' must be an integer, got {json.dumps(topk)}")
     elif not 1 <= topk <= limits.max_topk:
         raise RequestError(422, f"'topk' must be between 1 and {limits.max_topk}, got {topk}")
-    return_scores = payload.get("return_scores", False)
-    if not isinstance(return_scores, bool):
-        raise RequestError(422, f"'return_scores' must be true or false, got {json.dumps(return_scores)}")
-    return RetrieveRequest(queries, topk, return_scores)
+    flags = {name: payload.get(name, False) for name in ("return_scores", "return_rows")}
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise RequestError(422, f"'{name}' must be true or false, got {json.dumps(value)}")
+    return RetrieveRequest(queries, topk, **flags)
 
 
 def _has_surrogate(text: str) -> bool:
@@ -155,17 +160,21 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
     return b"".join(chunks)
 
 
-def render_result(hits_per_query: list[list[Hit]], return_scores: bool) -> bytes:
-    """``{"result": [[doc, ...], ...]}``, or with scores ``[[{"document": doc, "score": s}, ...], ...]``.
+def render_result(hits_per_query: list[list[Hit]], return_scores: bool, return_rows: bool = False) -> bytes:
+    """``{"result": [[doc, ...], ...]}``, or with scores and/or rows ``[[{"document": doc, "score": s, "row": r},
+    ...], ...]`` (each of ``score`` and ``row`` only when asked for).
 
     Each ``doc`` is the passage's corpus line spliced in verbatim (valid JSON: checked at build time,
     checksum-verified at load); scores are finite floats, whose ``repr`` is valid JSON.
     """
-    if return_scores:
-        rows = [b"[" + b", ".join(b'{"document": ' + doc + b', "score": ' + repr(score).encode() + b"}"
-                                  for doc, score in hits) + b"]" for hits in hits_per_query]
+    if return_scores or return_rows:
+        def hit(doc: bytes, score: float, row: int) -> bytes:
+            return (b'{"document": ' + doc + (b', "score": ' + repr(score).encode() if return_scores else b"")
+                    + (b', "row": ' + str(row).encode() if return_rows else b"") + b"}")
+
+        rows = [b"[" + b", ".join(hit(*h) for h in hits) + b"]" for hits in hits_per_query]
     else:
-        rows = [b"[" + b", ".join(doc for doc, _ in hits) + b"]" for hits in hits_per_query]
+        rows = [b"[" + b", ".join(doc for doc, *_ in hits) + b"]" for hits in hits_per_query]
     return b'{"result": [' + b", ".join(rows) + b"]}"
 
 
@@ -266,7 +275,7 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
         hits_per_query = await state.coalescer.submit(req.queries, req.topk)
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000)
-        content = await asyncio.to_thread(render_result, hits_per_query, req.return_scores)
+        content = await asyncio.to_thread(render_result, hits_per_query, req.return_scores, req.return_rows)
         return Response(content, media_type="application/json"), len(req.queries)
 
     @app.post("/retrieve")

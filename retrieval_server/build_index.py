@@ -6,17 +6,24 @@ count, corpus checksum). Choices:
   the second encodes or tokenises them in batches behind a progress bar.
 - The manifest is deleted when a build starts and written when it ends, so an interrupted build is
   never served.
-- ``--from-flat DIR`` builds an HNSW or IVF index from the vectors of an existing flat index over the
-  same corpus, so switching index type does not re-encode the corpus.
+- ``--from-flat DIR`` builds another kind from the vectors of an existing flat index over the same corpus,
+  so switching index type does not re-encode the corpus.
+- Every approximate build measures its recall@3 and @10 against exact search on held-out queries in the same
+  pass and records it in the manifest; ``--target-recall`` tunes the search parameter first, ``--index auto``
+  picks the kind (``tuning.py`` says how).
+- ``--shards N`` (dense) writes N row-range shards ``DIR/shard-i`` instead of one index, from the same
+  encoding pass (``shards.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +31,23 @@ from tqdm import tqdm
 
 from retrieval_server.bm25 import build_bm25_index
 from retrieval_server.corpus import CorpusError, CorpusScan, iter_passages, scan_corpus
+from retrieval_server.dense import build_dense_index, flat_batches, read_index
 from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, Encoder, EncoderError
+from retrieval_server.index_kinds import INDEX_KINDS, REFINES
 from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import INDEX_FILE, MANIFEST_NAME, RETRIEVERS, Manifest, ManifestError
+from retrieval_server.shards import write_dense_shards
+from retrieval_server.tuning import (
+    DEFAULT_QUERIES,
+    RECALL_KS,
+    RowSampler,
+    StreamingTopK,
+    TuningError,
+    choose_index,
+    record_recall,
+    stream_truth,
+    tune_search_params,
+)
 
 logger = logging.getLogger("retrieval_server.build_index")
 
@@ -72,12 +93,68 @@ def make_out_dir(out: Path) -> None:
         raise ManifestError(f"--out {out}: cannot create the directory ({e.strerror}: {e.filename})") from None
 
 
-def _build_dense(scan: CorpusScan, out: Path, model: str, kind: str, e5_prefixes: bool, batch_size: int,
-                 from_flat: Path | None, progress: bool) -> Manifest:
+@dataclass(frozen=True)
+class IndexChoice:
+    """Which dense index to build and how its recall is measured and tuned (``--index`` and friends)."""
+
+    kind: str = "flat"  # index_kinds.INDEX_KINDS or "auto"
+    refine: str = "none"  # index_kinds.REFINES
+    target_recall: float | None = None  # tune the search parameter to reach it (required for auto)
+    recall_k: int = 3  # the k of the target recall
+    memory_budget_gb: float | None = None  # auto: the index must fit it
+    tune_queries: str | None = None  # file of held-out questions; None = sampled passages
+
+
+def load_tune_queries(path: str | Path) -> list[str]:
+    """Questions of ``--tune-queries``: a parquet file's ``question`` column, or JSONL lines with a ``question``,
+    ``query`` or ``contents`` field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"--tune-queries {path} not found")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        if "question" not in table.column_names:
+            raise ManifestError(f"--tune-queries {path} has no 'question' column (columns: {table.column_names})")
+        return [str(q) for q in table.column("question").to_pylist()][:DEFAULT_QUERIES]
+    questions = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        text = next((row[key] for key in ("question", "query", "contents") if isinstance(row.get(key), str)), None)
+        if text is None:
+            raise ManifestError(f"--tune-queries {path}:{n} has no 'question', 'query' or 'contents' string")
+        questions.append(text)
+    if not questions:
+        raise ManifestError(f"--tune-queries {path} holds no questions")
+    return questions[:DEFAULT_QUERIES]
+
+
+def _held_out(choice: IndexChoice, scan: CorpusScan, encoder: Encoder | None, from_flat: Path | None,
+              source: Manifest | None) -> tuple[np.ndarray, str]:
+    """Held-out query vectors ``[q, dim]`` and a description of where they come from (tuning.py says why)."""
+    if choice.tune_queries:
+        if encoder is None:  # --from-flat: the encoder the flat index was built with
+            encoder = load_encoder(source.model, source.query_prefix, source.passage_prefix)
+        return encoder.encode_queries(load_tune_queries(choice.tune_queries)), f"questions of {choice.tune_queries}"
+    rows = RowSampler(scan.count).rows
+    if from_flat is not None:
+        flat = read_index(source.index_path(from_flat))
+        return np.stack([flat.reconstruct(int(r)) for r in rows]), f"{len(rows)} stored passages (seeded sample)"
+    wanted, texts = set(rows.tolist()), []
+    for row, text in enumerate(iter_passages(scan.path)):
+        if row in wanted:
+            texts.append(text)
+    return encoder.encode_queries(texts), f"{len(rows)} corpus passages encoded as queries (seeded sample)"
+
+
+def _build_dense(scan: CorpusScan, out: Path, model: str, choice: IndexChoice, e5_prefixes: bool, batch_size: int,
+                 from_flat: Path | None, progress: bool, shards: int = 1) -> Manifest | list[Manifest]:
     import faiss
 
-    from retrieval_server.dense import build_dense_index, flat_batches
-
+    source, encoder = None, None
     if from_flat is not None:
         source = Manifest.load(from_flat)
         if source.retriever != "dense" or source.index != "flat":
@@ -87,15 +164,66 @@ def _build_dense(scan: CorpusScan, out: Path, model: str, kind: str, e5_prefixes
                                 f"than {scan.path}")
         model, dim, probe = source.model, source.dim, source.probe
         prefixes = (source.query_prefix, source.passage_prefix)
-        batches = flat_batches(source.index_path(from_flat))
+
+        def batches() -> Iterable[np.ndarray]:
+            return flat_batches(source.index_path(from_flat))
         desc = f"copy vectors from {from_flat}"
+    elif choice.kind == "auto":
+        raise ManifestError("--index auto builds and compares several kinds from the same vectors: build a flat "
+                            "index first (--index flat --out FLAT_DIR), then --index auto --from-flat FLAT_DIR")
     else:
         prefixes = (E5_QUERY_PREFIX, E5_PASSAGE_PREFIX) if e5_prefixes else ("", "")
         encoder = load_encoder(model, *prefixes, batch_size=batch_size)
         dim, probe = encoder.dim, [round(x, 6) for x in encoder.fingerprint().tolist()]
-        batches = (encoder.encode_passages(texts) for texts in _batched(iter_passages(scan.path), batch_size))
+
+        def batches() -> Iterable[np.ndarray]:
+            return (encoder.encode_passages(texts) for texts in _batched(iter_passages(scan.path), batch_size))
         desc = "encode"
-    index, params = build_dense_index(_with_progress(batches, scan.count, desc, progress), kind, dim, scan.count)
+    if shards > 1:
+        if choice.kind == "auto" or choice.target_recall is not None:
+            raise ManifestError("--shards builds each shard at the kind's default search parameters; tune and pick "
+                                "the kind on an unsharded build first (--index auto / --target-recall), then shard")
+        base = Manifest(retriever="dense", count=scan.count, corpus_sha256=scan.sha256, corpus_bytes=scan.n_bytes,
+                        corpus_path=str(scan.path), model=model, dim=dim, index=choice.kind, query_prefix=prefixes[0],
+                        passage_prefix=prefixes[1], probe=probe)
+
+        def build_shard(rows: Iterable[np.ndarray], count: int) -> tuple[faiss.Index, dict]:
+            index, params = build_dense_index(rows, choice.kind, dim, count, choice.refine)
+            if choice.kind == "flat":  # approximate shards claim no recall: it was measured on no shard
+                params["recall"] = {"at_3": 1.0, "at_10": 1.0, "queries": 0, "source": "exact search", "params": {}}
+            return index, params
+        return write_dense_shards(_with_progress(batches(), scan.count, desc, progress), base, out, shards,
+                                  build_shard)
+    exact = choice.kind == "flat"
+    if not exact:
+        queries, query_source = _held_out(choice, scan, encoder, from_flat, source)
+        top = StreamingTopK(queries, max(RECALL_KS))
+    if choice.kind == "auto":
+        for _ in stream_truth(_with_progress(batches(), scan.count, "exact top-k of held-out queries", progress), top):
+            pass
+
+        def build(kind: str, refine: str) -> tuple[faiss.Index, dict]:
+            return build_dense_index(_with_progress(batches(), scan.count, f"build {kind}", progress), kind, dim,
+                                     scan.count, refine)
+        index, params, report = choose_index(build, scan.count, dim, choice.memory_budget_gb, queries,
+                                             top.result()[1], choice.target_recall, choice.recall_k)
+        kind = params.pop("kind")
+        params["auto"] = {"target_recall": choice.target_recall, "recall_k": choice.recall_k,
+                          "memory_budget_gb": choice.memory_budget_gb, "candidates": report}
+    else:
+        kind = choice.kind
+        stream = _with_progress(batches(), scan.count, desc, progress)
+        index, params = build_dense_index(stream if exact else stream_truth(stream, top), kind, dim, scan.count,
+                                          choice.refine)
+        if not exact and choice.target_recall is not None:
+            params = tune_search_params(index, kind, params, queries, top.result()[1], choice.target_recall,
+                                        choice.recall_k)
+    if exact:
+        params["recall"] = {"at_3": 1.0, "at_10": 1.0, "queries": 0, "source": "exact search", "params": {}}
+    else:
+        params = record_recall(index, params, queries, top.result()[1], query_source)
+        logger.info("%s index: recall@3 %.4f, recall@10 %.4f at %s on %s", kind, params["recall"]["at_3"],
+                    params["recall"]["at_10"], params["recall"]["params"], query_source)
     tmp = out / (INDEX_FILE + ".tmp")  # renamed over the old file: a server still mapping that one is unaffected
     faiss.write_index(index, str(tmp))
     os.replace(tmp, out / INDEX_FILE)
@@ -105,16 +233,25 @@ def _build_dense(scan: CorpusScan, out: Path, model: str, kind: str, e5_prefixes
 
 
 def build_index(corpus: str | Path, out: str | Path, retriever: str = "dense", model: str = DEFAULT_MODEL,
-                index: str = "flat", e5_prefixes: bool = False, batch_size: int = 256,
-                from_flat: str | Path | None = None, progress: bool = True) -> Manifest:
-    """Build the index of ``corpus`` into ``out`` and return its manifest (also written to ``out``)."""
+                index: str | IndexChoice = "flat", e5_prefixes: bool = False, batch_size: int = 256,
+                from_flat: str | Path | None = None, progress: bool = True,
+                shards: int = 1) -> Manifest | list[Manifest]:
+    """Build the index of ``corpus`` into ``out`` and return its manifest (also written to ``out``); with ``shards``
+    > 1, build ``out/shard-0 ...`` instead and return their manifests (``shards.py``; dense only). ``index``: a
+    kind (``index_kinds.INDEX_KINDS``) or an ``IndexChoice`` (refine, target recall, auto)."""
+    choice = index if isinstance(index, IndexChoice) else IndexChoice(kind=index)
     if retriever not in RETRIEVERS:
         raise ValueError(f"retriever must be one of {RETRIEVERS}, got {retriever!r}")
+    if shards > 1 and retriever != "dense":
+        raise ValueError("--shards needs --retriever dense: BM25 scores use corpus-wide statistics, so BM25 shards "
+                         "would not rank as the whole index does")
     out = Path(out)
     scan = scan_corpus(corpus)
     if scan.count == 0:
         raise CorpusError(f"corpus {corpus} has no passages")
     logger.info("corpus %s: %d passages, sha256 %s", corpus, scan.count, scan.sha256[:12])
+    if not 1 <= shards <= scan.count:
+        raise CorpusError(f"--shards {shards}: give 1 to the corpus's {scan.count} passages")
     make_out_dir(out)
     (out / MANIFEST_NAME).unlink(missing_ok=True)
     if retriever == "bm25":
@@ -122,8 +259,12 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "dense", m
         manifest = Manifest(retriever="bm25", count=scan.count, corpus_sha256=scan.sha256,
                             corpus_bytes=scan.n_bytes, corpus_path=str(scan.path), index_params=params)
     else:
-        manifest = _build_dense(scan, out, model, index, e5_prefixes, batch_size,
-                                Path(from_flat) if from_flat else None, progress)
+        manifest = _build_dense(scan, out, model, choice, e5_prefixes, batch_size,
+                                Path(from_flat) if from_flat else None, progress, shards)
+    if shards > 1:
+        logger.info("wrote %d shards of the %s index of %d passages to %s/shard-*", shards, choice.kind, scan.count,
+                    out)
+        return manifest
     manifest.save(out)
     logger.info("wrote %s index of %d passages to %s", retriever, scan.count, out)
     return manifest
@@ -136,16 +277,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retriever", choices=RETRIEVERS, default="dense")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="sentence-transformers / HF encoder path (dense; default: the bundled all-MiniLM-L6-v2)")
-    p.add_argument("--index", choices=("flat", "hnsw", "ivf"), default="flat",
-                   help="FAISS index: flat = exact, hnsw / ivf = approximate (dense)")
+    p.add_argument("--index", choices=(*INDEX_KINDS, "auto"), default="flat",
+                   help="FAISS index (dense): flat = exact; fp16 / sq8 = scalar-quantised scan; hnsw, ivf, ivfsq8, "
+                        "ivfpq, opq = approximate; auto = the fastest within --memory-budget reaching --target-recall "
+                        "(needs --from-flat). Sizes and parameters: retrieval_server/index_kinds.py")
+    p.add_argument("--refine", choices=REFINES, default="none",
+                   help="approximate kinds: re-rank the candidates with a stored copy of the vectors in this precision")
+    p.add_argument("--target-recall", type=float, default=None,
+                   help="tune nprobe / efSearch / k_factor to the cheapest setting reaching this recall@--recall-k "
+                        "against exact search on held-out queries (required for --index auto)")
+    p.add_argument("--recall-k", type=int, default=3, choices=RECALL_KS, help="the k of --target-recall")
+    p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
+                   help="--index auto: the chosen index must fit in this many GiB (codes, ids, graph, refine store)")
+    p.add_argument("--tune-queries", default=None,
+                   help="held-out questions for measuring recall (parquet with a 'question' column, or JSONL with "
+                        "'question' / 'query' / 'contents'); default: 1000 sampled corpus passages")
     p.add_argument("--e5-prefixes", action="store_true",
                    help="prepend 'query: ' / 'passage: ' (e5-style encoders; recorded in the manifest)")
     p.add_argument("--batch-size", type=int, default=256, help="passages encoded per batch (dense)")
     p.add_argument("--from-flat", default=None,
                    help="take the vectors (and encoder) from this flat index of the same corpus instead of encoding")
+    p.add_argument("--shards", type=int, default=1,
+                   help="write N row-range shards OUT/shard-0 ... OUT/shard-{N-1}, one server each (dense)")
     args = p.parse_args(argv)
     if args.batch_size < 1:
         p.error(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.target_recall is not None and not 0 < args.target_recall <= 1:
+        p.error(f"--target-recall must be in (0, 1], got {args.target_recall}")
+    if args.index == "auto" and (args.target_recall is None or args.memory_budget is None):
+        p.error("--index auto needs --target-recall R and --memory-budget GB")
+    if args.memory_budget is not None and args.memory_budget <= 0:
+        p.error(f"--memory-budget must be positive, got {args.memory_budget}")
+    if args.refine != "none" and args.index in ("flat", "auto"):
+        p.error(f"--refine applies to approximate kinds, not --index {args.index}")
+    if args.shards < 1:
+        p.error(f"--shards must be at least 1, got {args.shards}")
+    if args.shards > 1 and args.retriever != "dense":
+        p.error("--shards needs --retriever dense (BM25 scores use corpus-wide statistics)")
     return args
 
 
@@ -153,9 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging()
     try:
-        build_index(args.corpus, args.out, args.retriever, args.model, args.index, args.e5_prefixes,
-                    args.batch_size, args.from_flat)
-    except (CorpusError, ManifestError, EncoderError) as e:
+        choice = IndexChoice(args.index, args.refine, args.target_recall, args.recall_k, args.memory_budget,
+                             args.tune_queries)
+        build_index(args.corpus, args.out, args.retriever, args.model, choice, args.e5_prefixes,
+                    args.batch_size, args.from_flat, shards=args.shards)
+    except (CorpusError, ManifestError, EncoderError, TuningError) as e:
         logger.error("%s", e)
         return 2
     return 0

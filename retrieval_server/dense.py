@@ -1,14 +1,13 @@
 """Dense retrieval with FAISS over normalised embeddings (inner product = cosine similarity).
 
 Choices:
-- ``flat``: ``IndexFlatIP``, exact search; the reference the approximate indexes are measured against.
-- ``hnsw``: ``IndexHNSWFlat`` (M=32, efConstruction=200, efSearch=128): graph search, no training.
-- ``ivf``: ``IndexIVFFlat`` with nlist ~ 4*sqrt(N) (at most N/39, so k-means gets 39 points per
-  centroid) and nprobe=32. It is trained on the first passages of the corpus, so the build stays a
-  single streaming pass; shuffle a sorted corpus first if that sample is unrepresentative.
-- The build streams: embeddings arrive in batches and are added as they come (IVF buffers only its
-  training sample), so peak memory is the index itself.
-- Loading memory-maps the vectors (``IO_FLAG_MMAP_IFC``: flat codes, HNSW storage, IVF lists) instead
+- The index kinds (exact ``flat``; scalar-quantised ``fp16``, ``sq8``; graph ``hnsw``; inverted-file ``ivf``,
+  ``ivfsq8``, ``ivfpq``, ``opq``; any approximate one optionally ``refine``d), their sizes and search parameters
+  are in ``index_kinds.py``; the recall each approximate index was measured at, in ``tuning.py``.
+- The build streams: embeddings arrive in batches and are added as they come (kinds that learn buffer only
+  their training sample, taken from the first rows), so peak memory is the index itself.
+- Loading memory-maps the vectors (``IO_FLAG_MMAP_IFC``: flat and quantised codes, HNSW storage, IVF lists,
+  the refine store) instead
   of copying them into RAM: a 60 GB flat index costs page cache that the OS can evict, not 60 GB of
   private memory, and several servers on one machine share it. The first search of a cold file
   reads it from disk (the service's warm-up query does that before ``/health`` says ready). A file
@@ -19,13 +18,13 @@ Choices:
   GPU holds 1/n of the vectors and answers for its rows, so a 60 GB fp32 flat index takes 7.5 GB
   on each of 8 GPUs and leaves them to the trainer), or replicated (each GPU a full copy: faster
   for many small batches, n times the memory). ``gpu_fp16`` stores the vectors on GPU in fp16
-  (half the memory; scores round to fp16). FAISS has no GPU HNSW: it stays on CPU.
+  (half the memory; scores round to fp16). FAISS has no GPU HNSW: it stays on CPU, as does
+  any kind FAISS cannot clone to GPU (``IndexRefine``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -33,45 +32,30 @@ import faiss
 import numpy as np
 
 from retrieval_server.encoder import Encoder
+from retrieval_server.index_kinds import (  # noqa: F401  (HNSW_EF_SEARCH, INDEX_KINDS: re-exported)
+    HNSW_EF_SEARCH,
+    INDEX_KINDS,
+    apply_search_params,
+    kind_of,
+    new_index,
+)
 
 logger = logging.getLogger(__name__)
 
-INDEX_KINDS = ("flat", "hnsw", "ivf")
-HNSW_M = 32
-HNSW_EF_CONSTRUCTION = 200
-HNSW_EF_SEARCH = 128
-IVF_NPROBE = 32
-IVF_POINTS_PER_CENTROID = 39  # FAISS's minimum for k-means; the training sample is 50 per centroid
-IVF_TRAIN_PER_CENTROID = 50
 
-
-def _new_index(kind: str, dim: int, count: int) -> tuple[faiss.Index, dict]:
-    """An empty index of ``kind`` for ``count`` vectors of size ``dim``, and the parameters chosen."""
-    if kind == "flat":
-        return faiss.IndexFlatIP(dim), {}
-    if kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-        return index, {"M": HNSW_M, "efConstruction": HNSW_EF_CONSTRUCTION, "efSearch": HNSW_EF_SEARCH}
-    if kind == "ivf":
-        nlist = max(1, min(int(4 * math.sqrt(count)), count // IVF_POINTS_PER_CENTROID))
-        quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        return index, {"nlist": nlist, "nprobe": min(nlist, IVF_NPROBE),
-                       "train_size": min(count, IVF_TRAIN_PER_CENTROID * nlist)}
-    raise ValueError(f"unknown index kind {kind!r}; choose one of {INDEX_KINDS}")
-
-
-def build_dense_index(batches: Iterable[np.ndarray], kind: str, dim: int, count: int) -> tuple[faiss.Index, dict]:
-    """Add embedding batches (each ``[n, dim]`` float32, unit norm, in corpus order) to a new index.
+def build_dense_index(batches: Iterable[np.ndarray], kind: str, dim: int, count: int, refine: str = "none",
+                      nlist: int | None = None) -> tuple[faiss.Index, dict]:
+    """Add embedding batches (each ``[n, dim]`` float32, unit norm, in corpus order) to a new index of ``kind``
+    (``index_kinds.INDEX_KINDS``; ``refine``: ``index_kinds.REFINES``). Kinds that learn (IVF, PQ, SQ8) buffer the
+    first ``train_size`` rows, train on them, then add everything.
 
     Returns the index and its parameters (for the manifest).
     """
-    index, params = _new_index(kind, dim, count)
+    index, params = new_index(kind, dim, count, refine, nlist)
     pending: list[np.ndarray] = []  # IVF only: the training sample, held until it is complete
     n_pending = 0
     for batch in batches:
-        if index.is_trained:
+        if index.is_trained and not pending:
             index.add(batch)
             continue
         pending.append(batch)
@@ -88,7 +72,7 @@ def build_dense_index(batches: Iterable[np.ndarray], kind: str, dim: int, count:
 
 def _train_and_flush(index: faiss.Index, pending: list[np.ndarray]) -> None:
     sample = np.concatenate(pending)  # [n_train, dim]
-    logger.info("training IVF quantizer on %d vectors", len(sample))
+    logger.info("training the index on %d vectors", len(sample))
     index.train(sample)
     index.add(sample)
 
@@ -99,15 +83,9 @@ def read_index(path: str | Path) -> faiss.Index:
 
 
 def index_kind(index: faiss.Index) -> str:
-    """``flat``, ``hnsw`` or ``ivf`` for the index types this service searches (exact vectors stored)."""
-    if isinstance(index, faiss.IndexFlat):
-        return "flat"
-    if isinstance(index, faiss.IndexHNSWFlat):
-        return "hnsw"
-    if isinstance(index, faiss.IndexIVFFlat):
-        return "ivf"
-    raise ValueError(f"FAISS index type {type(index).__name__} is not served; supported: IndexFlatIP (flat), "
-                     "IndexHNSWFlat (hnsw), IndexIVFFlat (ivf)")
+    """The kind (``index_kinds.INDEX_KINDS``) of a loaded index; ``ValueError`` for a type this service does not
+    serve."""
+    return kind_of(index)[0]
 
 
 def flat_batches(index_path: str | Path, batch_size: int = 16384) -> Iterator[np.ndarray]:
@@ -132,7 +110,11 @@ def place_on_gpus(index: faiss.Index, kind: str, mode: str, fp16: bool) -> faiss
     options.useFloat16 = fp16
     logger.info("FAISS %s index %s over %d GPU(s)%s", kind, "sharded" if options.shard else "replicated", n_gpus,
                 ", fp16 storage" if fp16 else "")
-    return faiss.index_cpu_to_all_gpus(index, co=options)
+    try:
+        return faiss.index_cpu_to_all_gpus(index, co=options)
+    except RuntimeError as e:  # a kind FAISS cannot clone to GPU (e.g. IndexRefine) stays on CPU
+        logger.warning("FAISS %s index stays on CPU: %s", kind, str(e).splitlines()[0])
+        return index
 
 
 class DenseRetriever:
@@ -149,12 +131,11 @@ class DenseRetriever:
         """The index at ``index_path`` (memory-mapped), with the search parameters of ``params``, placed on GPUs
         by ``gpu_mode`` when there are any."""
         index = read_index(index_path)
-        if index_kind(index) != kind:
-            raise ValueError(f"{index_path} holds a {index_kind(index)} index, the manifest says {kind}")
-        if kind == "hnsw":
-            index.hnsw.efSearch = params["efSearch"]
-        elif kind == "ivf":
-            index.nprobe = params["nprobe"]
+        found, refine = kind_of(index)
+        if (found, refine) != (kind, params.get("refine", "none")):
+            raise ValueError(f"{index_path} holds a {found} index (refine {refine}), the manifest says {kind} "
+                             f"(refine {params.get('refine', 'none')})")
+        apply_search_params(index, params)
         return cls(place_on_gpus(index, kind, gpu_mode, gpu_fp16), encoder)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:

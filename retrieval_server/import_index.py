@@ -20,6 +20,9 @@ message naming the mismatch otherwise:
 - the sample is also encoded with the other prefix setting: if the stored vectors fit it clearly
   better, the message says to add or drop ``--e5-prefixes``.
 
+``--shards N`` splits a flat index's vectors into N row-range shards ``OUT/shard-i``, each with its own
+FAISS file (a copy of its rows) and manifest (``shards.py``), after the same checks.
+
 The check searches the sample over the whole index: for a flat index that is one read of the file
 (the vectors are memory-mapped), minutes for a 60 GB index on a cold disk; ``--sample 0`` skips it.
 """
@@ -136,11 +139,15 @@ def _verify_sample(index, encoder, scan: CorpusScan, passage_prefix: str, sample
 
 
 def import_index(faiss_file: str | Path, corpus: str | Path, out: str | Path, model: str = DEFAULT_MODEL,
-                 e5_prefixes: bool = False, sample: int = 64, progress: bool = True) -> Manifest:
-    """Check ``faiss_file`` against ``corpus`` and the encoder ``model``; write ``out/manifest.json`` for it."""
+                 e5_prefixes: bool = False, sample: int = 64, progress: bool = True,
+                 shards: int = 1) -> Manifest | list[Manifest]:
+    """Check ``faiss_file`` against ``corpus`` and the encoder ``model``; write ``out/manifest.json`` for it. With
+    ``shards`` > 1 (a flat index), split its vectors into ``out/shard-0 ...`` instead (``shards.py``) and return
+    their manifests."""
     import faiss
 
-    from retrieval_server.dense import HNSW_EF_SEARCH, index_kind, read_index
+    from retrieval_server.dense import HNSW_EF_SEARCH, build_dense_index, flat_batches, index_kind, read_index
+    from retrieval_server.shards import write_dense_shards
 
     faiss_file, corpus, out = Path(faiss_file).resolve(), Path(corpus), Path(out)
     if not faiss_file.is_file():
@@ -156,6 +163,13 @@ def import_index(faiss_file: str | Path, corpus: str | Path, out: str | Path, mo
         kind = index_kind(index)
     except ValueError as e:
         raise ManifestError(f"{faiss_file}: {e}") from None
+    if kind not in ("flat", "hnsw", "ivf"):  # the sample check compares stored and re-encoded vectors
+        raise ManifestError(f"{faiss_file} is a {kind} index, whose vectors are compressed; import stores exact "
+                            "vectors only (IndexFlatIP, IndexHNSWFlat, IndexIVFFlat): import the flat index, then "
+                            f"`build_index --index {kind} --from-flat DIR`")
+    if shards > 1 and kind != "flat":
+        raise ManifestError(f"--shards splits a flat index, but {faiss_file} holds a {kind} index; import the flat "
+                            "index of the corpus (or build the shards with build_index --shards)")
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
         raise ManifestError(f"{faiss_file} ranks by metric {index.metric_type} (1 = L2), not inner product (0); the "
                             "server ranks unit vectors by inner product: build the index with METRIC_INNER_PRODUCT "
@@ -164,6 +178,8 @@ def import_index(faiss_file: str | Path, corpus: str | Path, out: str | Path, mo
     if scan.count != index.ntotal:
         raise ManifestError(f"count mismatch: {faiss_file} holds {index.ntotal} vectors but {corpus} has {scan.count} "
                             "passages (non-blank lines); row i of the index must be passage i of the corpus")
+    if not 1 <= shards <= scan.count:
+        raise ManifestError(f"--shards {shards}: give 1 to the corpus's {scan.count} passages")
     prefixes = (E5_QUERY_PREFIX, E5_PASSAGE_PREFIX) if e5_prefixes else ("", "")
     encoder = load_encoder(model, *prefixes)  # fp32: the manifest's fingerprint is an fp32 embedding
     if encoder.dim != index.d:
@@ -185,6 +201,11 @@ def import_index(faiss_file: str | Path, corpus: str | Path, out: str | Path, mo
                         query_prefix=prefixes[0], passage_prefix=prefixes[1],
                         probe=[round(x, 6) for x in encoder.fingerprint().tolist()], index_params=params,
                         index_file=str(faiss_file), index_bytes=faiss_file.stat().st_size)
+    if shards > 1:  # each shard gets its own FAISS file, copied from the flat index: no index_file
+        manifests = write_dense_shards(flat_batches(faiss_file), manifest, out, shards,
+                                       lambda rows, n: build_dense_index(rows, "flat", index.d, n))
+        logger.info("imported %s (%d vectors) as %d shards %s/shard-*", faiss_file, index.ntotal, shards, out)
+        return manifests
     manifest.save(out)
     logger.info("imported %s (%s, %d vectors) as %s", faiss_file, kind, index.ntotal, out)
     return manifest
@@ -200,9 +221,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the index was built with 'passage: ' prefixes; queries get 'query: ' (e5 models)")
     p.add_argument("--out", required=True, help="index directory to write (manifest.json only)")
     p.add_argument("--sample", type=int, default=64, help="passages re-encoded to check the index (0: skip)")
+    p.add_argument("--shards", type=int, default=1,
+                   help="split the (flat) index's vectors into N row-range shards OUT/shard-0 ... OUT/shard-{N-1}, "
+                        "one server each (copies the vectors)")
     args = p.parse_args(argv)
     if args.sample < 0:
         p.error(f"--sample must be 0 (skip the check) or more, got {args.sample}")
+    if args.shards < 1:
+        p.error(f"--shards must be at least 1, got {args.shards}")
     return args
 
 
@@ -210,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging()
     try:
-        import_index(args.faiss, args.corpus, args.out, args.model, args.e5_prefixes, args.sample)
+        import_index(args.faiss, args.corpus, args.out, args.model, args.e5_prefixes, args.sample, shards=args.shards)
     except (CorpusError, ManifestError, EncoderError) as e:
         logger.error("%s", e)
         return 2

@@ -70,6 +70,16 @@ class Manifest:
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(path)
 
+    @property
+    def shard(self) -> dict | None:
+        """A shard's rows and set (``shards.py``): ``{"index", "of", "start", "end", "total", "set"}``; None: whole."""
+        return self.index_params.get("shard")
+
+    @property
+    def corpus_count(self) -> int:
+        """Passages of the corpus (``count`` is the rows of this index: fewer for a shard)."""
+        return self.shard["total"] if self.shard else self.count
+
     def index_path(self, index_dir: str | Path) -> Path:
         """The FAISS file of a dense index."""
         return Path(self.index_file) if self.index_file else Path(index_dir) / INDEX_FILE
@@ -78,6 +88,9 @@ class Manifest:
     def load(cls, index_dir: str | Path) -> Manifest:
         path = Path(index_dir) / MANIFEST_NAME
         if not path.is_file():
+            if any(Path(index_dir).glob(f"shard-*/{MANIFEST_NAME}")):
+                raise ManifestError(f"{index_dir} holds the shards of an index: serve each {index_dir}/shard-i with "
+                                    "its own server and give the client all their URLs")
             raise ManifestError(f"no {MANIFEST_NAME} in {index_dir}: the index is missing or its build did not finish; "
                                 "build it with `python -m retrieval_server.build_index`")
         try:
@@ -126,10 +139,10 @@ def check_index_file(manifest: Manifest, index_dir: str | Path) -> None:
 
 def check_corpus(manifest: Manifest, index_dir: str | Path, scan: CorpusScan) -> None:
     """Full check: checksum and passage count of the scanned corpus equal the manifest's."""
-    if scan.sha256 != manifest.corpus_sha256 or scan.count != manifest.count:
+    if scan.sha256 != manifest.corpus_sha256 or scan.count != manifest.corpus_count:
         raise ManifestError(
             f"corpus mismatch: index {index_dir} was built from {manifest.corpus_path} "
-            f"(sha256 {manifest.corpus_sha256[:12]}..., {manifest.count} passages), but {scan.path} has "
+            f"(sha256 {manifest.corpus_sha256[:12]}..., {manifest.corpus_count} passages), but {scan.path} has "
             f"sha256 {scan.sha256[:12]}... and {scan.count} passages; {_rebuild_hint(manifest, index_dir, scan.path)}")
 
 

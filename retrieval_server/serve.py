@@ -2,7 +2,8 @@
 
 Choices:
 - Binds 127.0.0.1 unless ``--host`` says otherwise: the service has no authentication.
-- The retriever kind (dense / BM25), the encoder and its prefixes come from the index manifest.
+- The retriever kind (dense / BM25), the encoder and its prefixes come from the index manifest. A
+  shard (``--index OUT/shard-i``, see ``shards.py``) is served with the whole ``--corpus``.
 - Serving choices (encoder dtype, query cache, reranker, FAISS GPU placement) are flags, collected
   into one ``ServeOptions`` (validated once); ``/health`` reports them.
 - Cheap checks (manifest present, corpus and imported index file sizes, the address can be bound) run before
@@ -147,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
                                            timeout_graceful_shutdown=5,
                                            http=request_head_protocol(args.client_timeout,
                                                                          args.max_header_bytes)))
-    logger.info("serving %s index %s on http://%s:%d (loading in the background; GET /health)%s",
-                manifest.retriever, args.index, args.host, args.port,
+    shard = manifest.shard
+    rows = f" (shard {shard['index']} of {shard['of']}: rows {shard['start']}..{shard['end'] - 1})" if shard else ""
+    logger.info("serving %s index %s%s on http://%s:%d (loading in the background; GET /health)%s",
+                manifest.retriever, args.index, rows, args.host, args.port,
                 f"; every answer delayed by {args.delay_ms:g} ms (--delay-ms, benchmarks only)" if args.delay_ms
                 else "")
     server.run()

@@ -8,13 +8,19 @@ Choices:
 - Both retrievers expose ``search(queries, k) -> (scores [B, k], row ids [B, k])``. The service puts
   the optional cross-encoder stage after the retriever and the deduplicating cache in front of both
   (``query_cache.py``: a cached answer is the final, reranked one), then turns row ids into passages
-  (their corpus lines, as raw JSON). ``k`` is capped at the corpus size.
+  (their corpus lines, as raw JSON). ``k`` is capped at the index's size. Equal scores come in ascending
+  corpus row order (``_retrieve``).
+- A row-range shard (``shards.py``) is served with the whole corpus: its row ids are moved by the
+  shard's start before passages are fetched, and ``describe`` (``/health``) says which rows it holds,
+  the corpus checksum and a hash of the encoder fingerprint, so a client can check a set of shards.
 - ``ServeOptions`` holds every serving choice, typed and validated once, here; ``serve.py`` fills it
   from the command line.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +36,7 @@ from retrieval_server.query_cache import CachedSearch
 
 logger = logging.getLogger(__name__)
 
-Hit = tuple[bytes, float]  # (the passage's corpus line: a JSON object {"id", "contents"}, score)
+Hit = tuple[bytes, float, int]  # (the passage's corpus line: a JSON object {"id", "contents"}, score, corpus row)
 # How a FAISS GPU build spreads a flat / IVF index over the visible GPUs (dense.place_on_gpus).
 GPU_MODES = ("shard", "replicate", "off")
 
@@ -91,6 +97,11 @@ def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOpti
                                options.gpu_mode, options.gpu_fp16)
 
 
+def probe_hash(probe: list[float] | None) -> str | None:
+    """A short hash of the manifest's encoder fingerprint (None: BM25), for clients to compare endpoints."""
+    return None if probe is None else hashlib.sha256(json.dumps(probe).encode()).hexdigest()[:12]
+
+
 class SearchService:
     """A retriever (plus optional reranker) and the corpus it indexes: queries in, passages (with scores) out."""
 
@@ -102,17 +113,28 @@ class SearchService:
         self.options = options
         self.reranker = reranker  # rerank.Reranker or None
         self.cache = CachedSearch(self._search_distinct, options.cache_size)
+        self.row_offset = manifest.shard["start"] if manifest.shard else 0  # corpus row of the index's row 0
 
     @property
     def num_passages(self) -> int:
-        return len(self.corpus)
+        """Passages this index holds (a shard: its rows)."""
+        return self.retriever.num_passages
+
+    def _retrieve(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The retriever's scores ``[B, k]`` and corpus rows ``[B, k]`` (a shard's row ids moved by its start), equal
+        scores by ascending row: FAISS returns exact ties in descending row order, the client merges shards' hits
+        in ascending row order, and both must agree."""
+        scores, rows = self.retriever.search(queries, k)
+        rows = np.where(rows >= 0, rows + self.row_offset, rows)
+        order = np.lexsort((rows, -scores), axis=-1)  # [B, k]: by score descending, then row ascending
+        return np.take_along_axis(scores, order, -1), np.take_along_axis(rows, order, -1)
 
     def _search_distinct(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Retriever, then reranker: scores ``[B, k]`` and row ids ``[B, k]`` of distinct queries."""
+        """Retriever, then reranker: scores ``[B, k]`` and corpus rows ``[B, k]`` of distinct queries."""
         if self.reranker is None:
-            return self.retriever.search(queries, k)
+            return self._retrieve(queries, k)
         n_candidates = min(max(k, self.options.rerank_topk), self.num_passages)
-        _, rows = self.retriever.search(queries, n_candidates)  # [B, n_candidates]
+        _, rows = self._retrieve(queries, n_candidates)  # [B, n_candidates]
         return self.reranker.rerank(queries, rows, self.corpus.fetch(rows), k)
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
@@ -121,22 +143,31 @@ class SearchService:
         docs_per_query = self.corpus.fetch(rows)
         found = rows >= 0  # [B, k]; False where an approximate index found fewer than k
         if found.all():
-            scores_per_query = scores.tolist()
+            scores_per_query, rows_per_query = scores.tolist(), rows.tolist()
         else:
             scores_per_query = [s[f].tolist() for s, f in zip(scores, found, strict=True)]
-        return [list(zip(docs, s, strict=True)) for docs, s in zip(docs_per_query, scores_per_query, strict=True)]
+            rows_per_query = [r[f].tolist() for r, f in zip(rows, found, strict=True)]
+        return [list(zip(docs, s, r, strict=True))
+                for docs, s, r in zip(docs_per_query, scores_per_query, rows_per_query, strict=True)]
 
     def warm_up(self) -> None:
         """One query through retriever and reranker (not the cache, whose counters start at 0)."""
         self._search_distinct(["warm-up query"], 1)
 
     def describe(self) -> dict:
-        """What is served (for ``GET /health``)."""
+        """What is served (for ``GET /health``); ``recall``: tuning.served_recall (null where not measured)."""
+        from retrieval_server.index_kinds import search_params  # imports FAISS: not for a BM25-only server start
+        from retrieval_server.tuning import served_recall
+
         encoder = getattr(self.retriever, "encoder", None)
         return {"retriever": self.manifest.retriever, "index": self.manifest.index, "model": self.manifest.model,
                 "encoder_dtype": encoder.dtype if encoder is not None else None,
                 "encoder_backend": encoder.backend if encoder is not None else None,
-                "passages": self.num_passages, "cache_size": self.options.cache_size,
+                "corpus_sha256": self.manifest.corpus_sha256, "passages": len(self.corpus),
+                "probe_sha256": probe_hash(self.manifest.probe), "shard": self.manifest.shard,
+                "search_params": search_params(self.manifest.index_params),
+                "recall": served_recall(self.manifest.index_params) if self.manifest.retriever == "dense" else None,
+                "cache_size": self.options.cache_size,
                 "reranker": self.options.reranker, "rerank_topk": self.options.rerank_topk if self.reranker else None}
 
     def stats(self) -> dict:

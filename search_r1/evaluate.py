@@ -75,8 +75,7 @@ def build_agent(cfg: Config, tokenizer) -> LLMGenerationManager:
 
     client = None
     if cfg.do_search:
-        r = cfg.retriever
-        client = RetrievalClient(r.url, r.topk, timeout=r.timeout, outage_timeout_s=r.outage_timeout_s)
+        client = RetrievalClient.from_config(cfg.retriever)
         try:
             client.check_health()
         except RetrievalError as err:  # a wrong or unstarted retriever URL: an input error

@@ -36,8 +36,7 @@ def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Gen
     ``reward.normalize``) as the score."""
     client = None
     if cfg.do_search:
-        r = cfg.retriever
-        client = RetrievalClient(r.url, r.topk, timeout=r.timeout, outage_timeout_s=r.outage_timeout_s)
+        client = RetrievalClient.from_config(cfg.retriever)
         client.check_health(wait_s=10)
     agent = LLMGenerationManager(tokenizer, generator, client, AgentConfig.from_config(cfg))
     score = functools.partial(compute_score, default_scorer=cfg.reward.default_scorer,

@@ -218,6 +218,8 @@ class RetrieverConfig:
     topk: int = 3
     timeout: float = 30
     outage_timeout_s: float = 300
+    replica_timeout_s: float = 10
+    replica_cooldown_s: float = 30
     coalesce_ms: float = 5.0
     coalesce_max: int = 512
     max_inflight: int = 4
@@ -392,8 +394,9 @@ def validate(cfg: Config) -> Config:
         _require(value >= 0, key, value, "a number >= 0")
     gpu = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
     _require(0.0 < gpu <= 1.0, "actor_rollout_ref.rollout.gpu_memory_utilization", gpu, "a fraction in (0, 1]")
-    _require(re.match(r"https?://[^/\s]+", cfg.retriever.url) is not None, "retriever.url", cfg.retriever.url,
-             "an http:// or https:// URL of the retrieval service, e.g. http://127.0.0.1:8000")
+    _require(all(re.match(r"(https?|ray)://[^/\s]+", url.strip()) for url in cfg.retriever.url.split(",")),
+             "retriever.url", cfg.retriever.url, "an http:// or https:// URL of the retrieval service, e.g. "
+             "http://127.0.0.1:8000, or several (shards, replicas) separated by commas, or ray://NAME")
     _require(cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup", cfg.trainer.critic_warmup, "an integer >= 0")
     _check_pipeline(cfg)
     for key, lowest in (("actor_rollout_ref.rollout.async_chunk_tokens", 0), ("retriever.coalesce_ms", 0),
@@ -404,9 +407,12 @@ def validate(cfg: Config) -> Config:
     _require(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", model.lora_rank, "0 (off) or an integer >= 1")
     _require(model.lora_rank == 0 or len(model.target_modules) > 0, "actor_rollout_ref.model.target_modules",
              model.target_modules, "a non-empty list of module names (e.g. [q_proj, v_proj]) when lora_rank > 0")
-    for key in ("retriever.timeout", "retriever.outage_timeout_s"):
+    for key in ("retriever.timeout", "retriever.outage_timeout_s", "retriever.replica_timeout_s",
+                "retriever.replica_cooldown_s"):
         value = _get(cfg, key)
         _require(value > 0, key, value, "a number of seconds > 0")
+    _require(cfg.retriever.replica_timeout_s <= cfg.retriever.timeout, "retriever.replica_timeout_s",
+             cfg.retriever.replica_timeout_s, f"at most retriever.timeout={cfg.retriever.timeout:g}")
     tis = cfg.actor_rollout_ref.actor.tis_cap
     _require(tis is None or tis >= 1.0, "actor_rollout_ref.actor.tis_cap", tis, "null (off) or a number >= 1")
     c = cfg.actor_rollout_ref.actor.clip_ratio_c

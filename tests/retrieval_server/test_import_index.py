@@ -95,7 +95,8 @@ MISMATCHES = {  # name -> (index and vectors to write, fragment of the refusal)
                               r"index mismatch: only 0 of 20 .*row i = passage i"),
     "unnormalised vectors": (lambda v: (faiss.IndexFlatIP(v.shape[1]), 3 * v), "not unit length"),
     "compressed vectors": (lambda v: (faiss.IndexScalarQuantizer(v.shape[1], faiss.ScalarQuantizer.QT_8bit,
-                                                                 faiss.METRIC_INNER_PRODUCT), v), "is not served"),
+                                                                 faiss.METRIC_INNER_PRODUCT), v),
+                           "is a sq8 index, whose vectors are compressed"),
 }
 
 

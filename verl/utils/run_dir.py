@@ -27,8 +27,8 @@ RUN_CONTROL = (
     "trainer.total_training_steps", "trainer.total_epochs", "trainer.resume_mode", "trainer.logger",
     "trainer.val_before_train", "trainer.val_only", "trainer.test_freq", "trainer.save_freq",
     "trainer.max_skipped_updates", "trainer.alarm_entropy_below", "trainer.alarm_clipfrac_above", "retriever.url",
-    "retriever.timeout", "retriever.outage_timeout_s", "data.val_batch_size", "data.val_max_samples",
-    "data.val_files", "trainer.device",
+    "retriever.timeout", "retriever.outage_timeout_s", "retriever.replica_timeout_s", "retriever.replica_cooldown_s",
+    "data.val_batch_size", "data.val_max_samples", "data.val_files", "trainer.device",
 )
 CONFIG_FILE = "config.yaml"
 

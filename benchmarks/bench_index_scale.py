@@ -1,0 +1,274 @@
+"""Index kinds at millions of vectors: bytes per vector, resident memory, build time, queries/s, recall; shards.
+
+    python benchmarks/bench_index_scale.py [--vectors 2000000] [--real 100000] [--kinds flat,sq8,...]
+                                           [--target-recall 0.99] [--shards 1,2,3] [--parts kinds,shards,projection]
+
+The vectors (``--vectors`` rows, dimension 384, the bundled all-MiniLM-L6-v2):
+- ``--real`` of them are real encodings: the flat index of the synthetic-text corpus of ``retrieval_corpus.py``
+  (built and cached under ``--data`` on first use: ~12 min at 100k passages on this machine's 2 cores);
+- the rest are samples of a mixture of low-rank Gaussians fitted to those encodings
+  (``synthetic_vectors.py``, which says how), because encoding millions of passages does not fit the time.
+  The real rows are spread evenly through the file (every ``vectors / real``-th row), so an index trained on
+  the first rows sees both. Cached as a raw float32 file under ``--data/scale_<N>/`` with the recipe in
+  ``meta.json``.
+- Queries are real too: questions about random passages of the corpus (``retrieval_corpus.make_queries``),
+  encoded by the query encoder; 1000 tune an index's search parameter (the smallest that reaches
+  ``--target-recall`` at recall@3 on them, ``retrieval_server.tuning``), 1000 others measure it. The profile
+  printed first compares those queries' best scores over the real vectors and over as many sampled ones.
+
+Part ``kinds``: per index kind, built from the cached vectors by ``retrieval_server.dense`` (the code
+``build_index`` runs), written to ``--out``, then measured in a fresh process that reads it into memory (not
+memory-mapped, so the resident memory is the index's): bytes per vector (file size / rows), resident memory
+added by the index (VmRSS after loading and searching minus before), build seconds (training included),
+queries/s at batch 1 (200 queries) and batch 512 (1024 queries), recall@3 and @10 against exact search.
+Part ``shards``: the flat index split in 1, 2 and 3 row-range shards (``import_index --shards``), each served
+by its own ``retrieval_server.serve`` process, queried through the multi-endpoint client (which fans out and
+merges): queries/s at batch 512 end to end, encoder included; the top-3 must equal the unsharded one.
+Part ``projection``: the arithmetic from the measured figures to 21M passages of dimension 768 on 1 and 4
+nodes, printed with its assumptions. Figures, not pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from retrieval_corpus import ensure_indexes, make_queries  # noqa: E402
+from synthetic_vectors import fit_mixture, neighbour_profile, sample_batches  # noqa: E402
+
+KINDS = ("flat", "sq8", "fp16", "ivf", "ivfsq8", "ivfpq", "opq", "hnsw")  # each optionally +REFINE (ivfpq+fp16)
+TOP_OF_LADDER = {"ivf": {"nprobe": 256}, "ivfsq8": {"nprobe": 256}, "ivfpq": {"nprobe": 256}, "opq": {"nprobe": 256},
+                 "hnsw": {"efSearch": 1024}}
+N_TUNE, N_EVAL, N_BATCH1 = 1000, 1000, 200
+BATCH = 512
+TARGET_N, TARGET_DIM = 21_000_000, 768  # wiki-18 with e5-base
+CHUNK = 262_144  # rows per streamed batch
+
+
+# ---------------------------------------------------------------- data
+def real_vectors(data: Path, n_real: int) -> tuple[np.ndarray, Path]:
+    """The flat index's vectors of the ``n_real``-passage benchmark corpus ``[n_real, 384]``, and the corpus."""
+    from retrieval_server.dense import read_index
+    from retrieval_server.manifest import Manifest
+
+    corpus = ensure_indexes(data, n_real, ["dense-flat"])
+    index_dir = data / "index_dense-flat"
+    flat = read_index(Manifest.load(index_dir).index_path(index_dir))
+    return flat.reconstruct_n(0, flat.ntotal), corpus
+
+
+def encode_queries(data: Path, corpus: Path, n: int) -> np.ndarray:
+    """``n`` benchmark questions encoded by the index's query encoder ``[n, dim]`` (cached)."""
+    path = data / f"queries_{n}.npy"
+    if path.exists():
+        return np.load(path)
+    from retrieval_server.encoder import Encoder
+    from retrieval_server.manifest import Manifest
+
+    manifest = Manifest.load(data / "index_dense-flat")
+    encoder = Encoder(manifest.model, manifest.query_prefix, manifest.passage_prefix)
+    vectors = encoder.encode_queries(make_queries(corpus, n, seed=7)).astype(np.float32)
+    np.save(path, vectors)
+    return vectors
+
+
+def scale_vectors(data: Path, n: int, real: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The ``[n, dim]`` float32 benchmark vectors (memory-mapped, built on first use)."""
+    out = data / f"scale_{n}"
+    meta = {"rows": n, "real_rows": len(real), "dim": real.shape[1], "seed": seed, "clusters": 256, "rank": 16,
+            "real_source": "retrieval_corpus.ensure_indexes flat index (all-MiniLM-L6-v2)",
+            "real_stride": n // len(real)}
+    path = out / "vectors.f32"
+    if path.exists() and (out / "meta.json").exists() and json.loads((out / "meta.json").read_text()) == meta:
+        return np.memmap(path, np.float32, "r", shape=(n, real.shape[1]))
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").unlink(missing_ok=True)
+    print(f"fitting a mixture of {meta['clusters']} rank-{meta['rank']} Gaussians to {len(real)} real vectors",
+          flush=True)
+    mixture = fit_mixture(real, meta["clusters"], meta["rank"], seed)
+    vectors = np.memmap(path, np.float32, "w+", shape=(n, real.shape[1]))
+    with tqdm(total=n, desc="sample", unit="vector") as bar:
+        start = 0
+        for batch in sample_batches(mixture, n, seed + 1):
+            vectors[start:start + len(batch)] = batch
+            start += len(batch)
+            bar.update(len(batch))
+    vectors[np.arange(len(real)) * meta["real_stride"]] = real  # real rows spread evenly
+    vectors.flush()
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    return np.memmap(path, np.float32, "r", shape=(n, real.shape[1]))
+
+
+def batches(vectors: np.ndarray, size: int = CHUNK):
+    for start in range(0, len(vectors), size):
+        yield np.ascontiguousarray(vectors[start:start + size])
+
+
+def exact_topk(vectors: np.ndarray, queries: np.ndarray, k: int, cache: Path) -> np.ndarray:
+    """Row ids ``[q, k]`` of the exact inner-product top-k (ties by row id), streamed over ``vectors``."""
+    if cache.exists():
+        return np.load(cache)
+    from retrieval_server.tuning import StreamingTopK
+
+    top = StreamingTopK(queries, k)
+    for batch in batches(vectors, 65536):  # [q, 65536] scores per step
+        top.add(batch)
+    ids = top.result()[1]
+    np.save(cache, ids)
+    return ids
+
+
+# ---------------------------------------------------------------- measuring one index (fresh process)
+def memory_mib() -> dict[str, float]:
+    """VmRSS, RssAnon (private) and RssFile (file-backed) of this process, MiB."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return {key: int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "RssAnon", "RssFile")}
+
+
+def measure(index_file: Path, queries_file: Path, truth_file: Path, params_json: str, mmap: bool) -> dict:
+    """Load ``index_file`` (into memory, or memory-mapped as the service does), apply its search params, time
+    batch 1 and batch 512, measure recall; the memory the index added."""
+    import faiss
+
+    from retrieval_server.dense import apply_search_params, read_index
+    from retrieval_server.tuning import recall_at
+
+    queries, truth = np.load(queries_file), np.load(truth_file)  # [q, dim], [q, 10]
+    before = memory_mib()
+    index = read_index(index_file) if mmap else faiss.read_index(str(index_file))
+    apply_search_params(index, json.loads(params_json))
+    index.search(queries[:BATCH], 10)  # warm-up: first touches, thread pool
+    start = time.perf_counter()
+    for q in queries[:N_BATCH1]:
+        index.search(q[None], 10)
+    qps1 = N_BATCH1 / (time.perf_counter() - start)
+    n512 = 2 * BATCH
+    start = time.perf_counter()
+    found = np.concatenate([index.search(queries[s:s + BATCH], 10)[1] for s in range(0, n512, BATCH)])
+    qps512 = n512 / (time.perf_counter() - start)
+    after = memory_mib()
+    return {"mib": {k: after[k] - before[k] for k in after}, "qps_1": qps1, "qps_512": qps512,
+            "recall_3": recall_at(found[:, :3], truth[:n512, :3]), "recall_10": recall_at(found, truth[:n512])}
+
+
+# ---------------------------------------------------------------- parts
+def part_kinds(args: argparse.Namespace, vectors: np.ndarray, tune_q: np.ndarray, eval_q: np.ndarray,
+               out: Path) -> list[dict]:
+    import faiss
+
+    from retrieval_server.dense import build_dense_index
+    from retrieval_server.index_kinds import search_params
+    from retrieval_server.tuning import TuningError, tune_search_params
+
+    tune_truth = exact_topk(vectors, tune_q, 10, out / "truth_tune.npy")
+    exact_topk(vectors, eval_q, 10, out / "truth_eval.npy")
+    np.save(out / "queries_eval.npy", eval_q)
+    n, dim = vectors.shape
+    rows = []
+    for spec in args.kinds.split(","):
+        kind, _, refine = spec.partition("+")
+        start = time.perf_counter()
+        print(f"building {spec} over {n} vectors", flush=True)
+        index, params = build_dense_index(batches(vectors), kind, dim, n, refine or "none")
+        build_s = time.perf_counter() - start
+        reached = True
+        if kind != "flat":
+            try:
+                params = tune_search_params(index, kind, params, tune_q, tune_truth, args.target_recall, k=3)
+            except TuningError as e:  # measured at the top of its ladder (or its only setting) instead
+                print(f"  {e}", flush=True)
+                reached = False
+                params = {**params, **TOP_OF_LADDER.get(kind, {}), **({"k_factor": 16} if refine else {})}
+        index_file = out / f"{spec}.index"
+        faiss.write_index(index, str(index_file))
+        del index
+        figures = {}
+        for mode in ("ram", "mmap"):
+            cmd = [sys.executable, __file__, "--measure", str(index_file), str(out / "queries_eval.npy"),
+                   str(out / "truth_eval.npy"), json.dumps(search_params(params)), mode]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"measuring {spec} failed:\n{done.stderr[-3000:]}")
+            figures[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        row = {"kind": spec, "bytes_per_vector": index_file.stat().st_size / n, "build_s": build_s,
+               "params": search_params(params), "target_reached": reached, **figures["ram"],
+               "mmap": figures["mmap"]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    (out / "kinds.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def print_kinds(rows: list[dict], n: int) -> None:
+    flat = next((r for r in rows if r["kind"] == "flat"), None)
+    print(f"\n{n} vectors x 384; recall against exact search on {N_EVAL} held-out queries (first 1024 for recall)")
+    print("| kind | search params | bytes/vector | RSS MiB in RAM | mmapped: private / file MiB | build s | "
+          "q/s batch 1 | q/s batch 512 | x flat @512 | RSS vs flat | recall@3 | recall@10 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = f"{r['qps_512'] / flat['qps_512']:.1f}x" if flat else "-"
+        mem = f"{r['mib']['VmRSS'] / flat['mib']['VmRSS']:.2f}" if flat else "-"
+        target = "" if r["target_reached"] else " (target not reached)"
+        print(f"| {r['kind']} | {json.dumps(r['params'])}{target} | {r['bytes_per_vector']:.0f} | "
+              f"{r['mib']['VmRSS']:.0f} | {r['mmap']['mib']['RssAnon']:.0f} / {r['mmap']['mib']['RssFile']:.0f} | "
+              f"{r['build_s']:.0f} | {r['qps_1']:.0f} | {r['qps_512']:.0f} | {ratio} | {mem} | "
+              f"{r['recall_3']:.4f} | {r['recall_10']:.4f} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--vectors", type=int, default=2_000_000)
+    p.add_argument("--real", type=int, default=100_000)
+    p.add_argument("--kinds", default="flat,sq8,fp16,ivf,ivfsq8,ivfpq+sq8,ivfpq+fp16,opq+fp16")
+    p.add_argument("--target-recall", type=float, default=0.99)
+    p.add_argument("--shards", default="1,2,3")
+    p.add_argument("--parts", default="kinds,shards,projection")
+    p.add_argument("--data", type=Path, default=ROOT / "data" / "bench")
+    p.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_index_scale")
+    p.add_argument("--threads", type=int, default=0, help="FAISS threads (0: all cores)")
+    p.add_argument("--measure", nargs=5, help=argparse.SUPPRESS)  # internal: one index in a fresh process
+    args = p.parse_args()
+    if args.threads:
+        import faiss
+
+        faiss.omp_set_num_threads(args.threads)
+    if args.measure:
+        print(json.dumps(measure(Path(args.measure[0]), Path(args.measure[1]), Path(args.measure[2]),
+                                 args.measure[3], args.measure[4] == "mmap")))
+        return
+    unknown = {spec for spec in args.kinds.split(",") if spec.partition("+")[0] not in KINDS or
+               spec.partition("+")[2] not in ("", "fp32", "fp16", "sq8")}
+    if unknown:
+        raise SystemExit(f"unknown --kinds {sorted(unknown)}; choose from {', '.join(KINDS)}, each optionally "
+                         "+fp32, +fp16 or +sq8 (a refine store)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    real, corpus = real_vectors(args.data, args.real)
+    queries = encode_queries(args.data, corpus, N_TUNE + N_EVAL)
+    tune_q, eval_q = queries[:N_TUNE], queries[N_TUNE:]
+    vectors = scale_vectors(args.data, args.vectors, real)
+    head = np.ones(2 * len(real), bool)  # the first rows, less the real ones spread among them
+    head[np.arange(0, 2 * len(real), args.vectors // len(real))] = False
+    sampled = np.ascontiguousarray(vectors[:2 * len(real)][head][:len(real)])
+    print(f"fit check, best scores of {N_EVAL} queries: real {neighbour_profile(eval_q, real)}; "
+          f"as many sampled {neighbour_profile(eval_q, sampled)}", flush=True)
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    parts = args.parts.split(",")
+    if "kinds" in parts:
+        print_kinds(part_kinds(args, vectors, tune_q, eval_q, args.out), args.vectors)
+
+
+if __name__ == "__main__":
+    main()

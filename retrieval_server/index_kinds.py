@@ -1,0 +1,183 @@
+"""The FAISS index kinds the service builds and serves, their construction, search parameters and sizes.
+
+Every kind ranks by inner product over unit vectors (cosine). ``N`` rows, dimension ``d``:
+
+==========  =====================================  =========================================  ==================
+kind        FAISS type                             search parameter (manifest ``index_params``)  bytes per vector
+==========  =====================================  =========================================  ==================
+flat        IndexFlatIP                            none: exact, the reference                 4d
+fp16        IndexScalarQuantizer(QT_fp16)          none: exhaustive scan of 16-bit codes      2d
+sq8         IndexScalarQuantizer(QT_8bit)          none: exhaustive scan of 8-bit codes       d
+hnsw        IndexHNSWFlat (M=32)                   ``efSearch``                               4d + 8M (links)
+ivf         IndexIVFFlat                           ``nprobe`` of ``nlist`` lists              4d + 8 (ids)
+ivfsq8      IndexIVFScalarQuantizer(QT_8bit)       ``nprobe``                                 d + 8
+ivfpq       IndexIVFPQ (m = d/8 codes, 8 bits)     ``nprobe``                                 m + 8
+opq         OPQ rotation, then IVF-PQ              ``nprobe``                                 m + 8
+==========  =====================================  =========================================  ==================
+
+- ``refine`` (any approximate kind): ``IndexRefine`` keeps a second, exact or nearly exact copy of the vectors
+  (``fp32``: +4d bytes, ``fp16``: +2d, ``sq8``: +d) and re-ranks the base index's ``k * k_factor`` best
+  candidates with it, so a coarse code (PQ) finds the candidates and the stored vectors order them.
+- ``nlist`` (IVF kinds) is about ``4 sqrt(N)``, at most ``N / 39`` (FAISS's k-means minimum of 39 points per
+  centroid). Training samples, taken from the first rows of the stream (so the build stays one pass; shuffle a
+  sorted corpus first): IVF kinds 50 rows per list, at most ``MAX_TRAIN``; PQ 39 rows per centroid of a
+  sub-quantizer (256 centroids: 8-bit codes; ``pq_nbits`` uses fewer bits for a tiny corpus); SQ8 learns its
+  value ranges from ``SQ_TRAIN`` rows. k-means runs ``KMEANS_ITERS`` iterations (FAISS's default is 25; the
+  centroids move little after 10, and training is the build's largest cost at millions of rows on a CPU).
+- Every kind here loads memory-mapped (``IO_FLAG_MMAP_IFC``: flat and SQ codes, PQ codes, IVF lists, the refine
+  store), checked by the tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import faiss
+
+INDEX_KINDS = ("flat", "fp16", "sq8", "hnsw", "ivf", "ivfsq8", "ivfpq", "opq")
+EXACT_KINDS = ("flat",)
+REFINES = ("none", "fp32", "fp16", "sq8")
+HNSW_M = 32
+HNSW_EF_CONSTRUCTION = 200
+HNSW_EF_SEARCH = 128
+IVF_NPROBE = 32
+IVF_POINTS_PER_CENTROID = 39  # FAISS's minimum for k-means
+IVF_TRAIN_PER_CENTROID = 50
+MAX_TRAIN = 262_144
+SQ_TRAIN = 65_536
+KMEANS_ITERS = 10
+K_FACTOR = 4  # refine: candidates re-ranked per result wanted
+_IVF_KINDS = ("ivf", "ivfsq8", "ivfpq", "opq")
+_IP = faiss.METRIC_INNER_PRODUCT
+
+
+def nlist_for(count: int) -> int:
+    return max(1, min(int(4 * math.sqrt(count)), count // IVF_POINTS_PER_CENTROID))
+
+
+def pq_m(dim: int) -> int:
+    """Sub-quantizers of the PQ kinds: about d/8 (one byte each), a divisor of d."""
+    m = max(1, dim // 8)
+    while dim % m:
+        m -= 1
+    return m
+
+
+def pq_nbits(count: int) -> int:
+    """Bits per PQ code: 8 (256 centroids per sub-quantizer), fewer for a corpus too small to train 256 with at
+    least 39 rows each."""
+    return max(1, min(8, int(math.log2(max(count, 1) / IVF_POINTS_PER_CENTROID)) if count >= 78 else 1))
+
+
+def bytes_per_vector(kind: str, dim: int, refine: str = "none") -> float:
+    """Memory per stored vector of ``kind`` (codes, list ids, graph links, refine store), without per-index
+    constants (centroids, codebooks)."""
+    base = {"flat": 4 * dim, "fp16": 2 * dim, "sq8": dim, "hnsw": 4 * dim + 8 * HNSW_M, "ivf": 4 * dim + 8,
+            "ivfsq8": dim + 8, "ivfpq": pq_m(dim) + 8, "opq": pq_m(dim) + 8}[kind]
+    return base + {"none": 0, "fp32": 4 * dim, "fp16": 2 * dim, "sq8": dim}[refine]
+
+
+def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int | None = None
+              ) -> tuple[faiss.Index, dict]:
+    """An empty index of ``kind`` for ``count`` vectors of size ``dim`` and its parameters (for the manifest):
+    search parameters, ``train_size`` (rows to buffer before training; 0 = no training)."""
+    if kind not in INDEX_KINDS:
+        raise ValueError(f"unknown index kind {kind!r}; choose one of {', '.join(INDEX_KINDS)}")
+    if refine not in REFINES:
+        raise ValueError(f"unknown refine store {refine!r}; choose one of {', '.join(REFINES)}")
+    if refine != "none" and kind in EXACT_KINDS:
+        raise ValueError("refine re-ranks an approximate index's candidates; flat is exact already")
+    params: dict = {}
+    if kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif kind in ("fp16", "sq8"):
+        index = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16 if kind == "fp16"
+                                           else faiss.ScalarQuantizer.QT_8bit, _IP)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, HNSW_M, _IP)
+        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        params = {"M": HNSW_M, "efConstruction": HNSW_EF_CONSTRUCTION, "efSearch": HNSW_EF_SEARCH}
+    else:
+        nlist = nlist or nlist_for(count)
+        m, bits = pq_m(dim), pq_nbits(count)
+        spec = {"ivf": f"IVF{nlist},Flat", "ivfsq8": f"IVF{nlist},SQ8", "ivfpq": f"IVF{nlist},PQ{m}x{bits}",
+                "opq": f"OPQ{m},IVF{nlist},PQ{m}x{bits}"}[kind]
+        index = faiss.index_factory(dim, spec, _IP)
+        ivf = faiss.extract_index_ivf(index)
+        ivf.cp.niter = KMEANS_ITERS
+        params = {"nlist": nlist, "nprobe": min(nlist, IVF_NPROBE)}
+        if kind in ("ivfpq", "opq"):
+            params.update(pq_m=m, pq_bits=bits)
+    if refine != "none":
+        store = faiss.IndexFlatIP(dim) if refine == "fp32" else faiss.IndexScalarQuantizer(
+            dim, faiss.ScalarQuantizer.QT_fp16 if refine == "fp16" else faiss.ScalarQuantizer.QT_8bit, _IP)
+        index = faiss.IndexRefine(index, store)
+        params.update(refine=refine, k_factor=K_FACTOR)
+    params["train_size"] = min(count, _train_size(kind, refine, params))
+    return index, params
+
+
+def _train_size(kind: str, refine: str, params: dict) -> int:
+    need = 0
+    if kind in _IVF_KINDS:
+        need = min(MAX_TRAIN, IVF_TRAIN_PER_CENTROID * params["nlist"])
+        if kind in ("ivfpq", "opq"):
+            need = max(need, IVF_POINTS_PER_CENTROID * 2 ** params["pq_bits"])
+    if kind == "sq8" or kind == "ivfsq8" or refine == "sq8":
+        need = max(need, SQ_TRAIN)
+    return need
+
+
+def kind_of(index: faiss.Index) -> tuple[str, str]:
+    """(kind, refine store) of a loaded index; ``ValueError`` naming what is served for any other type."""
+    index = faiss.downcast_index(index)
+    refine = "none"
+    if isinstance(index, faiss.IndexRefine):
+        store = faiss.downcast_index(index.refine_index)
+        refine = "fp32" if isinstance(store, faiss.IndexFlat) else _sq_kind(store)
+        index = faiss.downcast_index(index.base_index)
+    if isinstance(index, faiss.IndexPreTransform):
+        inner = faiss.downcast_index(index.index)
+        rotation = faiss.downcast_VectorTransform(index.chain.at(0))  # read back as its LinearTransform base
+        if isinstance(inner, faiss.IndexIVFPQ) and index.chain.size() == 1 and isinstance(rotation,
+                                                                                          faiss.LinearTransform):
+            return "opq", refine
+    elif isinstance(index, faiss.IndexFlat):
+        return "flat", refine
+    elif isinstance(index, faiss.IndexHNSWFlat):
+        return "hnsw", refine
+    elif isinstance(index, faiss.IndexIVFFlat):
+        return "ivf", refine
+    elif isinstance(index, faiss.IndexIVFScalarQuantizer):
+        return "ivfsq8", refine
+    elif isinstance(index, faiss.IndexIVFPQ):
+        return "ivfpq", refine
+    elif isinstance(index, faiss.IndexScalarQuantizer) and _sq_kind(index) in ("fp16", "sq8"):
+        return _sq_kind(index), refine
+    raise ValueError(f"FAISS index type {type(index).__name__} is not served; supported kinds: "
+                     f"{', '.join(INDEX_KINDS)} (optionally refined)")
+
+
+def _sq_kind(index: faiss.Index) -> str:
+    qtype = index.sq.qtype
+    return {faiss.ScalarQuantizer.QT_fp16: "fp16", faiss.ScalarQuantizer.QT_8bit: "sq8"}.get(qtype, f"SQ{qtype}")
+
+
+SEARCH_PARAMS = ("nprobe", "efSearch", "k_factor")
+
+
+def search_params(params: dict) -> dict:
+    """The subset of ``params`` that changes what a search returns (what a recall figure is measured at)."""
+    return {k: params[k] for k in SEARCH_PARAMS if k in params}
+
+
+def apply_search_params(index: faiss.Index, params: dict) -> None:
+    """Set ``nprobe`` / ``efSearch`` / ``k_factor`` of ``params`` on ``index`` (those that apply)."""
+    index = faiss.downcast_index(index)
+    if "k_factor" in params:
+        index.k_factor = float(params["k_factor"])
+    if "nprobe" in params:
+        faiss.extract_index_ivf(index).nprobe = int(params["nprobe"])
+    if "efSearch" in params:
+        base = faiss.downcast_index(index.base_index) if isinstance(index, faiss.IndexRefine) else index
+        base.hnsw.efSearch = int(params["efSearch"])

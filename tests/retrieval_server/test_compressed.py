@@ -1,0 +1,151 @@
+"""Compressed and approximate index kinds: build, memory-mapped load, recall recorded at build time and
+re-measured independently, tuning, ``auto`` within a memory budget, and ``/health`` reporting the recall.
+
+Vectors: 3000 unit vectors of dimension 32 around 30 random centres (a clustered set, as encodings are), and 200
+held-out queries drawn the same way; the corpus tests use the session's 20-passage test corpus.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from retrieval_server.build_index import IndexChoice, build_index
+from retrieval_server.dense import build_dense_index, read_index
+from retrieval_server.index_kinds import INDEX_KINDS, apply_search_params, bytes_per_vector, kind_of
+from retrieval_server.launcher import ServerProcess
+from retrieval_server.manifest import Manifest
+from retrieval_server.tuning import (
+    StreamingTopK,
+    TuningError,
+    choose_index,
+    measure_recall,
+    served_recall,
+    tune_search_params,
+)
+from tests.retrieval_server.conftest import SERVER_ARGS
+
+DIM, N, Q = 32, 3000, 200
+
+
+def _clustered(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = np.random.default_rng(0).standard_normal((30, DIM))
+    x = centres[rng.integers(0, 30, n)] + 0.6 * rng.standard_normal((n, DIM))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def data():
+    vectors, queries = _clustered(N, 1), _clustered(Q, 2)
+    order = np.argsort(-(queries @ vectors.T), axis=1, kind="stable")[:, :10]  # exact top-10 by numpy
+    return vectors, queries, order
+
+
+def _recall(found: np.ndarray, truth: np.ndarray, k: int) -> float:
+    return float(np.mean([len(set(f[:k]) & set(t[:k])) / k for f, t in zip(found, truth, strict=True)]))
+
+
+def test_streaming_topk_equals_a_full_sort_with_ties_in_row_order():
+    rng = np.random.default_rng(3)
+    vectors = np.repeat(rng.standard_normal((50, 8)).astype(np.float32), 2, axis=0)  # every vector twice: ties
+    queries = rng.standard_normal((7, 8)).astype(np.float32)
+    top = StreamingTopK(queries, 5)
+    for start in range(0, 100, 13):
+        top.add(vectors[start:start + 13])
+    scores = queries @ vectors.T
+    expected = np.array([sorted(range(100), key=lambda i, s=s: (-s[i], i))[:5] for s in scores])
+    np.testing.assert_array_equal(top.result()[1], expected)
+
+
+@pytest.mark.parametrize("kind,refine", [(k, "none") for k in INDEX_KINDS] + [("ivfpq", "fp16"), ("opq", "fp32"),
+                                                                             ("hnsw", "sq8")])
+def test_every_kind_builds_loads_memory_mapped_and_keeps_its_recall(kind, refine, data, tmp_path):
+    vectors, queries, truth = data
+    batches = [vectors[s:s + 700] for s in range(0, N, 700)]
+    index, params = build_dense_index(batches, kind, DIM, N, refine)
+    assert index.ntotal == N
+    path = tmp_path / "index.faiss"
+    import faiss
+
+    faiss.write_index(index, str(path))
+    loaded = read_index(path)  # memory-mapped, as the service loads it
+    assert kind_of(loaded) == (kind, refine)
+    apply_search_params(loaded, params)
+    measured = measure_recall(loaded, queries, truth)
+    _, found = loaded.search(queries, 10)
+    assert measured["at_3"] == pytest.approx(_recall(found, truth, 3))
+    assert measured["at_10"] == pytest.approx(_recall(found, truth, 10))
+    if kind == "flat":
+        assert measured == {"at_3": 1.0, "at_10": 1.0}
+    else:
+        assert measured["at_3"] > 0.1  # chance is 0.001; unrefined 4-byte PQ codes find ~0.2 of these neighbours
+
+
+def test_tuning_raises_the_search_parameter_until_the_target_and_says_the_best_when_unreachable(data):
+    vectors, queries, truth = data
+    index, params = build_dense_index([vectors], "ivf", DIM, N)
+    apply_search_params(index, {"nprobe": 1})
+    low = measure_recall(index, queries, truth)["at_3"]
+    assert low < 0.95  # one list of ~27 misses neighbours: the tuning below has something to do
+    tuned = tune_search_params(index, "ivf", params, queries, truth, 0.98)
+    assert measure_recall(index, queries, truth)["at_3"] >= 0.98
+    smaller = [p for p in (1, 2, 4, 8, 16, 32, 64) if p < tuned["nprobe"]]
+    for nprobe in smaller:  # the smallest setting of the ladder that reaches it
+        apply_search_params(index, {"nprobe": nprobe})
+        assert measure_recall(index, queries, truth)["at_3"] < 0.98
+    sq8, sq8_params = build_dense_index([vectors], "sq8", DIM, N)
+    reached = measure_recall(sq8, queries, truth)["at_3"]
+    with pytest.raises(TuningError, match=f"reaches recall@3 {reached:.4f} at most.*below the target 1.01"):
+        tune_search_params(sq8, "sq8", sq8_params, queries, truth, 1.01)
+
+
+def test_auto_picks_a_kind_within_the_budget_that_reaches_the_target(data):
+    vectors, queries, truth = data
+    budget_gb = 600 * N / 2 ** 30  # 600 bytes per vector: not flat (128 + ...), hnsw (128 + 256) fits, ivf fits
+
+    def build(kind, refine):
+        return build_dense_index([vectors], kind, DIM, N, refine)
+    index, params, report = choose_index(build, N, DIM, budget_gb, queries, truth, 0.97)
+    assert bytes_per_vector(params["kind"], DIM, params.get("refine", "none")) * N <= budget_gb * 2 ** 30
+    assert measure_recall(index, queries, truth)["at_3"] >= 0.97
+    assert all(row["gb"] <= budget_gb for row in report)
+    assert len(report) >= 3  # several candidates were built and compared
+    with pytest.raises(TuningError, match="--memory-budget 1e-06 GB holds no candidate"):
+        choose_index(build, N, DIM, 1e-6, queries, truth, 0.97)
+
+
+def test_build_records_recall_that_an_independent_measurement_reproduces(flat_index, corpus_path, tmp_path):
+    out = tmp_path / "ivfpq"
+    manifest = build_index(corpus_path, out, index=IndexChoice("ivfpq", refine="fp16", target_recall=0.99),
+                           from_flat=flat_index, progress=False)
+    recall = manifest.index_params["recall"]
+    params = manifest.index_params
+    assert recall["params"] == {"nprobe": params["nprobe"], "k_factor": params["k_factor"]}
+    assert recall["at_3"] >= 0.99
+    flat = read_index(Manifest.load(flat_index).index_path(flat_index))
+    vectors = flat.reconstruct_n(0, flat.ntotal)  # every passage of the 20 is a held-out query here
+    truth = np.argsort(-(vectors @ vectors.T), axis=1, kind="stable")[:, :10]
+    index = read_index(Manifest.load(out).index_path(out))
+    apply_search_params(index, manifest.index_params)
+    _, found = index.search(vectors, 10)
+    assert recall["at_3"] == pytest.approx(_recall(found, truth, 3))
+    assert recall["at_10"] == pytest.approx(_recall(found, truth, 10))
+
+
+def test_health_reports_the_recall_only_at_the_parameters_it_was_measured_at(flat_index, corpus_path, tmp_path):
+    out = tmp_path / "ivfsq8"
+    manifest = build_index(corpus_path, out, index="ivfsq8", from_flat=flat_index, progress=False)
+    with ServerProcess(out, corpus_path, SERVER_ARGS) as server:
+        server.wait_ready()
+        health = httpx.get(server.url + "/health").json()
+    assert health["index"] == "ivfsq8"
+    assert health["recall"] == manifest.index_params["recall"]
+    assert health["search_params"] == {"nprobe": manifest.index_params["nprobe"]}
+    edited = json.loads((out / "manifest.json").read_text())
+    edited["index_params"]["nprobe"] += 1  # served at a setting nobody measured
+    assert served_recall(edited["index_params"]) is None
+    assert served_recall(manifest.index_params) == manifest.index_params["recall"]
