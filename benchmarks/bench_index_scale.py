@@ -228,6 +228,82 @@ def print_kinds(rows: list[dict], n: int) -> None:
               f"{r['recall_3']:.4f} | {r['recall_10']:.4f} |")
 
 
+def scale_corpus(data: Path, n: int) -> Path:
+    """A corpus of ``n`` lines for the sampled vectors (``{"id": "<row>", "contents": "passage <row>"}``): what a
+    shard server needs to turn rows into passages (the texts do not match the vectors; the import check is
+    skipped)."""
+    path = data / f"scale_{n}" / "corpus.jsonl"
+    if not path.exists() or path.stat().st_size == 0:
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w") as f:
+            for row in range(n):
+                f.write(json.dumps({"id": str(row), "contents": f"passage {row}"}) + "\n")
+        tmp.replace(path)
+    return path
+
+
+def part_shards(args: argparse.Namespace, data: Path, real_corpus: Path, out: Path) -> list[dict]:
+    """Flat shards of the ``--vectors`` set, each served by its own process, queried through the client."""
+    from retrieval_server.import_index import import_index
+    from retrieval_server.launcher import ServerProcess
+    from search_r1.search.client import RetrievalClient
+
+    flat = out / "flat.index"
+    if not flat.exists():
+        raise SystemExit(f"{flat} missing: run --parts kinds with flat first")
+    corpus = scale_corpus(data, args.vectors)
+    questions = make_queries(real_corpus, N_TUNE + N_EVAL, seed=7)[N_TUNE:N_TUNE + 2 * BATCH]  # the eval queries
+    rows, answers = [], {}
+    for n_shards in [int(x) for x in args.shards.split(",")]:
+        index_dir = out / f"shards{n_shards}"
+        if n_shards == 1:
+            import_index(flat, corpus, index_dir, sample=0, progress=False)
+            dirs = [index_dir]
+        else:
+            import_index(flat, corpus, index_dir, sample=0, progress=False, shards=n_shards)
+            dirs = [index_dir / f"shard-{i}" for i in range(n_shards)]
+        threads = max(1, (os.cpu_count() or 1) // n_shards)
+        servers = [ServerProcess(d, corpus, ["--threads", str(threads), "--max-queries", str(BATCH)]) for d in dirs]
+        try:
+            for server in servers:
+                server.wait_ready(timeout=600)
+            with RetrievalClient(",".join(s.url for s in servers), topk=3, timeout=600) as client:
+                client.check_health()
+                client.search(questions[:64])  # warm-up
+                start = time.perf_counter()
+                found = [client.search(questions[i:i + BATCH]) for i in range(0, len(questions), BATCH)]
+                seconds = time.perf_counter() - start
+        finally:
+            for server in servers:
+                server.stop()
+        answers[n_shards] = [[doc["id"] for doc in docs] for batch in found for docs in batch]
+        same = answers[n_shards] == answers[min(answers)]
+        rows.append({"shards": n_shards, "threads_per_server": threads, "qps_512": len(questions) / seconds,
+                     "same_top3_as_1": same})
+        print(json.dumps(rows[-1]), flush=True)
+    (out / "shards.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def part_projection(rows: list[dict], n: int, dim: int) -> None:
+    """21M x 768 on 1 and 4 nodes, from the measured rows (assumptions printed with the table)."""
+    from retrieval_server.index_kinds import bytes_per_vector
+
+    scale = (TARGET_N / n) * (TARGET_DIM / dim)  # work per query grows with rows x dimension
+    print(f"\nprojection to {TARGET_N / 1e6:.0f}M passages x {TARGET_DIM} (e5-base): memory = rows x bytes per "
+          f"vector at d={TARGET_DIM} (index_kinds.bytes_per_vector); q/s = measured q/s at batch {BATCH} / {scale:.1f} "
+          f"(rows x dimension: every kind here scans a share of the rows that stays about constant at the same "
+          f"recall, so its work grows with N x d), per node with this machine's 2 cores; 4 nodes hold 1/4 of the rows "
+          "each (shards) and answer in parallel: 4x the q/s of one node, less the client's merge")
+    print("| kind | GB, 1 node | GB per node, 4 nodes | q/s batch 512, 1 node (2 cores) | 4 nodes |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        kind, _, refine = r["kind"].partition("+")
+        gb = bytes_per_vector(kind, TARGET_DIM, refine or "none") * TARGET_N / 1e9
+        qps = r["qps_512"] / scale
+        print(f"| {r['kind']} | {gb:.1f} | {gb / 4:.1f} | {qps:.1f} | {4 * qps:.1f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vectors", type=int, default=2_000_000)
@@ -268,6 +344,16 @@ def main() -> None:
     parts = args.parts.split(",")
     if "kinds" in parts:
         print_kinds(part_kinds(args, vectors, tune_q, eval_q, args.out), args.vectors)
+    if "projection" in parts:
+        part_projection(json.loads((args.out / "kinds.json").read_text()), args.vectors, vectors.shape[1])
+    if "shards" in parts:
+        shard_rows = part_shards(args, args.data, corpus, args.out)
+        print(f"\nflat index of {args.vectors} vectors in row-range shards, one server each (FAISS threads = cores / "
+              f"shards), {2 * BATCH} queries at batch {BATCH} through the client, encoder included")
+        print("| shards | q/s at batch 512 | top-3 equal to 1 shard |")
+        print("|---|---|---|")
+        for r in shard_rows:
+            print(f"| {r['shards']} | {r['qps_512']:.0f} | {r['same_top3_as_1']} |")
 
 
 if __name__ == "__main__":

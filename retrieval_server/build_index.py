@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                              args.tune_queries)
         build_index(args.corpus, args.out, args.retriever, args.model, choice, args.e5_prefixes,
                     args.batch_size, args.from_flat, shards=args.shards)
-    except (CorpusError, ManifestError, EncoderError, TuningError) as e:
+    except (CorpusError, ManifestError, EncoderError, TuningError, ValueError) as e:  # ValueError: index_kinds
         logger.error("%s", e)
         return 2
     return 0

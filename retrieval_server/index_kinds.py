@@ -46,6 +46,7 @@ IVF_TRAIN_PER_CENTROID = 50
 MAX_TRAIN = 262_144
 SQ_TRAIN = 65_536
 KMEANS_ITERS = 10
+OPQ_MIN_ROWS = 256
 K_FACTOR = 4  # refine: candidates re-ranked per result wanted
 _IVF_KINDS = ("ivf", "ivfsq8", "ivfpq", "opq")
 _IP = faiss.METRIC_INNER_PRODUCT
@@ -87,6 +88,9 @@ def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int 
         raise ValueError(f"unknown refine store {refine!r}; choose one of {', '.join(REFINES)}")
     if refine != "none" and kind in EXACT_KINDS:
         raise ValueError("refine re-ranks an approximate index's candidates; flat is exact already")
+    if kind == "opq" and count < OPQ_MIN_ROWS:
+        raise ValueError(f"opq trains its rotation with 256 centroids per sub-quantizer: it needs at least "
+                         f"{OPQ_MIN_ROWS} passages, the corpus has {count}; use ivfpq")
     params: dict = {}
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
