@@ -9,8 +9,10 @@ count, corpus checksum). Choices:
 - ``--from-flat DIR`` builds another kind from the vectors of an existing flat index over the same corpus,
   so switching index type does not re-encode the corpus.
 - Every approximate build measures its recall@3 and @10 against exact search on held-out queries in the same
-  pass and records it in the manifest; ``--target-recall`` tunes the search parameter first, ``--index auto``
-  picks the kind (``tuning.py`` says how).
+  pass and records it in the manifest with the search parameters it was measured at (flat records 1.0: exact by
+  definition; BM25 nothing); ``--target-recall`` tunes the search parameter first, ``--nprobe`` / ``--ef-search``
+  / ``--k-factor`` set it by hand, ``--index auto`` picks the kind (``tuning.py`` says how). The default held-out
+  queries of a build that encodes are corpus passages, read and encoded before the build's pass.
 - ``--shards N`` (dense) writes N row-range shards ``DIR/shard-i`` instead of one index, from the same
   encoding pass (``shards.py``).
 """
@@ -31,7 +33,7 @@ from tqdm import tqdm
 
 from retrieval_server.bm25 import build_bm25_index
 from retrieval_server.corpus import CorpusError, CorpusScan, iter_passages, scan_corpus
-from retrieval_server.dense import build_dense_index, flat_batches, read_index
+from retrieval_server.dense import build_dense_index, build_measured_index, flat_batches, read_index
 from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, Encoder, EncoderError
 from retrieval_server.index_kinds import INDEX_KINDS, REFINES
 from retrieval_server.logs import configure_logging
@@ -40,13 +42,11 @@ from retrieval_server.shards import write_dense_shards
 from retrieval_server.tuning import (
     DEFAULT_QUERIES,
     RECALL_KS,
-    RowSampler,
-    StreamingTopK,
     TuningError,
     choose_index,
+    exact_topk,
     record_recall,
-    stream_truth,
-    tune_search_params,
+    sample_rows,
 )
 
 logger = logging.getLogger("retrieval_server.build_index")
@@ -103,6 +103,20 @@ class IndexChoice:
     recall_k: int = 3  # the k of the target recall
     memory_budget_gb: float | None = None  # auto: the index must fit it
     tune_queries: str | None = None  # file of held-out questions; None = sampled passages
+    nprobe: int | None = None  # IVF kinds: lists searched, set by hand instead of tuned (None: default or tuned)
+    ef_search: int | None = None  # hnsw: candidates kept while walking the graph, set by hand
+    k_factor: int | None = None  # refined kinds: candidates re-ranked per result wanted, set by hand
+
+    def __post_init__(self) -> None:
+        if self.search and (self.target_recall is not None or self.kind == "auto"):
+            raise ValueError(f"search parameters set by hand ({', '.join(self.search)}) and a tuned or auto index "
+                             "(--target-recall, --index auto) exclude each other: give one")
+
+    @property
+    def search(self) -> dict:
+        """The search parameters set by hand, under their manifest names (``index_kinds.SEARCH_PARAMS``)."""
+        given = {"nprobe": self.nprobe, "efSearch": self.ef_search, "k_factor": self.k_factor}
+        return {name: value for name, value in given.items() if value is not None}
 
 
 def load_tune_queries(path: str | Path) -> list[str]:
@@ -139,7 +153,7 @@ def _held_out(choice: IndexChoice, scan: CorpusScan, encoder: Encoder | None, fr
         if encoder is None:  # --from-flat: the encoder the flat index was built with
             encoder = load_encoder(source.model, source.query_prefix, source.passage_prefix)
         return encoder.encode_queries(load_tune_queries(choice.tune_queries)), f"questions of {choice.tune_queries}"
-    rows = RowSampler(scan.count).rows
+    rows = sample_rows(scan.count)
     if from_flat is not None:
         flat = read_index(source.index_path(from_flat))
         return np.stack([flat.reconstruct(int(r)) for r in rows]), f"{len(rows)} stored passages (seeded sample)"
@@ -179,6 +193,9 @@ def _build_dense(scan: CorpusScan, out: Path, model: str, choice: IndexChoice, e
         def batches() -> Iterable[np.ndarray]:
             return (encoder.encode_passages(texts) for texts in _batched(iter_passages(scan.path), batch_size))
         desc = "encode"
+    if shards > 1 and choice.search:
+        raise ManifestError(f"--shards builds each shard at the kind's default search parameters, not at "
+                            f"{choice.search}")
     if shards > 1:
         if choice.kind == "auto" or choice.target_recall is not None:
             raise ManifestError("--shards builds each shard at the kind's default search parameters; tune and pick "
@@ -194,36 +211,26 @@ def _build_dense(scan: CorpusScan, out: Path, model: str, choice: IndexChoice, e
             return index, params
         return write_dense_shards(_with_progress(batches(), scan.count, desc, progress), base, out, shards,
                                   build_shard)
-    exact = choice.kind == "flat"
-    if not exact:
-        queries, query_source = _held_out(choice, scan, encoder, from_flat, source)
-        top = StreamingTopK(queries, max(RECALL_KS))
     if choice.kind == "auto":
-        for _ in stream_truth(_with_progress(batches(), scan.count, "exact top-k of held-out queries", progress), top):
-            pass
+        queries, query_source = _held_out(choice, scan, encoder, from_flat, source)
+        truth = exact_topk(_with_progress(batches(), scan.count, "exact top-k of held-out queries", progress),
+                           queries, max(RECALL_KS))[1]  # [q, 10]
 
         def build(kind: str, refine: str) -> tuple[faiss.Index, dict]:
             return build_dense_index(_with_progress(batches(), scan.count, f"build {kind}", progress), kind, dim,
                                      scan.count, refine)
-        index, params, report = choose_index(build, scan.count, dim, choice.memory_budget_gb, queries,
-                                             top.result()[1], choice.target_recall, choice.recall_k)
+        index, params, report = choose_index(build, scan.count, dim, choice.memory_budget_gb, queries, truth,
+                                             choice.target_recall, choice.recall_k)
         kind = params.pop("kind")
+        params = record_recall(index, params, queries, truth, query_source)
         params["auto"] = {"target_recall": choice.target_recall, "recall_k": choice.recall_k,
                           "memory_budget_gb": choice.memory_budget_gb, "candidates": report}
     else:
         kind = choice.kind
-        stream = _with_progress(batches(), scan.count, desc, progress)
-        index, params = build_dense_index(stream if exact else stream_truth(stream, top), kind, dim, scan.count,
-                                          choice.refine)
-        if not exact and choice.target_recall is not None:
-            params = tune_search_params(index, kind, params, queries, top.result()[1], choice.target_recall,
-                                        choice.recall_k)
-    if exact:
-        params["recall"] = {"at_3": 1.0, "at_10": 1.0, "queries": 0, "source": "exact search", "params": {}}
-    else:
-        params = record_recall(index, params, queries, top.result()[1], query_source)
-        logger.info("%s index: recall@3 %.4f, recall@10 %.4f at %s on %s", kind, params["recall"]["at_3"],
-                    params["recall"]["at_10"], params["recall"]["params"], query_source)
+        queries, query_source = (None, "") if kind == "flat" else _held_out(choice, scan, encoder, from_flat, source)
+        index, params = build_measured_index(_with_progress(batches(), scan.count, desc, progress), kind, dim,
+                                             scan.count, queries, query_source, choice.refine, choice.target_recall,
+                                             choice.recall_k, choice.search)
     tmp = out / (INDEX_FILE + ".tmp")  # renamed over the old file: a server still mapping that one is unaffected
     faiss.write_index(index, str(tmp))
     os.replace(tmp, out / INDEX_FILE)
@@ -280,18 +287,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--index", choices=(*INDEX_KINDS, "auto"), default="flat",
                    help="FAISS index (dense): flat = exact; fp16 / sq8 = scalar-quantised scan; hnsw, ivf, ivfsq8, "
                         "ivfpq, opq = approximate; auto = the fastest within --memory-budget reaching --target-recall "
-                        "(needs --from-flat). Sizes and parameters: retrieval_server/index_kinds.py")
+                        "(needs --from-flat FLAT_DIR: each candidate is built from that flat index's vectors, one pass "
+                        "each). Sizes and parameters: retrieval_server/index_kinds.py")
     p.add_argument("--refine", choices=REFINES, default="none",
                    help="approximate kinds: re-rank the candidates with a stored copy of the vectors in this precision")
     p.add_argument("--target-recall", type=float, default=None,
                    help="tune nprobe / efSearch / k_factor to the cheapest setting reaching this recall@--recall-k "
-                        "against exact search on held-out queries (required for --index auto)")
-    p.add_argument("--recall-k", type=int, default=3, choices=RECALL_KS, help="the k of --target-recall")
+                        "(recall@3 by default) against exact search on held-out queries (required for --index auto)")
+    p.add_argument("--recall-k", type=int, default=3, choices=RECALL_KS,
+                   help="the k of --target-recall: the share of the exact top-k found by a top-k search (default 3)")
     p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="--index auto: the chosen index must fit in this many GiB (codes, ids, graph, refine store)")
     p.add_argument("--tune-queries", default=None,
                    help="held-out questions for measuring recall (parquet with a 'question' column, or JSONL with "
                         "'question' / 'query' / 'contents'); default: 1000 sampled corpus passages")
+    p.add_argument("--nprobe", type=int, default=None,
+                   help="IVF kinds: inverted lists searched per query, set by hand instead of the default or "
+                        "--target-recall (recall is measured at it)")
+    p.add_argument("--ef-search", type=int, default=None,
+                   help="hnsw: candidate list size of a graph search, set by hand (recall is measured at it)")
+    p.add_argument("--k-factor", type=int, default=None,
+                   help="with --refine: candidates re-ranked per result wanted, set by hand (recall is measured at it)")
     p.add_argument("--e5-prefixes", action="store_true",
                    help="prepend 'query: ' / 'passage: ' (e5-style encoders; recorded in the manifest)")
     p.add_argument("--batch-size", type=int, default=256, help="passages encoded per batch (dense)")
@@ -312,6 +328,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--refine applies to approximate kinds, not --index {args.index}")
     if args.shards < 1:
         p.error(f"--shards must be at least 1, got {args.shards}")
+    by_hand = [flag for flag, value in (("--nprobe", args.nprobe), ("--ef-search", args.ef_search),
+                                        ("--k-factor", args.k_factor)) if value is not None]
+    if by_hand and (args.target_recall is not None or args.index == "auto"):
+        p.error(f"{', '.join(by_hand)} sets the search parameter by hand; --target-recall and --index auto tune it: "
+                "give one")
     if args.shards > 1 and args.retriever != "dense":
         p.error("--shards needs --retriever dense (BM25 scores use corpus-wide statistics)")
     return args
@@ -322,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     try:
         choice = IndexChoice(args.index, args.refine, args.target_recall, args.recall_k, args.memory_budget,
-                             args.tune_queries)
+                             args.tune_queries, args.nprobe, args.ef_search, args.k_factor)
         build_index(args.corpus, args.out, args.retriever, args.model, choice, args.e5_prefixes,
                     args.batch_size, args.from_flat, shards=args.shards)
     except (CorpusError, ManifestError, EncoderError, TuningError, ValueError) as e:  # ValueError: index_kinds

@@ -6,8 +6,10 @@ Choices:
   are in ``index_kinds.py``; the recall each approximate index was measured at, in ``tuning.py``.
 - The build streams: embeddings arrive in batches and are added as they come (kinds that learn buffer only
   their training sample, taken from the first rows), so peak memory is the index itself.
-- Loading memory-maps the vectors (``IO_FLAG_MMAP_IFC``: flat and quantised codes, HNSW storage, IVF lists,
-  the refine store) instead
+  ``build_measured_index`` also keeps the exact top-k of held-out queries in that pass and records the recall.
+- Loading memory-maps the vectors (``IO_FLAG_MMAP_IFC``: flat and quantised codes, PQ codes, IVF lists, the
+  refine store, HNSW's stored vectors; every kind loads this way, none falls back to a copy; HNSW's graph links,
+  8M bytes a vector, are read into memory) instead
   of copying them into RAM: a 60 GB flat index costs page cache that the OS can evict, not 60 GB of
   private memory, and several servers on one machine share it. The first search of a cold file
   reads it from disk (the service's warm-up query does that before ``/health`` says ready). A file
@@ -36,21 +38,32 @@ from retrieval_server.index_kinds import (  # noqa: F401  (HNSW_EF_SEARCH, INDEX
     HNSW_EF_SEARCH,
     INDEX_KINDS,
     apply_search_params,
+    check_search_params,
     kind_of,
     new_index,
+)
+from retrieval_server.tuning import (
+    RECALL_KS,
+    StreamingTopK,
+    exact_recall,
+    record_recall,
+    stream_truth,
+    tune_search_params,
 )
 
 logger = logging.getLogger(__name__)
 
 
-def build_dense_index(batches: Iterable[np.ndarray], kind: str, dim: int, count: int, refine: str = "none",
-                      nlist: int | None = None) -> tuple[faiss.Index, dict]:
-    """Add embedding batches (each ``[n, dim]`` float32, unit norm, in corpus order) to a new index of ``kind``
-    (``index_kinds.INDEX_KINDS``; ``refine``: ``index_kinds.REFINES``). Kinds that learn (IVF, PQ, SQ8) buffer the
-    first ``train_size`` rows, train on them, then add everything.
+def build_dense_index(batches: Iterable[np.ndarray] | np.ndarray, kind: str, dim: int, count: int,
+                      refine: str = "none", nlist: int | None = None) -> tuple[faiss.Index, dict]:
+    """Add embedding batches (each ``[n, dim]`` float32, unit norm, in corpus order; or one ``[count, dim]`` array)
+    to a new index of ``kind`` (``index_kinds.INDEX_KINDS``; ``refine``: ``index_kinds.REFINES``). Kinds that learn
+    (IVF, PQ, SQ8) buffer the first ``train_size`` rows, train on them, then add everything.
 
-    Returns the index and its parameters (for the manifest).
+    Returns the index and its parameters (for the manifest), at the kind's default search parameters.
     """
+    if isinstance(batches, np.ndarray):
+        batches = [batches]
     index, params = new_index(kind, dim, count, refine, nlist)
     pending: list[np.ndarray] = []  # IVF only: the training sample, held until it is complete
     n_pending = 0
@@ -67,6 +80,39 @@ def build_dense_index(batches: Iterable[np.ndarray], kind: str, dim: int, count:
         _train_and_flush(index, pending)
     if index.ntotal != count:
         raise ValueError(f"expected {count} embeddings, got {index.ntotal}")
+    return index, params
+
+
+def build_measured_index(batches: Iterable[np.ndarray] | np.ndarray, kind: str, dim: int, count: int,
+                         queries: np.ndarray | None, source: str, refine: str = "none",
+                         target_recall: float | None = None, recall_k: int = 3, search: dict | None = None
+                         ) -> tuple[faiss.Index, dict]:
+    """``build_dense_index`` that also measures recall, in the same pass: the exact top-10 of the held-out
+    ``queries`` ``[q, dim]`` (described by ``source``) is kept while the vectors stream through. The search
+    parameters are ``search`` where given (e.g. ``{"nprobe": 64}``, ``index_kinds.check_search_params``), else tuned
+    to reach recall@``recall_k`` >= ``target_recall`` where given, else the kind's defaults; ``params["recall"]``
+    holds recall@3 and @10 at them (``tuning.record_recall``; flat: exact, ``queries`` unused and may be None).
+
+    Returns the index (its search parameters applied) and its parameters (for the manifest).
+    """
+    search = search or {}
+    if search and target_recall is not None:
+        raise ValueError(f"give search parameters ({', '.join(search)}) or a target recall to tune them to, not both")
+    check_search_params(kind, refine, count, search)
+    if kind == "flat":
+        index, params = build_dense_index(batches, kind, dim, count, refine)
+        return index, {**params, "recall": exact_recall()}
+    top = StreamingTopK(queries, max(RECALL_KS))
+    index, params = build_dense_index(stream_truth([batches] if isinstance(batches, np.ndarray) else batches, top),
+                                      kind, dim, count, refine)
+    truth = top.result()[1]  # [q, max(RECALL_KS)]
+    if search:
+        params = {**params, **search}
+    elif target_recall is not None:
+        params = tune_search_params(index, kind, params, queries, truth, target_recall, recall_k)
+    params = record_recall(index, params, queries, truth, source)
+    logger.info("%s index (refine %s): recall@3 %.4f, recall@10 %.4f at %s on %s", kind, refine,
+                params["recall"]["at_3"], params["recall"]["at_10"], params["recall"]["params"], source)
     return index, params
 
 

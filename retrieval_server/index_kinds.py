@@ -3,18 +3,20 @@
 Every kind ranks by inner product over unit vectors (cosine). ``N`` rows, dimension ``d``:
 
 ==========  =====================================  =========================================  ==================
-kind        FAISS type                             search parameter (manifest ``index_params``)  bytes per vector
+kind        FAISS type                             search parameter (``index_params``)        bytes per vector
 ==========  =====================================  =========================================  ==================
 flat        IndexFlatIP                            none: exact, the reference                 4d
 fp16        IndexScalarQuantizer(QT_fp16)          none: exhaustive scan of 16-bit codes      2d
 sq8         IndexScalarQuantizer(QT_8bit)          none: exhaustive scan of 8-bit codes       d
-hnsw        IndexHNSWFlat (M=32)                   ``efSearch``                               4d + 8M (links)
+hnsw        IndexHNSWFlat (M=32)                   ``efSearch``                               4d + 8M + 16
 ivf         IndexIVFFlat                           ``nprobe`` of ``nlist`` lists              4d + 8 (ids)
 ivfsq8      IndexIVFScalarQuantizer(QT_8bit)       ``nprobe``                                 d + 8
 ivfpq       IndexIVFPQ (m = d/8 codes, 8 bits)     ``nprobe``                                 m + 8
 opq         OPQ rotation, then IVF-PQ              ``nprobe``                                 m + 8
 ==========  =====================================  =========================================  ==================
 
+- HNSW's ``8M + 16``: 2M level-0 links of 4 bytes, an 8-byte offset, a 4-byte level, and on average 4 bytes of
+  upper-level links (a vector reaches level 1 with probability 1/M and has M links there).
 - ``refine`` (any approximate kind): ``IndexRefine`` keeps a second, exact or nearly exact copy of the vectors
   (``fp32``: +4d bytes, ``fp16``: +2d, ``sq8``: +d) and re-ranks the base index's ``k * k_factor`` best
   candidates with it, so a coarse code (PQ) finds the candidates and the stored vectors order them.
@@ -25,7 +27,7 @@ opq         OPQ rotation, then IVF-PQ              ``nprobe``                   
   value ranges from ``SQ_TRAIN`` rows. k-means runs ``KMEANS_ITERS`` iterations (FAISS's default is 25; the
   centroids move little after 10, and training is the build's largest cost at millions of rows on a CPU).
 - Every kind here loads memory-mapped (``IO_FLAG_MMAP_IFC``: flat and SQ codes, PQ codes, IVF lists, the refine
-  store), checked by the tests.
+  store, HNSW's vectors; HNSW's links are read into memory); the tests check that the file is mapped.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def pq_nbits(count: int) -> int:
 def bytes_per_vector(kind: str, dim: int, refine: str = "none") -> float:
     """Memory per stored vector of ``kind`` (codes, list ids, graph links, refine store), without per-index
     constants (centroids, codebooks)."""
-    base = {"flat": 4 * dim, "fp16": 2 * dim, "sq8": dim, "hnsw": 4 * dim + 8 * HNSW_M, "ivf": 4 * dim + 8,
+    base = {"flat": 4 * dim, "fp16": 2 * dim, "sq8": dim, "hnsw": 4 * dim + 8 * HNSW_M + 16, "ivf": 4 * dim + 8,
             "ivfsq8": dim + 8, "ivfpq": pq_m(dim) + 8, "opq": pq_m(dim) + 8}[kind]
     return base + {"none": 0, "fp32": 4 * dim, "fp16": 2 * dim, "sq8": dim}[refine]
 
@@ -111,6 +113,9 @@ def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int 
         ivf.cp.niter = KMEANS_ITERS
         params = {"nlist": nlist, "nprobe": min(nlist, IVF_NPROBE)}
         if kind in ("ivfpq", "opq"):
+            # polysemous training reorders the centroids for Hamming-distance filtering, which is not used here; it
+            # is most of the PQ training time
+            faiss.downcast_index(ivf).do_polysemous_training = False
             params.update(pq_m=m, pq_bits=bits)
     if refine != "none":
         store = faiss.IndexFlatIP(dim) if refine == "fp32" else faiss.IndexScalarQuantizer(
@@ -173,6 +178,27 @@ SEARCH_PARAMS = ("nprobe", "efSearch", "k_factor")
 def search_params(params: dict) -> dict:
     """The subset of ``params`` that changes what a search returns (what a recall figure is measured at)."""
     return {k: params[k] for k in SEARCH_PARAMS if k in params}
+
+
+def check_search_params(kind: str, refine: str, count: int, search: dict) -> None:
+    """``ValueError`` naming the setting unless each of ``search`` (``{"nprobe": .., "efSearch": .., "k_factor":
+    ..}``, values given by hand) is a parameter of ``kind`` / ``refine`` within its range, for ``count`` vectors."""
+    for name, value in search.items():
+        if name == "nprobe" and kind in _IVF_KINDS:
+            if not 1 <= value <= nlist_for(count):
+                raise ValueError(f"nprobe {value}: give 1 to nlist = {nlist_for(count)} ({kind}, {count} vectors)")
+        elif name == "efSearch" and kind == "hnsw":
+            if value < 1:
+                raise ValueError(f"efSearch {value}: give at least 1")
+        elif name == "k_factor" and refine != "none":
+            if value < 1:
+                raise ValueError(f"k_factor {value}: give at least 1 (candidates re-ranked per result wanted)")
+        elif name in SEARCH_PARAMS:
+            owner = {"nprobe": f"the IVF kinds ({', '.join(_IVF_KINDS)})", "efSearch": "hnsw",
+                     "k_factor": "a refined index (refine fp32, fp16 or sq8)"}[name]
+            raise ValueError(f"{name} is a search parameter of {owner}, not of {kind} (refine {refine})")
+        else:
+            raise ValueError(f"unknown search parameter {name!r}; choose from {', '.join(SEARCH_PARAMS)}")
 
 
 def apply_search_params(index: faiss.Index, params: dict) -> None:

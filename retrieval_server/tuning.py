@@ -13,14 +13,18 @@ Choices:
   refined index also ``k_factor``) is raised along a doubling ladder until recall@``recall_k`` on the held-out
   queries reaches R; for a refined IVF index every ``k_factor`` of its ladder gets its smallest ``nprobe`` and
   the pair that searches the held-out queries fastest wins. A kind whose ladder ends below R is reported with
-  the best recall it reached (``TuningError``).
+  the best recall it reached (``TuningError``). ``--nprobe`` / ``--ef-search`` / ``--k-factor`` set the parameter
+  by hand instead (recall is then measured at that setting).
 - **What is recorded**: every approximate build stores ``index_params["recall"] = {"at_3", "at_10", "queries",
   "source", "params"}``, ``params`` being the search parameters it was measured at. A service whose search
   parameters differ reports ``recall: null`` (``served_recall``): no figure is claimed that was not measured.
   Flat is exact by definition (recall 1.0, not measured).
 - **auto** (``choose_index``): the candidates of ``AUTO_CANDIDATES`` whose ``bytes_per_vector`` times the rows fit
   ``--memory-budget`` are built from the same vectors (a flat index's, ``--from-flat``), tuned to the target,
-  timed on the held-out queries at batch ``TIME_BATCH``; the fastest that reaches the target is kept.
+  timed on the held-out queries (top-``recall_k`` searches in batches of ``TIME_BATCH``); the fastest that reaches
+  the target is kept.
+- Python API (benchmarks): ``dense.build_measured_index`` builds a kind from streamed batches or one array and
+  records its recall; ``exact_topk`` and ``measure_recall`` measure any index against exact search.
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ NPROBE_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 EF_LADDER = (16, 32, 64, 128, 256, 512, 1024)
 K_FACTOR_LADDER = (1, 2, 4, 8, 16, 32, 64)
 TIME_BATCH = 512
-# (kind, refine) tried by ``auto``, in the order they are built.
+# (kind, refine) tried by ``auto``, in the order they are built: IVF kinds first (a search scans nprobe of nlist
+# lists, the cheapest at millions of rows), smallest codes first; then the exhaustive scans of compressed codes,
+# the graph, and flat last (exact: reaches any target if it fits the budget). Every candidate that fits is built
+# and timed, so the order decides only which are built first, not which wins.
 AUTO_CANDIDATES = (("ivfpq", "sq8"), ("ivfsq8", "none"), ("opq", "sq8"), ("ivfpq", "fp16"), ("sq8", "none"),
                    ("ivf", "none"), ("hnsw", "none"), ("fp16", "none"), ("flat", "none"))
 
@@ -92,24 +99,24 @@ def stream_truth(batches: Iterable[np.ndarray], top: StreamingTopK) -> Iterator[
         yield batch
 
 
-class RowSampler:
-    """Collects the vectors of seeded random rows as the stream passes (the default held-out queries)."""
+def exact_topk(batches: Iterable[np.ndarray], queries: np.ndarray, k: int = max(RECALL_KS)
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product top-k of ``queries`` ``[q, dim]`` over ``batches`` (``[n, dim]``, in row order) in one
+    pass: scores ``[q, k]`` (descending) and row ids ``[q, k]`` (ties in row order)."""
+    top = StreamingTopK(queries, k)
+    for batch in batches:
+        top.add(batch)
+    return top.result()
 
-    def __init__(self, count: int, n: int = DEFAULT_QUERIES, seed: int = 0):
-        self.rows = np.sort(np.random.default_rng(seed).choice(count, size=min(n, count), replace=False))
-        self.vectors: list[np.ndarray] = []
-        self.seen = 0
 
-    def wrap(self, batches: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-        for batch in batches:
-            lo, hi = np.searchsorted(self.rows, [self.seen, self.seen + len(batch)])
-            if hi > lo:
-                self.vectors.append(np.asarray(batch[self.rows[lo:hi] - self.seen], np.float32))
-            self.seen += len(batch)
-            yield batch
+def exact_recall() -> dict:
+    """The ``recall`` record of an exact (flat) index: 1.0 by definition, not measured."""
+    return {"at_3": 1.0, "at_10": 1.0, "queries": 0, "source": "exact search", "params": {}}
 
-    def queries(self) -> np.ndarray:
-        return np.concatenate(self.vectors) if self.vectors else np.zeros((0, 0), np.float32)
+
+def sample_rows(count: int, n: int = DEFAULT_QUERIES, seed: int = 0) -> np.ndarray:
+    """The default held-out queries' rows: ``min(n, count)`` distinct rows of ``count``, seeded, ascending."""
+    return np.sort(np.random.default_rng(seed).choice(count, size=min(n, count), replace=False))
 
 
 def recall_at(found: np.ndarray, truth: np.ndarray) -> float:
@@ -131,7 +138,8 @@ def measure_recall(index: faiss.Index, queries: np.ndarray, truth: np.ndarray, k
     return recall
 
 
-def _search_seconds(index: faiss.Index, queries: np.ndarray, k: int = 10) -> float:
+def _search_seconds(index: faiss.Index, queries: np.ndarray, k: int) -> float:
+    """Seconds to search ``queries`` for top-``k`` in batches of ``TIME_BATCH``."""
     start = time.perf_counter()
     for s in range(0, len(queries), TIME_BATCH):
         index.search(queries[s:s + TIME_BATCH], k)
@@ -169,7 +177,7 @@ def tune_search_params(index: faiss.Index, kind: str, params: dict, queries: np.
     timed = []
     for setting in choices:
         apply_search_params(index, setting)
-        timed.append((_search_seconds(index, queries), setting))
+        timed.append((_search_seconds(index, queries, k), setting))
     chosen = min(timed, key=lambda t: t[0])[1]
     apply_search_params(index, chosen)
     logger.info("%s: %s reaches recall@%d >= %g", kind, chosen, k, target)
@@ -214,7 +222,7 @@ def choose_index(build: Callable[[str, str], tuple[faiss.Index, dict]], count: i
             report.append(row)
             logger.info("auto: %s", e)
             continue
-        row.update(params=search_params(params), seconds=_search_seconds(index, queries))
+        row.update(params=search_params(params), seconds=_search_seconds(index, queries, k))
         report.append(row)
         winners.append((row["seconds"], kind, refine, index, params))
         logger.info("auto: %s refine %s reaches the target; %.3f s for %d queries", kind, refine, row["seconds"],

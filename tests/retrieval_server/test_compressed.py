@@ -8,20 +8,31 @@ held-out queries drawn the same way; the corpus tests use the session's 20-passa
 from __future__ import annotations
 
 import json
+import logging
+import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from retrieval_server.build_index import IndexChoice, build_index
-from retrieval_server.dense import build_dense_index, read_index
-from retrieval_server.index_kinds import INDEX_KINDS, apply_search_params, bytes_per_vector, kind_of
+from retrieval_server.build_index import IndexChoice, build_index, load_encoder, load_tune_queries, main, parse_args
+from retrieval_server.dense import build_dense_index, build_measured_index, read_index
+from retrieval_server.index_kinds import (
+    INDEX_KINDS,
+    apply_search_params,
+    bytes_per_vector,
+    check_search_params,
+    kind_of,
+    nlist_for,
+)
 from retrieval_server.launcher import ServerProcess
-from retrieval_server.manifest import Manifest
+from retrieval_server.manifest import Manifest, ManifestError
 from retrieval_server.tuning import (
     StreamingTopK,
     TuningError,
     choose_index,
+    exact_topk,
     measure_recall,
     served_recall,
     tune_search_params,
@@ -36,6 +47,18 @@ def _clustered(n: int, seed: int) -> np.ndarray:
     centres = np.random.default_rng(0).standard_normal((30, DIM))
     x = centres[rng.integers(0, 30, n)] + 0.6 * rng.standard_normal((n, DIM))
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_faiss_thread():
+    """FAISS on one thread: on a small shared machine, OpenMP threads spinning at barriers made these builds
+    several times slower."""
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +96,8 @@ def test_every_kind_builds_loads_memory_mapped_and_keeps_its_recall(kind, refine
 
     faiss.write_index(index, str(path))
     loaded = read_index(path)  # memory-mapped, as the service loads it
+    if sys.platform == "linux":  # the file itself is mapped into the process, not read into a copy
+        assert str(path) in Path("/proc/self/maps").read_text()
     assert kind_of(loaded) == (kind, refine)
     apply_search_params(loaded, params)
     measured = measure_recall(loaded, queries, truth)
@@ -154,3 +179,99 @@ def test_health_reports_the_recall_only_at_the_parameters_it_was_measured_at(fla
     edited["index_params"]["nprobe"] += 1  # served at a setting nobody measured
     assert served_recall(edited["index_params"]) is None
     assert served_recall(manifest.index_params) == manifest.index_params["recall"]
+
+
+def test_exact_topk_of_a_stream_equals_numpy(data):
+    vectors, queries, truth = data
+    _, ids = exact_topk((vectors[s:s + 512] for s in range(0, N, 512)), queries, 10)
+    np.testing.assert_array_equal(ids, truth)
+
+
+def test_search_parameters_set_by_hand_are_those_recall_is_measured_at(data):
+    """Guards against a recall figure recorded at the default parameters while the index serves others."""
+    vectors, queries, truth = data
+    by_hand = {"nprobe": 2, "k_factor": 2}
+    index, params = build_measured_index(vectors, "ivfpq", DIM, N, queries, "test queries", refine="fp16",
+                                         search=by_hand)  # one in-memory [N, dim] array
+    recall = params["recall"]
+    assert recall["params"] == by_hand and {params["nprobe"], params["k_factor"]} == {2}
+    assert recall["at_3"] == pytest.approx(_recall(index.search(queries, 3)[1], truth, 3))
+    _, default = build_measured_index([vectors[:1000], vectors[1000:]], "ivfpq", DIM, N, queries, "test queries",
+                                      refine="fp16")
+    assert default["recall"]["params"] == {"nprobe": 32, "k_factor": 4}
+    assert recall["at_3"] < default["recall"]["at_3"]  # 2 of 76 lists, 6 candidates: fewer neighbours found
+    _, flat = build_measured_index(vectors, "flat", DIM, N, None, "")
+    assert flat["recall"]["at_3"] == 1.0 and flat["recall"]["source"] == "exact search"
+
+
+def test_search_parameters_of_another_kind_or_out_of_range_are_refused():
+    with pytest.raises(ValueError, match="nprobe is a search parameter of the IVF kinds .* not of hnsw"):
+        check_search_params("hnsw", "none", N, {"nprobe": 4})
+    with pytest.raises(ValueError, match=f"nprobe 1000: give 1 to nlist = {nlist_for(N)}"):
+        check_search_params("ivf", "none", N, {"nprobe": 1000})
+    with pytest.raises(ValueError, match="k_factor is a search parameter of a refined index"):
+        check_search_params("ivfpq", "none", N, {"k_factor": 4})
+    with pytest.raises(ValueError, match="exclude each other"):
+        IndexChoice("ivf", target_recall=0.9, nprobe=4)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--corpus", "c", "--out", "o", "--index", "ivf", "--nprobe", "4", "--target-recall", "0.9"])
+    assert exit_info.value.code == 2
+
+
+def test_auto_says_the_best_recall_when_no_candidate_in_the_budget_reaches_the_target(data):
+    vectors, queries, truth = data
+    small = 41 * N / 2 ** 30  # fits sq8 (d = 32 bytes per vector) and ivfsq8 (d + 8), no other candidate
+
+    def build(kind, refine):
+        return build_dense_index(vectors, kind, DIM, N, refine)
+    with pytest.raises(TuningError, match=r"within --memory-budget .* GB reaches recall@3 1.01: ivfsq8 \(refine "
+                                          r"none\) reaches recall@3 0\.9\d+ at most"):
+        choose_index(build, N, DIM, small, queries, truth, 1.01)
+    with pytest.raises(TuningError, match=f"the smallest needs 32 bytes per vector x {N} vectors"):
+        choose_index(build, N, DIM, 31 * N / 2 ** 30, queries, truth, 0.9)
+
+
+def test_cli_records_a_search_parameter_set_by_hand_and_exits_2_on_bad_input(flat_index, corpus_path, tmp_path,
+                                                                            caplog):
+    out = tmp_path / "ivfpq"
+    common = ["--corpus", str(corpus_path), "--from-flat", str(flat_index)]
+    assert main([*common, "--out", str(out), "--index", "ivfpq", "--refine", "fp16", "--k-factor", "2"]) == 0
+    recall = Manifest.load(out).index_params["recall"]
+    assert recall["params"] == {"nprobe": 1, "k_factor": 2} and recall["queries"] == 20
+    with caplog.at_level(logging.ERROR):
+        assert main([*common, "--out", str(tmp_path / "bad"), "--index", "hnsw", "--nprobe", "4"]) == 2
+        assert main([*common, "--out", str(tmp_path / "auto"), "--index", "auto", "--memory-budget", "1e-9",
+                     "--target-recall", "0.9"]) == 2
+    assert "nprobe is a search parameter of the IVF kinds" in caplog.text
+    assert "--memory-budget 1e-09 GB holds no candidate: the smallest needs" in caplog.text
+
+
+def test_tune_queries_files_are_read_and_their_questions_measure_the_recall(flat_index, corpus_path, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    questions = ["who wrote the origin of species", "what is the capital of france", "how do bees make honey"]
+    jsonl = tmp_path / "questions.jsonl"
+    jsonl.write_text("\n".join(json.dumps({key: q}) for key, q in zip(("question", "query", "contents"), questions,
+                                                                         strict=True)) + "\n")
+    parquet = tmp_path / "questions.parquet"
+    pq.write_table(pa.table({"question": questions}), parquet)
+    assert load_tune_queries(jsonl) == questions == load_tune_queries(parquet)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "fine"}\n{"answer": "no question"}\n')
+    with pytest.raises(ManifestError, match="bad.jsonl:2 has no 'question', 'query' or 'contents' string"):
+        load_tune_queries(bad)
+
+    out = tmp_path / "hnsw"
+    manifest = build_index(corpus_path, out, index=IndexChoice("hnsw", refine="sq8", tune_queries=str(jsonl)),
+                           from_flat=flat_index, progress=False)
+    recall = manifest.index_params["recall"]
+    assert recall["queries"] == 3 and recall["source"] == f"questions of {jsonl}"
+    encoder = load_encoder(manifest.model, manifest.query_prefix, manifest.passage_prefix)
+    queries = encoder.encode_queries(questions)  # [3, dim]
+    flat = read_index(Manifest.load(flat_index).index_path(flat_index))
+    truth = np.argsort(-(queries @ flat.reconstruct_n(0, flat.ntotal).T), axis=1, kind="stable")[:, :10]
+    index = read_index(Manifest.load(out).index_path(out))
+    apply_search_params(index, manifest.index_params)
+    assert recall["at_3"] == pytest.approx(_recall(index.search(queries, 3)[1], truth, 3))
+    assert recall["at_10"] == pytest.approx(_recall(index.search(queries, 10)[1], truth, 10))
