@@ -39,7 +39,11 @@ def resolve_urls(urls: list[str]) -> list[str]:
     resolved = []
     for url in urls:
         if url.startswith("ray://"):
-            from retrieval_server.ray_service import resolve_endpoints
+            try:  # the Ray deployment of the service (issue 27) is not in this version yet
+                from retrieval_server.ray_service import resolve_endpoints
+            except ImportError:
+                raise EndpointSetError(f"{url}: ray:// discovery needs retrieval_server.ray_service, which this "
+                                       "version does not have yet; list the endpoints' http:// URLs") from None
 
             resolved.extend(part.rstrip("/") for part in resolve_endpoints(url))
         else:
