@@ -394,10 +394,11 @@ def validate(cfg: Config) -> Config:
         _require(value >= 0, key, value, "a number >= 0")
     gpu = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
     _require(0.0 < gpu <= 1.0, "actor_rollout_ref.rollout.gpu_memory_utilization", gpu, "a fraction in (0, 1]")
-    _require(all(re.match(r"https?://[^/\s]+", url.strip()) for url in cfg.retriever.url.split(",")),
+    _require(all(re.match(r"(https?://[^/\s]+|ray://[^/,\s]+/?$)", url.strip())
+                 for url in cfg.retriever.url.split(",")),
              "retriever.url", cfg.retriever.url, "an http:// or https:// URL of the retrieval service, e.g. "
-             "http://127.0.0.1:8000, or several (shards, replicas) separated by commas (ray:// discovery is not "
-             "built yet)")
+             "http://127.0.0.1:8000, several (shards, replicas) separated by commas, or ray://NAME for the "
+             "deployment NAME started by python -m retrieval_server.ray_service up")
     _require(cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup", cfg.trainer.critic_warmup, "an integer >= 0")
     _check_pipeline(cfg)
     for key, lowest in (("actor_rollout_ref.rollout.async_chunk_tokens", 0), ("retriever.coalesce_ms", 0),

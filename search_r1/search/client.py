@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from search_r1.search.endpoints import (
+    EndpointLookupError,
     EndpointSetError,
     Served,
     Shard,
@@ -233,7 +234,10 @@ class RetrievalClient:
         """GET /health of every endpoint (polling up to ``wait_s``) and group them into shards; ``RetrievalError``
         when they do not form one index, ``RetrievalUnavailable`` when some do not answer (``require_all``) or a
         shard has no replica that answers."""
-        urls = resolve_urls(self.urls)
+        try:
+            urls = resolve_urls(self.urls)
+        except EndpointLookupError as e:
+            raise RetrievalUnavailable(f"retriever.url={self.url}: {e}") from None
         if not urls:
             raise RetrievalUnavailable(f"no retrieval endpoints found for {self.url}; {LAUNCH_HINT}")
         deadline = time.monotonic() + wait_s

@@ -29,6 +29,10 @@ class EndpointSetError(ValueError):
     """The endpoints of ``retriever.url`` do not form one index (its shards and their replicas)."""
 
 
+class EndpointLookupError(RuntimeError):
+    """A ``ray://NAME`` entry could not be looked up (no such deployment, or the cluster does not answer)."""
+
+
 def split_urls(url: str) -> list[str]:
     """The comma-separated endpoints of ``url`` (trailing slashes dropped)."""
     return [part.strip().rstrip("/") for part in url.split(",") if part.strip()]
@@ -39,13 +43,12 @@ def resolve_urls(urls: list[str]) -> list[str]:
     resolved = []
     for url in urls:
         if url.startswith("ray://"):
-            try:  # the Ray deployment of the service (issue 27) is not in this version yet
-                from retrieval_server.ray_service import resolve_endpoints
-            except ImportError:
-                raise EndpointSetError(f"{url}: ray:// discovery needs retrieval_server.ray_service, which this "
-                                       "version does not have yet; list the endpoints' http:// URLs") from None
+            from retrieval_server.ray_service import DeploymentError, resolve_endpoints
 
-            resolved.extend(part.rstrip("/") for part in resolve_endpoints(url))
+            try:
+                resolved.extend(part.rstrip("/") for part in resolve_endpoints(url))
+            except DeploymentError as e:
+                raise EndpointLookupError(str(e)) from None
         else:
             resolved.append(url)
     return resolved

@@ -15,8 +15,10 @@ Choices:
   sets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``/``LOCAL_RANK`` and joins
   torch.distributed (nccl with a GPU, gloo on CPU) *before* building its worker, so the worker's
   FSDP2 sharding sees the group. Each worker group is its own process group.
-* **Ray itself** is started only if nobody has: a local instance with this machine's CPUs (at
-  least one per worker) and no dashboard, to keep startup light.
+* **Ray itself**: a cluster that ``RAY_ADDRESS`` names is joined (several nodes: ``ray start --head`` on one,
+  ``ray start --address=...`` on the others; the pool's bundles then fill the nodes). Otherwise, unless the caller
+  initialised Ray, a local instance is started with this machine's CPUs (at least one per worker) and no
+  dashboard, to keep startup light.
 """
 
 from __future__ import annotations
@@ -43,8 +45,12 @@ _POOLS: dict[tuple[str, str, int], PlacementGroup] = {}
 
 
 def ensure_ray(min_cpus: int) -> None:
-    """Start a local Ray instance unless one is already initialised."""
-    if not ray.is_initialized():
+    """Join the cluster ``RAY_ADDRESS`` names, or start a local Ray instance; nothing if Ray is initialised."""
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+    else:
         ray.init(num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False)
 
 
@@ -78,6 +84,9 @@ class WorkerProcess:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
         return ray.util.get_node_ip_address(), port
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
     def init_distributed(self, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
@@ -114,7 +123,9 @@ class RayWorkerGroup(WorkerGroup):
         ray.get([w.init_distributed.remote(rank, world_size, master_addr, master_port)
                  for rank, w in enumerate(self.workers)])
         ray.get([w.build.remote(worker_cls, cfg, init_kwargs) for w in self.workers])
-        logger.info("%s: %d Ray workers on %s", worker_cls.__name__, world_size, "GPUs" if use_gpu else "CPUs")
+        self.node_ids = ray.get([w.node_id.remote() for w in self.workers])  # rank -> Ray node id
+        logger.info("%s: %d Ray workers on %s, %d node(s): %s", worker_cls.__name__, world_size,
+                    "GPUs" if use_gpu else "CPUs", len(set(self.node_ids)), ", ".join(n[:8] for n in self.node_ids))
 
     def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any],
              ranks: list[int] | None = None) -> list:

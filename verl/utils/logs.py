@@ -25,6 +25,7 @@ def setup_logging() -> None:
         for name in NOISY:
             logging.getLogger(name).setLevel(logging.WARNING)
         logging.getLogger("verl.trainer").setLevel(logging.INFO)  # the run's own events: resumed, checkpoint saved
+        logging.getLogger("verl.single_controller").setLevel(logging.INFO)  # where the Ray workers were placed
         import transformers
 
         transformers.logging.set_verbosity_error()
