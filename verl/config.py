@@ -202,6 +202,13 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    enable: bool = False
+    metric: str = "score"
+    max_num_gen_batches: int = 10
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"
     gamma: float = 1.0
@@ -210,6 +217,9 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    turn_reward_coef: float = 0.0
+    turn_adv_coef: float = 1.0
 
 
 @dataclass
@@ -292,6 +302,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "critic.model.fsdp_config.dtype": DTYPE_NAMES,
     "reward.default_scorer": ("em", "subem", "f1"),
     "reward.normalize": ("squad", "unicode"),
+    "algorithm.filter_groups.metric": ("score",),
     "trainer.backend": ("local", "ray"),
     "trainer.device": ("auto", "cpu", "cuda"),
 }
@@ -304,6 +315,11 @@ def _algos() -> ModuleType:
     from verl.trainer import core_algos
 
     return core_algos
+
+
+def _group_estimators() -> list[str]:
+    registry = _algos().ADV_ESTIMATORS
+    return [name for name in registry.names() if registry.get(name).needs_groups]
 
 
 def choices() -> dict[str, tuple[str, ...]]:
@@ -431,6 +447,13 @@ def validate(cfg: Config) -> Config:
     if estimator.needs_groups:
         _require(n >= 2, "actor_rollout_ref.rollout.n", n,
                  f">= 2 with algorithm.adv_estimator={name} (group baselines)")
+    fg = cfg.algorithm.filter_groups
+    _require(not fg.enable or estimator.needs_groups, "algorithm.filter_groups.enable", fg.enable,
+             f"false with algorithm.adv_estimator={name}: dropping groups whose scores are all equal needs a group "
+             f"estimator ({', '.join(_group_estimators())})")
+    _require(fg.max_num_gen_batches >= 1, "algorithm.filter_groups.max_num_gen_batches", fg.max_num_gen_batches,
+             "an integer >= 1 (generation rounds per step, the first included; verl's 0 = unbounded is not offered: "
+             "a dataset whose groups all score alike would never fill a batch)")
     unknown = [arg for arg in estimator.config_args if not hasattr(cfg.algorithm, arg)]
     _require(not unknown, "algorithm.adv_estimator", name,
              f"an estimator whose config_args are algorithm keys (it declares {unknown}, which are not)")

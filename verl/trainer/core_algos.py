@@ -499,3 +499,6 @@ def apply_kl_penalty(token_level_scores: Tensor, log_prob: Tensor, ref_log_prob:
     current_kl = float(masked_mean(seq_kl, (mask != 0).any(dim=-1)))
     kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
     return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}
+
+
+from verl.trainer import turn_credit  # noqa: E402,F401 -- registers grpo_turn (it builds on the functions above)

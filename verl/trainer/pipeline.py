@@ -43,8 +43,17 @@ import numpy as np
 from verl.protocol import Batch
 from verl.utils.dataset import StatefulLoader
 
-# (batch of prompts, step index whose sampling seed it uses) -> the generated batch
-GenerateFn = Callable[[Batch, int], Batch]
+# (batch of prompts, step index whose sampling seed it uses, draw: the next batch of prompts from the same stream,
+# for a step that needs more than one, see dynamic_sampling.py) -> the generated batch
+GenerateFn = Callable[[Batch, int, Callable[[], Batch]], "Made"]
+
+
+@dataclass
+class Made:
+    """What the generate function returns: the generated batch and every prompt drawn for it."""
+
+    batch: Batch
+    prompts: Batch
 
 
 @dataclass
@@ -52,9 +61,9 @@ class Generated:
     """A generated batch with what the trainer needs to train and checkpoint it."""
 
     step: int
-    prompts: Batch  # the drawn batch (to generate again)
+    prompts: Batch  # every prompt drawn for it (to generate again)
     batch: Batch  # generated
-    loader_state: dict  # the loader's position right after this batch was drawn
+    loader_state: dict  # the loader's position right after its last prompts were drawn
     started: float  # perf_counter when its generation began / ended
     ended: float
 
@@ -77,11 +86,9 @@ class InlineRollout:
         self._batches = _endless(loader)
 
     def take(self, step: int) -> Generated:
-        batch = next(self._batches)
-        state = self.loader.state_dict()
         start = time.perf_counter()
-        out = self.generate(batch, step)
-        return Generated(step, batch, out, state, start, time.perf_counter())
+        made = self.generate(next(self._batches), step, lambda: next(self._batches))
+        return Generated(step, made.prompts, made.batch, self.loader.state_dict(), start, time.perf_counter())
 
     @contextlib.contextmanager
     def weights_update(self) -> Iterator[None]:
@@ -136,10 +143,9 @@ class PipelinedRollout:
                 step, self._next, self._busy = self._next, self._next + 1, True
                 self._busy_since = start = time.perf_counter()
             try:
-                batch = next(self._batches)
-                state = self.loader.state_dict()
-                result: Generated | BaseException = Generated(step, batch, self.generate(batch, step), state,
-                                                              start, 0.0)
+                made = self.generate(next(self._batches), step, lambda: next(self._batches))
+                result: Generated | BaseException = Generated(step, made.prompts, made.batch,
+                                                              self.loader.state_dict(), start, 0.0)
             except BaseException as err:  # noqa: BLE001 - handed to the trainer when it takes this step
                 result = err
             end = time.perf_counter()

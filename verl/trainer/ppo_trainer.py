@@ -32,9 +32,10 @@ import logging
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -58,9 +59,10 @@ from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic
 from verl.single_controller.rollout import GroupRollout
-from verl.trainer import core_algos
+from verl.trainer import core_algos, turn_credit
+from verl.trainer.dynamic_sampling import fill_batch, round_seed
 from verl.trainer.health import HealthMonitor, TrainingStopped
-from verl.trainer.pipeline import Generated, InlineRollout, PipelinedRollout, staleness
+from verl.trainer.pipeline import Generated, InlineRollout, Made, PipelinedRollout, staleness
 from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated
 from verl.trainer.reward import RewardManager, load_custom_score_fn
 from verl.utils import checkpoint, run_dir
@@ -200,9 +202,8 @@ class PPOTrainer:
             generated = rollout.take(self.step)
         train_start = time.perf_counter()
         batch, metrics = self._check_staleness(rollout, generated)
-        timing["timing/gen"] = generated.ended - generated.started
-        with _timed("reward", timing):
-            batch = self.score(batch)
+        timing["timing/gen"] = generated.ended - generated.started  # generation and reward, every round
+        metrics.update(batch.meta.get("filter_metrics", {}))
         train_metrics, updated = self.train_on(batch, timing)
         metrics.update(train_metrics)
         with _timed("sync", timing), rollout.weights_update(), self.rollout.weights_update(version=self.step):
@@ -219,13 +220,31 @@ class PPOTrainer:
         return batch, metrics
 
     def _start_rollout(self) -> InlineRollout | PipelinedRollout:
-        generate = lambda batch, step: self.generate(batch, self._train_sampling(step))  # noqa: E731
         k = self.cfg.trainer.max_staleness
         if k == 0:
-            return InlineRollout(self.loader, generate)
-        return PipelinedRollout(self.loader, generate, first_step=self.step + 1, last_step=self.total_steps,
+            return InlineRollout(self.loader, self._make_batch)
+        return PipelinedRollout(self.loader, self._make_batch, first_step=self.step + 1, last_step=self.total_steps,
                                 max_staleness=k, partial=self.cfg.actor_rollout_ref.rollout.partial,
                                 version=lambda: self.rollout.version)
+
+    def _make_batch(self, prompts: Batch, step: int, draw: Callable[[], Batch] | None) -> Made:
+        """Step ``step``'s generated, scored batch from ``prompts`` (and, with algorithm.filter_groups, further
+        prompts from ``draw`` until the batch is full of groups whose scores differ; dynamic_sampling.py). Runs in
+        the rollout's producer thread when trainer.max_staleness >= 1."""
+        start = time.perf_counter()
+        params = self._train_sampling(step)
+        gen = lambda p, r: self.score(self.generate(p, replace(params, seed=round_seed(params.seed, r))))  # noqa: E731
+        fg = self.cfg.algorithm.filter_groups
+        if not fg.enable:
+            made = Made(gen(prompts, 0), prompts)
+        else:
+            more = draw if draw is not None else lambda: prompts  # regenerating a dropped batch: the same prompts
+            result = fill_batch(prompts, more, gen, groups=len(prompts), max_rounds=fg.max_num_gen_batches,
+                                pad_id=self.tokenizer.pad_token_id)
+            result.batch.meta["filter_metrics"] = result.metrics
+            made = Made(result.batch, result.prompts)
+        made.batch.meta["make_s"] = time.perf_counter() - start
+        return made
 
     def _check_staleness(self, rollout, generated: Generated) -> tuple[Batch, dict[str, float]]:
         """The staleness bound on the batch about to be trained (policy version ``step - 1``); a batch holding a row
@@ -237,7 +256,7 @@ class PPOTrainer:
                            "batch again", self.step, int((stale > rollout.max_staleness).sum()), rollout.max_staleness)
             dropped = len(batch)
             with rollout.quiet():
-                batch = self.generate(generated.prompts, self._train_sampling(self.step))
+                batch = self._make_batch(generated.prompts, self.step, None).batch
             stale = staleness(batch, self.step - 1)
         return batch, {"rollout/staleness_mean": float(stale.mean()), "rollout/staleness_max": float(stale.max()),
                        "rollout/dropped_stale": float(dropped)}
@@ -304,12 +323,19 @@ class PPOTrainer:
         if algo.use_kl_in_reward:
             rewards, metrics = core_algos.apply_kl_penalty(rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
                                                            self.kl_ctrl, algo.kl_penalty)
+        policy = batch["response_mask"] * batch["info_mask"]  # [B, R] 1 = sampled by the policy: turns are its runs
+        turn_scores = batch["turn_scores"] if "turn_scores" in batch else [[]] * len(batch)  # per row, per turn
+        if algo.turn_reward_coef:
+            rewards = rewards + algo.turn_reward_coef * turn_credit.place_turn_rewards(turn_scores, policy)
         estimator = adv_estimator(self.cfg)
+        turns = turn_credit.turn_index(policy) if estimator.needs_turns else None  # [B, R]
         inputs = core_algos.AdvantageInputs(
             token_level_rewards=rewards, mask=mask,  # [B, R] each
             values=batch["values"] if estimator.needs_critic else None,  # [B, R]
             index=batch["uid"] if estimator.needs_groups else None,  # [B]
-            config={name: getattr(algo, name) for name in estimator.config_args})
+            config={name: getattr(algo, name) for name in estimator.config_args},
+            turn_scores=turn_credit.scores_tensor(turn_scores, turns) if turns is not None else None,  # [B, K]
+            turn_index=turns)
         advantages, returns = estimator.fn(inputs)
         batch.tensors["token_level_rewards"] = rewards
         batch.tensors["advantages"] = advantages  # [B, R]

@@ -75,6 +75,8 @@ class AdvantageInputs:
     values: Tensor | None = None  # [B, T] critic values of the old policy (needs_critic)
     index: np.ndarray | None = None  # [B] uid per row, equal for the samples of one prompt (needs_groups)
     config: Mapping[str, Any] = field(default_factory=dict)  # {algorithm key: value} of the declared config_args
+    turn_scores: Tensor | None = None  # [B, K] score of each row's policy turn k, 0 past its turns (needs_turns)
+    turn_index: Tensor | None = None  # [B, T] long: the policy turn of each token, -1 off policy tokens (needs_turns)
 
 
 AdvantageFn = Callable[[AdvantageInputs], "tuple[Tensor, Tensor]"]  # -> (advantages [B, T], returns [B, T])
@@ -88,17 +90,19 @@ class AdvEstimator:
     needs_critic: bool  # reads AdvantageInputs.values: the trainer builds a critic (and trains it on the returns)
     needs_groups: bool  # reads AdvantageInputs.index (the batch's uid): the config requires rollout.n >= 2
     config_args: tuple[str, ...]  # the algorithm.* keys it reads from AdvantageInputs.config
+    needs_turns: bool = False  # reads AdvantageInputs.turn_scores / turn_index (verl.trainer.turn_credit)
 
 
 ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
 
 
 def register_adv_estimator(name: str, *, needs_critic: bool = False, needs_groups: bool = False,
-                           config_args: tuple[str, ...] = ()) -> Callable[[AdvantageFn], AdvantageFn]:
+                           config_args: tuple[str, ...] = (), needs_turns: bool = False,
+                           ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: register ``fn(inputs: AdvantageInputs) -> (advantages, returns)`` as the config value
     ``algorithm.adv_estimator=name``, with what it needs (see ``AdvEstimator``)."""
     def register(fn: AdvantageFn) -> AdvantageFn:
-        ADV_ESTIMATORS.add(name, AdvEstimator(fn, needs_critic, needs_groups, tuple(config_args)))
+        ADV_ESTIMATORS.add(name, AdvEstimator(fn, needs_critic, needs_groups, tuple(config_args), needs_turns))
         return fn
     return register
 
