@@ -368,8 +368,11 @@ def deploy(spec: DeploymentSpec, wait_s: float | None = None) -> object:
             return actor
         if time.monotonic() > deadline:
             undeploy(spec.name)
-            raise DeploymentError(f"deployment {spec.name!r} not up after {time.monotonic() - start:.0f}s; replicas: "
-                                  f"{json.dumps(status['slots'], indent=1)}")
+            raise DeploymentError(
+                f"deployment {spec.name!r} not up after {time.monotonic() - start:.0f}s; replicas: "
+                f"{json.dumps(status['slots'], indent=1)}\n(a replica still 'starting' may be waiting for resources: "
+                f"each asks for {spec.num_cpus:g} CPU, {spec.num_gpus:g} GPU, resources {spec.resources}; the "
+                f"cluster has {ray.available_resources()} free)")
         time.sleep(0.5)
 
 
