@@ -64,7 +64,22 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (table label, trainer 
     "async": ("PPO, async rollout, 1 step off-policy", [
         "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=async", "trainer.max_staleness=1",
         "actor_rollout_ref.actor.tis_cap=2"]),
+    "grpo_ds": ("GRPO + dynamic sampling", ["algorithm.adv_estimator=grpo", *GROUP,
+                                           "algorithm.filter_groups.enable=true",
+                                           "algorithm.filter_groups.max_num_gen_batches=3"]),
+    "grpo_turn": ("GRPO + retrieval-hit turn credit", ["algorithm.adv_estimator=grpo_turn", *GROUP,
+                                                      "reward.turn_term=retrieval_hit", "algorithm.turn_adv_coef=1.0"]),
+    "ppo_turn": ("PPO + retrieval-hit turn reward", ["algorithm.adv_estimator=gae", "reward.turn_term=retrieval_hit",
+                                                    "algorithm.turn_reward_coef=0.2"]),
+    "gspo": ("GSPO (sequence-level ratio)", ["algorithm.adv_estimator=grpo", *GROUP,
+                                             "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+                                             "actor_rollout_ref.actor.clip_ratio_low=0.0003",
+                                             "actor_rollout_ref.actor.clip_ratio_high=0.0004",
+                                             "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"]),
 }
+# In-training validation (the demo's 200 test questions, as the trainer validates) every VAL_FREQ steps: the curve
+# that "steps to reach PPO's final EM" is read from. Runs made before this was added have no curve ("-").
+VAL_FREQ = 10
 WARM_START_CODE = ("data_prep/demo_kb.py", "data_prep/tiny_model.py", "data_prep/tiny_policy.py")
 COLUMNS = [("em", "test EM"), (f"em/{ONE_HOP}", "one-hop EM"), (f"em/{TWO_HOP}", "two-hop EM"),
            (f"searches/{ONE_HOP}", "searches one-hop"), (f"searches/{TWO_HOP}", "searches two-hop")]
@@ -167,13 +182,37 @@ def train_and_evaluate(name: str, seed: int, policy: Path, out: Path, url: str) 
         run([sys.executable, "-m", "verl.trainer.main_ppo", "--config", "configs/demo.yaml", *VARIANTS[name][1],
              f"actor_rollout_ref.model.path={policy}", f"retriever.url={url}", f"trainer.seed={seed + 1}",
              f"data.seed={seed + 1}", f"trainer.default_local_dir={run_dir}",
-             f"trainer.experiment_name=ablation_{name}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+             f"trainer.experiment_name=ablation_{name}", "trainer.val_before_train=false",
+             f"trainer.test_freq={VAL_FREQ}",
              "trainer.logger=[jsonl]"],
             run_dir.with_suffix(".log"))
-    rows = {name: evaluate(model, run_dir / "eval", url, seed)}
+    rows = {name: {**evaluate(model, run_dir / "eval", url, seed), **curve(run_dir)}}
     if name == "ppo":
         rows["ppo_nosearch"] = evaluate(model, run_dir / "eval_nosearch", url, seed, ["do_search=false"])
     return rows
+
+
+def curve(run_dir: Path) -> dict:
+    """The run's in-training validation EM per step ({"curve": {step: val/em}}, empty without validation) and its
+    mean generation rounds per step (``train/gen_rounds``: more than 1 with dynamic sampling, so more rollouts)."""
+    points, rounds = {}, []
+    metrics = run_dir / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        record = json.loads(line)
+        if "val/em" in record:
+            points[str(record["step"])] = record["val/em"]
+        rounds.append(record.get("train/gen_rounds", 1.0))
+    return {"curve": points, "gen_rounds": statistics.mean(rounds) if rounds else float("nan")}
+
+
+def steps_to_reach(per_seed: dict[int, dict[str, dict]], name: str, target: float) -> str:
+    """Per seed, the first validation step whose EM reaches ``target`` ("never" / "-" without a curve)."""
+    cells = []
+    for rows in per_seed.values():
+        points = rows[name].get("curve") or {}
+        hit = [int(step) for step, em in points.items() if em >= target]
+        cells.append(str(min(hit)) if hit else ("never" if points else "-"))
+    return " / ".join(cells)
 
 
 def mean_std(values: list[float]) -> str:
@@ -187,10 +226,13 @@ def table(per_seed: dict[int, dict[str, dict]]) -> str:
     labels = {"warm_start": "warm start only (before RL)", "ppo_nosearch": "PPO, search off at test time",
               **{name: label for name, (label, _) in VARIANTS.items()}}
     names = [n for n in labels if all(n in rows for rows in per_seed.values())]
-    lines = ["| " + " | ".join(["variant", *(c for _, c in COLUMNS)]) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    target = statistics.mean(rows["ppo"]["em"] for rows in per_seed.values()) if "ppo" in names else None
+    reach = f"steps to {target:.3f} (PPO's final EM), per seed" if target is not None else "steps to PPO's EM"
+    lines = ["| " + " | ".join(["variant", *(c for _, c in COLUMNS), reach]) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
     for name in names:
         cells = [mean_std([per_seed[s][name].get(key, float("nan")) for s in per_seed]) for key, _ in COLUMNS]
-        lines.append(f"| {labels[name]} | " + " | ".join(cells) + " |")
+        steps = steps_to_reach(per_seed, name, target) if target is not None and name in VARIANTS else "-"
+        lines.append(f"| {labels[name]} | " + " | ".join(cells) + f" | {steps} |")
     return "\n".join(lines)
 
 
