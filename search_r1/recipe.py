@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
 from search_r1.reward.qa_em import compute_score
+from search_r1.reward.terms import TermsReward
 from search_r1.search.client import RetrievalClient
 from verl.config import Config
 from verl.protocol import Batch
@@ -42,5 +43,6 @@ def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Gen
     score = functools.partial(compute_score, default_scorer=cfg.reward.default_scorer,
                               format_score=cfg.reward.format_score, normalize=cfg.reward.normalize)
     row_metrics = functools.partial(search_row_metrics, normalize=cfg.reward.normalize)
+    terms = TermsReward(cfg.reward.terms, cfg.reward.turn_term, cfg.reward.normalize, cfg.reward.judge)
     return Recipe(generate=agent, score=score, row_metrics=row_metrics,
-                  summary_prefixes=("val/em", "val/searches"))
+                  summary_prefixes=("val/em", "val/searches"), reward_details=terms)

@@ -236,10 +236,21 @@ class RetrieverConfig:
 
 
 @dataclass
+class JudgeConfig:
+    url: str | None = None
+    model: str | None = None
+    timeout_s: float = 60.0
+    max_concurrency: int = 8
+
+
+@dataclass
 class RewardConfig:
     default_scorer: str = "em"
     format_score: float = 0.0
     normalize: str = "squad"
+    terms: dict[str, float] | None = None
+    turn_term: str | None = None
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass
@@ -315,6 +326,31 @@ def _algos() -> ModuleType:
     from verl.trainer import core_algos
 
     return core_algos
+
+
+def _check_reward_terms(cfg: Config) -> None:
+    """reward.terms / turn_term name terms that the recipe module registers (imported here only when they are set)."""
+    r = cfg.reward
+    if r.terms is None and r.turn_term is None:
+        return
+    import importlib
+
+    from verl.trainer.registry import REWARD_TERMS as TERMS
+
+    try:
+        importlib.import_module(cfg.recipe)  # registers the task's terms
+    except ImportError:
+        return  # the trainer reports an unknown recipe when it loads it
+
+    for name, weight in (r.terms or {}).items():
+        _require(name in TERMS, f"reward.terms.{name}", weight, f"a term among {', '.join(TERMS.names())}")
+        _require(weight >= 0, f"reward.terms.{name}", weight, "a weight >= 0")
+    _require(r.terms is None or len(r.terms) > 0, "reward.terms", r.terms,
+             "null (Search-R1's reward) or at least one term")
+    _require(r.turn_term is None or r.turn_term in TERMS, "reward.turn_term", r.turn_term,
+             f"null or a term among {', '.join(TERMS.names())}")
+    _require("judge" not in (r.terms or {}) or bool(r.judge.url), "reward.judge.url", r.judge.url,
+             "the URL of an OpenAI-compatible server (e.g. vLLM's: http://HOST:PORT) when reward.terms has judge")
 
 
 def _group_estimators() -> list[str]:
@@ -447,6 +483,7 @@ def validate(cfg: Config) -> Config:
     if estimator.needs_groups:
         _require(n >= 2, "actor_rollout_ref.rollout.n", n,
                  f">= 2 with algorithm.adv_estimator={name} (group baselines)")
+    _check_reward_terms(cfg)
     fg = cfg.algorithm.filter_groups
     _require(not fg.enable or estimator.needs_groups, "algorithm.filter_groups.enable", fg.enable,
              f"false with algorithm.adv_estimator={name}: dropping groups whose scores are all equal needs a group "

@@ -128,7 +128,7 @@ class PPOTrainer:
         self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)
         custom = cfg.custom_reward_function
         score = load_custom_score_fn(custom.path, custom.name) if custom.path else self.recipe.score
-        self.reward = RewardManager(self.tokenizer, score)
+        self.reward = RewardManager(self.tokenizer, score, self.recipe.reward_details, custom=bool(custom.path))
         self.tracker = Tracker(cfg.trainer.logger, self.out_dir, cfg.trainer.project_name,
                                cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
         self.health = HealthMonitor(cfg.trainer, self.out_dir)
@@ -309,11 +309,7 @@ class PPOTrainer:
         return out
 
     def score(self, batch: Batch) -> Batch:
-        token_scores, scores, texts = self.reward(batch)
-        batch.tensors["token_level_scores"] = token_scores  # [B, R], the score on the last policy token
-        batch.non_tensors["score"] = scores
-        batch.non_tensors["response_text"] = np.array(texts, dtype=object)
-        return batch
+        return self.reward.score_batch(batch)
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """KL-in-reward (optional), then the configured advantage estimator over loss_mask, given what its
@@ -480,6 +476,8 @@ class PPOTrainer:
         mask, rmask = batch["loss_mask"].float(), batch["response_mask"].float()
         metrics = {
             "critic/score/mean": float(np.mean(batch["score"])),
+            **{key: float(np.mean(batch[key].astype(np.float64))) for key in batch.non_tensors
+               if key.startswith("reward/")},
             "critic/rewards/mean": float(batch["token_level_rewards"].sum(-1).mean()),
             "critic/advantages/mean": _mean(batch["advantages"], mask),
             "critic/returns/mean": _mean(batch["returns"], mask),

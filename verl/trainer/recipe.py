@@ -57,6 +57,10 @@ class Recipe:
     score: ScoreFn  # replaced by custom_reward_function when that is set
     row_metrics: RowMetricsFn | None = None  # logged as val/<name> and val/<name>/<data_source>
     summary_prefixes: tuple[str, ...] = ("val/",)  # final metrics main_ppo prints (before -> after)
+    # Optional composite reward over the generated batch: (batch, response texts, tokenizer) -> an object with
+    # ``scores`` ([B] or None: use ``score``), ``row_terms`` ({"reward/<term>": [B]}, logged) and ``turn_scores``
+    # (per row, per policy turn, or None) -- search_r1.reward.terms.RewardDetails.
+    reward_details: Callable | None = None
 
 
 class RecipeOutputError(ValueError):

@@ -49,19 +49,45 @@ def last_token_index(loss_mask: torch.Tensor) -> torch.Tensor:
 
 
 class RewardManager:
-    """Scores a generated batch: ``token_level_scores`` [B, R] plus the per-row score array."""
+    """Scores a generated batch: ``token_level_scores`` [B, R], the per-row scores, the texts and the details.
 
-    def __init__(self, tokenizer, score_fn: ScoreFn):
+    ``details_fn`` (a recipe's ``reward_details``) may replace the scores (unless ``score_fn`` is a user's
+    custom_reward_function, which always decides the score) and adds logged per-row terms and per-turn scores.
+    """
+
+    def __init__(self, tokenizer, score_fn: ScoreFn, details_fn=None, custom: bool = False):
         self.tokenizer = tokenizer
         self.score_fn = score_fn
+        self.details_fn = details_fn
+        self.custom = custom
 
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, np.ndarray, list[str]]:
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, np.ndarray, list[str], object]:
         texts = decode_responses(batch, self.tokenizer)
-        scores = np.array([
-            float(self.score_fn(ds, text, gt, extra))
-            for ds, text, gt, extra in zip(batch["data_source"], texts, batch["ground_truth"], batch["extra_info"])
-        ], dtype=np.float32)
+        details = self.details_fn(batch, texts, self.tokenizer) if self.details_fn is not None else None
+        if details is not None and details.scores is not None and not self.custom:
+            scores = np.asarray(details.scores, dtype=np.float32)
+        else:
+            scores = np.array([
+                float(self.score_fn(ds, text, gt, extra)) for ds, text, gt, extra in
+                zip(batch["data_source"], texts, batch["ground_truth"], batch["extra_info"])], dtype=np.float32)
         loss_mask = batch["loss_mask"]
         token_scores = torch.zeros(loss_mask.shape, dtype=torch.float32)  # [B, R]
         token_scores[torch.arange(len(scores)), last_token_index(loss_mask)] = torch.from_numpy(scores)
-        return token_scores, scores, texts
+        return token_scores, scores, texts, details
+
+    def score_batch(self, batch: Batch) -> Batch:
+        """``batch`` with its reward columns: ``token_level_scores`` [B, R] (the score on the last policy token),
+        ``score`` [B], ``response_text`` [B] and, from the details, ``reward/<term>`` [B] (logged as their mean) and
+        ``turn_scores`` (per row, a list per policy turn; ``verl.trainer.turn_credit``)."""
+        token_scores, scores, texts, details = self(batch)
+        batch.tensors["token_level_scores"] = token_scores
+        batch.non_tensors["score"] = scores
+        if details is not None:
+            for name, values in details.row_terms.items():
+                batch.non_tensors[name] = np.asarray(values, dtype=np.float64)
+            if details.turn_scores is not None:
+                turn_scores = np.empty(len(batch), dtype=object)
+                turn_scores[:] = [list(row) for row in details.turn_scores]
+                batch.non_tensors["turn_scores"] = turn_scores
+        batch.non_tensors["response_text"] = np.array(texts, dtype=object)
+        return batch

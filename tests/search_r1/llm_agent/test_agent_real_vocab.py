@@ -110,7 +110,7 @@ def test_multi_token_answer_tag_with_spill_is_scored(tokenizer, make_engine, ser
     batch = Batch(tensors, {"data_source": np.array(["nq", "nq"], dtype=object),
                             "ground_truth": [{"target": ["Mount Everest"]}, {"target": ["Berlin"]}],
                             "extra_info": [{}, {}]})
-    token_scores, scores, texts = RewardManager(tokenizer, compute_score)(batch)
+    token_scores, scores, texts, _ = RewardManager(tokenizer, compute_score)(batch)
     assert list(scores) == [1.0, 1.0]
     assert "<information>" in texts[0] and texts[0].endswith("</answer>.")
     for i, traj in enumerate(trajs):
