@@ -17,7 +17,7 @@ from search_r1.reward.terms import TERMS, Context, TermsReward, Trajectory, Turn
 from search_r1.search.client import RetrievalClient
 from verl.protocol import Batch
 from verl.trainer.reward import RewardManager
-from verl.trainer.turn_credit import place_turn_rewards
+from verl.trainer.turn_credit import place_turn_rewards, turn_index
 from verl.utils.seq import pack_trajectories
 from verl.workers.rollout.base import SamplingParams
 
@@ -26,8 +26,8 @@ CFG = AgentConfig(max_turns=3, max_start_length=64, max_prompt_length=64, max_re
 SCRIPTS = {  # prompt -> the policy's turns; gold answers below
     "Question: capital of France?": ["<search> capital of France </search>", "<answer> Paris </answer>"],
     "Question: capital of Germany?": ["<search> Nile river Africa </search>", "<answer> Berlin </answer>"],
-    "Question: where is Everest?": ["<think> hm </think> no opening tag </search>", "<search> highest mountain </search>",
-                                    "<answer> Himalayas </answer>"],
+    "Question: where is Everest?": ["<think> hm </think> no opening tag </search>",
+                                    "<search> highest mountain </search>", "<answer> Himalayas </answer>"],
     "Question: largest city of Japan?": ["<answer> Tokyo </answer>"],
 }
 GOLD = [["Paris"], ["Berlin"], ["the Himalayas"], ["Tokyo"]]
@@ -75,6 +75,7 @@ def test_terms_on_real_trajectories(tokenizer, batch):
     placed = place_turn_rewards(details.turn_scores, policy)
     for row, turn in ((0, 0), (2, 1)):
         (pos,) = placed[row].nonzero().flatten().tolist()
+        assert turn_index(policy)[row, pos] == turn
         assert policy[row, pos] == 1 and policy[row, pos + 1] == 0  # an inserted block follows
         assert tokenizer.decode(batch["responses"][row][:pos + 1].tolist()).rstrip().endswith("</search>")
     assert not placed[policy == 0].any()
