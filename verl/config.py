@@ -209,6 +209,13 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class OverlongConfig:
+    mode: str = "none"
+    buffer_len: int = 64
+    penalty_factor: float = 1.0
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"
     gamma: float = 1.0
@@ -220,6 +227,7 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     turn_reward_coef: float = 0.0
     turn_adv_coef: float = 1.0
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
 
 
 @dataclass
@@ -314,6 +322,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "reward.default_scorer": ("em", "subem", "f1"),
     "reward.normalize": ("squad", "unicode"),
     "algorithm.filter_groups.metric": ("score",),
+    "algorithm.overlong.mode": ("none", "mask", "soft_penalty"),
     "trainer.backend": ("local", "ray"),
     "trainer.device": ("auto", "cpu", "cuda"),
 }
@@ -484,6 +493,11 @@ def validate(cfg: Config) -> Config:
         _require(n >= 2, "actor_rollout_ref.rollout.n", n,
                  f">= 2 with algorithm.adv_estimator={name} (group baselines)")
     _check_reward_terms(cfg)
+    ol = cfg.algorithm.overlong
+    _require(ol.mode != "soft_penalty" or 1 <= ol.buffer_len <= cfg.data.max_response_length,
+             "algorithm.overlong.buffer_len", ol.buffer_len,
+             f"an integer in [1, data.max_response_length={cfg.data.max_response_length}] with mode soft_penalty")
+    _require(ol.penalty_factor >= 0, "algorithm.overlong.penalty_factor", ol.penalty_factor, "a number >= 0")
     fg = cfg.algorithm.filter_groups
     _require(not fg.enable or estimator.needs_groups, "algorithm.filter_groups.enable", fg.enable,
              f"false with algorithm.adv_estimator={name}: dropping groups whose scores are all equal needs a group "

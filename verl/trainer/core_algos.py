@@ -501,4 +501,4 @@ def apply_kl_penalty(token_level_scores: Tensor, log_prob: Tensor, ref_log_prob:
     return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}
 
 
-from verl.trainer import turn_credit  # noqa: E402,F401 -- registers grpo_turn (it builds on the functions above)
+from verl.trainer import policy_losses, turn_credit  # noqa: E402,F401 -- register gspo and grpo_turn (built on the above)

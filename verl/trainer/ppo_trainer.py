@@ -59,7 +59,7 @@ from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic
 from verl.single_controller.rollout import GroupRollout
-from verl.trainer import core_algos, turn_credit
+from verl.trainer import core_algos, overlong, turn_credit
 from verl.trainer.dynamic_sampling import fill_batch, round_seed
 from verl.trainer.health import HealthMonitor, TrainingStopped
 from verl.trainer.pipeline import Generated, InlineRollout, Made, PipelinedRollout, staleness
@@ -204,6 +204,9 @@ class PPOTrainer:
         batch, metrics = self._check_staleness(rollout, generated)
         timing["timing/gen"] = generated.ended - generated.started  # generation and reward, every round
         metrics.update(batch.meta.get("filter_metrics", {}))
+        ol = self.cfg.algorithm.overlong  # before log-probs: a masked row is in no loss
+        metrics.update(overlong.apply(batch, ol.mode, self.cfg.data.max_response_length, ol.buffer_len,
+                                      ol.penalty_factor))
         train_metrics, updated = self.train_on(batch, timing)
         metrics.update(train_metrics)
         with _timed("sync", timing), rollout.weights_update(), self.rollout.weights_update(version=self.step):
