@@ -8,8 +8,11 @@ only over it. Masks may be bool, int or float; masked positions of token-level o
 Nothing here knows about Ray, vLLM, FSDP or config objects. Advantage and KL estimators are
 registered by name (``registry``): each advantage estimator takes one ``AdvantageInputs`` record and
 declares what it reads (critic values, group ids, ``algorithm.*`` values), and the config's choices,
-the critic and the trainer's call all come from that declaration. There is one policy loss (PPO's
-clipped surrogate), so it has no registry.
+the critic and the trainer's call all come from that declaration. Policy losses are registered the
+same way (``actor.policy_loss.loss_mode``). Split out, and re-exported here so that ``core_algos`` stays the
+one import: the masked statistics and loss aggregation (``masked``) and the policy losses
+(``policy_losses``: PPO's clipped surrogate ``vanilla``, with clip-higher and dual clip, and GSPO's
+sequence-level ratio ``gspo``).
 
 Choices and sources:
 
@@ -31,20 +34,11 @@ Choices and sources:
   group; a group of one keeps its raw score.
 * **REINFORCE++** (Hu 2025): discounted returns-to-go of the (KL-penalised) token rewards,
   whitened over the batch mask, no critic.
-* **PPO** clipped surrogate (Schulman et al. 2017) with separate low/high clip epsilons (DAPO
-  "clip-higher", Yu et al. 2025) and dual clip for negative advantages (Ye et al. 2020): the loss
-  of a token with A < 0 is bounded by ``-A * c``. The log-ratio is clamped to [-20, 20] before
-  ``exp`` so a masked garbage log-prob cannot overflow into a NaN gradient.
 * **Truncated importance sampling** (TIS; Yao et al. 2025, "Your efficient RL framework secretly
   brings you off-policy RL training", as in verl and SkyRL): the rollout engine samples from
-  pi_rollout, which differs from the trainer's pi_old (kernels, dtype); each token's PPO loss is
+  pi_rollout, which differs from the trainer's pi_old (kernels, dtype); each token's policy loss is
   weighted by ``min(pi_old / pi_rollout, C)``, detached. The same log-prob pair gives the mismatch
   metrics (mean and max |log pi_old - log pi_rollout|, k3 KL(pi_rollout || pi_old)).
-* **Loss aggregation**: ``token-mean`` (DAPO: every counted token weighs the same),
-  ``seq-mean-token-sum`` (Dr. GRPO: per-sequence sums averaged over sequences) and
-  ``seq-mean-token-mean`` (original GRPO). ``global_tokens`` / ``global_seqs`` replace this
-  micro-batch's own counts, so summing micro-batch losses (gradient accumulation, data-parallel
-  all-reduce of gradients) reproduces the full-batch loss exactly.
 * **KL estimators** of KL(pi || ref) from samples of pi (Schulman 2020, "Approximating KL
   divergence"): k1 ``kl`` = log pi - log ref; ``abs`` = |k1|; k2 ``mse`` = 0.5 * k1^2;
   k3 ``low_var_kl`` = r - 1 - log r with r = ref / pi (unbiased, >= 0), clamped to [-10, 10].
@@ -62,7 +56,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-# The registries (``registry``), re-exported: importing this module registers the built-ins below.
+# Masked statistics and aggregation (``masked``) and the policy losses (``policy_losses``), re-exported so that
+# ``core_algos`` stays the one import for the algorithms.
+from verl.trainer.masked import AGG_MODES as AGG_MODES
+from verl.trainer.masked import agg_loss as agg_loss
+from verl.trainer.masked import masked_mean as masked_mean
+from verl.trainer.masked import masked_sum as masked_sum
+from verl.trainer.masked import masked_var as masked_var
+from verl.trainer.masked import masked_whiten as masked_whiten
+from verl.trainer.masked import zero_masked
+from verl.trainer.policy_losses import compute_policy_loss as compute_policy_loss
+from verl.trainer.policy_losses import compute_policy_loss_gspo as compute_policy_loss_gspo
+
+# The registries (``registry``), re-exported: importing this module registers the built-ins below and, through
+# ``policy_losses``, the policy losses.
 from verl.trainer.registry import ADV_ESTIMATORS as ADV_ESTIMATORS
 from verl.trainer.registry import KL_ESTIMATORS as KL_ESTIMATORS
 from verl.trainer.registry import POLICY_LOSSES as POLICY_LOSSES
@@ -73,63 +80,7 @@ from verl.trainer.registry import register_policy_loss as register_policy_loss
 
 logger = logging.getLogger(__name__)
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # loss_agg_mode, see ``agg_loss``
 KL_CONTROLLERS = ("fixed", "adaptive")  # algorithm.kl_ctrl.type, see ``get_kl_controller``
-
-
-# ----------------------------------------------------------------------------------------------
-# Masked statistics
-# ----------------------------------------------------------------------------------------------
-
-
-def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:
-    """``x * mask`` where the mask is nonzero and an exact 0 elsewhere (no inf * 0 = NaN); any shape."""
-    w = mask.to(dtype=x.dtype, device=x.device)
-    return torch.where(w != 0, x * w, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Sum of ``x * mask`` over ``dim`` (all dims if None). Masked entries never contribute, even
-    when they hold inf/NaN, and receive exactly zero gradient."""
-    masked = _zero_masked(x, mask)
-    return masked.sum() if dim is None else masked.sum(dim=dim)
-
-
-def _mask_count(mask: Tensor, like: Tensor, dim: int | None = None) -> Tensor:
-    """Number of counted entries (sum of the mask) in ``like``'s dtype, over ``dim``."""
-    w = mask.to(dtype=like.dtype, device=like.device)
-    return w.sum() if dim is None else w.sum(dim=dim)
-
-
-def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """``sum(x * mask) / max(sum(mask), 1)`` over ``dim``: an empty mask gives 0, never NaN."""
-    return masked_sum(x, mask, dim) / _mask_count(mask, x, dim).clamp(min=1.0)
-
-
-def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
-    """Variance of the masked entries of ``x`` (a scalar). With ``unbiased`` the divisor is
-    ``count - 1``; it is clamped to at least 1, so one or zero counted entries give 0, not NaN."""
-    mean = masked_mean(x, mask)
-    sq_dev = masked_sum((x - mean) ** 2, mask)
-    count = _mask_count(mask, x)
-    divisor = count - 1.0 if unbiased else count
-    return sq_dev / divisor.clamp(min=1.0)
-
-
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """(x - mean) / sqrt(var + eps), mean and unbiased var over the masked entries only.
-
-    Args:
-        x: [B, T] values.
-        mask: [B, T], 1 = the entry counts.
-        shift_mean: if False the mean is added back (only the scale changes).
-    Returns [B, T], 0 at masked positions.
-    """
-    mean = masked_mean(x, mask)
-    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask, unbiased=True) + eps)
-    if not shift_mean:
-        whitened = whitened + mean
-    return _zero_masked(whitened, mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -149,7 +100,7 @@ def _fold_masked_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
     has_prev = prev_policy >= 0
     folded = torch.zeros_like(rewards)
     folded.scatter_add_(1, prev_policy.clamp(min=0), torch.where(has_prev, rewards, torch.zeros_like(rewards)))
-    return _zero_masked(folded, mask)
+    return zero_masked(folded, mask)
 
 
 def _masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
@@ -189,7 +140,7 @@ def compute_gae_advantage_return(inputs: AdvantageInputs) -> tuple[Tensor, Tenso
     mask, values = inputs.mask, inputs.values
     rewards = _fold_masked_rewards(inputs.token_level_rewards, mask)
     advantages = _masked_gae(rewards, values, mask, inputs.config["gamma"], inputs.config["lam"])
-    returns = _zero_masked(advantages + values, mask)
+    returns = zero_masked(advantages + values, mask)
     return masked_whiten(advantages, mask), returns
 
 
@@ -235,7 +186,7 @@ def compute_grpo_outcome_advantage(inputs: AdvantageInputs, eps: float = 1e-6) -
     adv = scores - mean
     if inputs.config["norm_adv_by_std_in_grpo"]:
         adv = adv / (std + eps)
-    advantages = _zero_masked(adv[:, None].expand_as(rewards), inputs.mask)  # [B, T]
+    advantages = zero_masked(adv[:, None].expand_as(rewards), inputs.mask)  # [B, T]
     return advantages, advantages
 
 
@@ -251,7 +202,7 @@ def compute_rloo_outcome_advantage(inputs: AdvantageInputs) -> tuple[Tensor, Ten
     scores = rewards.sum(dim=-1)  # [B]
     size, total, _, _ = _group_stats(scores, _group_ids(inputs.index, scores.shape[0], scores.device))
     baseline = torch.where(size > 1, (total - scores) / (size - 1.0).clamp(min=1.0), torch.zeros_like(scores))
-    advantages = _zero_masked((scores - baseline)[:, None].expand_as(rewards), inputs.mask)  # [B, T]
+    advantages = zero_masked((scores - baseline)[:, None].expand_as(rewards), inputs.mask)  # [B, T]
     return advantages, advantages
 
 
@@ -271,87 +222,8 @@ def compute_reinforce_plus_plus_outcome_advantage(inputs: AdvantageInputs) -> tu
 
 
 # ----------------------------------------------------------------------------------------------
-# Losses
+# Losses (the policy losses are in ``policy_losses``)
 # ----------------------------------------------------------------------------------------------
-
-
-def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, global_tokens: float | None = None,
-             global_seqs: float | None = None) -> Tensor:
-    """Aggregate a per-token loss [B, T] into a scalar over the masked tokens.
-
-    Modes:
-        token-mean: sum over counted tokens / number of counted tokens.
-        seq-mean-token-sum: per-row sums, averaged over sequences.
-        seq-mean-token-mean: per-row token means, averaged over sequences.
-    A "sequence" is a row with at least one counted token; empty rows (e.g. padding rows of a
-    data-parallel shard) count in neither numerator nor denominator.
-
-    Args:
-        global_tokens: if given, divide by this instead of this micro-batch's token count; pass
-            the counted tokens of the whole (mini-)batch across micro-batches and ranks, so that
-            the sum of the micro-batch losses is the full-batch loss.
-        global_seqs: likewise for the number of non-empty rows (``(mask.sum(-1) > 0).sum()``).
-    """
-    if mode == "token-mean":
-        denom = _mask_count(mask, loss_mat).clamp(min=1.0) if global_tokens is None else global_tokens
-        return masked_sum(loss_mat, mask) / denom
-    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
-        seq_loss = masked_sum(loss_mat, mask, dim=-1)  # [B]
-        if mode == "seq-mean-token-mean":
-            seq_loss = seq_loss / _mask_count(mask, loss_mat, dim=-1).clamp(min=1.0)
-        nonempty = (mask != 0).any(dim=-1)  # [B]
-        denom = _mask_count(nonempty, loss_mat).clamp(min=1.0) if global_seqs is None else global_seqs
-        return masked_sum(seq_loss, nonempty) / denom
-    raise ValueError(f"unknown loss_agg_mode {mode!r}: valid are {list(AGG_MODES)}")
-
-
-@register_policy_loss("vanilla")
-def compute_policy_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, mask: Tensor,
-                        clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None,
-                        loss_agg_mode: str = "token-mean", global_tokens: float | None = None,
-                        global_seqs: float | None = None,
-                        token_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped surrogate (Schulman 2017) with low/high clip (DAPO) and optional dual clip (Ye 2020).
-
-    Per token, with ratio r = exp(log_prob - old_log_prob):
-        L = max(-A * r, -A * clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)),
-        and for A < 0 with dual clip: L = min(L, -A * clip_ratio_c);
-        then L = w * L with ``token_weights`` w (truncated importance sampling, ``truncated_is_weights``).
-
-    Args:
-        old_log_prob, log_prob, advantages, mask: [B, T].
-        clip_ratio_c: dual-clip constant (> 1), None = off.
-        loss_agg_mode, global_tokens, global_seqs: see ``agg_loss``.
-        token_weights: [B, T] detached per-token weights, None = 1.
-    Returns:
-        The scalar loss, and detached masked means: ``pg_clipfrac`` (tokens where the clipped
-        term is active), ``pg_clipfrac_lower`` (tokens bounded by the dual clip) and ``ppo_kl``
-        (mean of old_log_prob - log_prob, a k1 estimate of KL(old || new)).
-    """
-    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 (or None to disable dual clip), got {clip_ratio_c}")
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # [B, T]
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    pg_losses = torch.maximum(unclipped, clipped)  # [B, T]
-    pg_clipfrac = masked_mean((clipped > unclipped).float(), mask)
-    if clip_ratio_c is None:
-        pg_clipfrac_lower = torch.zeros((), device=pg_losses.device)
-    else:
-        bound = -advantages * clip_ratio_c
-        dual_active = (pg_losses > bound) & (advantages < 0)
-        pg_clipfrac_lower = masked_mean(dual_active.float(), mask)
-        pg_losses = torch.where(advantages < 0, torch.minimum(pg_losses, bound), pg_losses)
-    if token_weights is not None:
-        pg_losses = pg_losses * token_weights
-    loss = agg_loss(pg_losses, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs)
-    metrics = {
-        "pg_clipfrac": pg_clipfrac.detach(),
-        "pg_clipfrac_lower": pg_clipfrac_lower.detach(),
-        "ppo_kl": masked_mean(-log_ratio, mask).detach(),
-    }
-    return loss, metrics
 
 
 def truncated_is_weights(old_log_prob: Tensor, rollout_log_prob: Tensor, cap: float) -> Tensor:
@@ -492,7 +364,7 @@ def apply_kl_penalty(token_level_scores: Tensor, log_prob: Tensor, ref_log_prob:
     Returns token_level_rewards [B, T] and metrics ``actor/reward_kl_penalty`` (that mean
     per-sequence KL) and ``actor/reward_kl_penalty_coeff`` (the beta used).
     """
-    kld = _zero_masked(kl_penalty(log_prob, ref_log_prob, kind), mask)  # [B, T]
+    kld = zero_masked(kl_penalty(log_prob, ref_log_prob, kind), mask)  # [B, T]
     beta = kl_ctrl.value
     rewards = token_level_scores - beta * kld
     seq_kl = kld.sum(dim=-1)  # [B]
@@ -501,4 +373,4 @@ def apply_kl_penalty(token_level_scores: Tensor, log_prob: Tensor, ref_log_prob:
     return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}
 
 
-from verl.trainer import policy_losses, turn_credit  # noqa: E402,F401 -- register gspo and grpo_turn (built on the above)
+from verl.trainer import turn_credit  # noqa: E402,F401 -- registers grpo_turn (built on the estimators above)

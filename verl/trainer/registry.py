@@ -119,7 +119,7 @@ POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: register a policy loss (the signature of ``core_algos.compute_policy_loss``) as the config value
+    """Decorator: register a policy loss (the signature of ``policy_losses.compute_policy_loss``) as the config value
     ``actor_rollout_ref.actor.policy_loss.loss_mode=name``."""
     def register(fn: PolicyLossFn) -> PolicyLossFn:
         POLICY_LOSSES.add(name, fn)

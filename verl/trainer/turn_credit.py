@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from verl.trainer.core_algos import _group_ids, _group_stats, _zero_masked, compute_grpo_outcome_advantage
+from verl.trainer.core_algos import _group_ids, _group_stats, compute_grpo_outcome_advantage
+from verl.trainer.masked import zero_masked
 from verl.trainer.registry import AdvantageInputs, register_adv_estimator
 
 
@@ -95,5 +96,5 @@ def compute_grpo_turn_advantage(inputs: AdvantageInputs, eps: float = 1e-6) -> t
         step_adv[has_turn] = torch.where(size > 1, adv, torch.zeros_like(adv))
     per_token = step_adv.gather(1, turns.clamp(min=0))  # [B, T]: the step advantage of the token's turn
     per_token = torch.where(turns >= 0, per_token, torch.zeros_like(per_token))
-    advantages = outcome + inputs.config["turn_adv_coef"] * _zero_masked(per_token, inputs.mask)
+    advantages = outcome + inputs.config["turn_adv_coef"] * zero_masked(per_token, inputs.mask)
     return advantages, advantages

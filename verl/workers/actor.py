@@ -5,10 +5,11 @@ Choices:
 * Log-probs are those of the model's own distribution (logits not divided by the sampling
   temperature): old, new and reference log-probs all use the same definition, so the PPO ratio
   and the KL terms are consistent whatever temperature the rollout sampled at.
-* Loss of a micro-batch = the registered policy loss of ``actor.policy_loss.loss_mode`` (by default the PPO
-  clipped surrogate, ``core_algos.compute_policy_loss``, low/high and
-  dual clip) - ``entropy_coeff`` x entropy + ``kl_loss_coef`` x KL(actor || reference) when
-  ``use_kl_loss`` (GRPO style, ``kl_loss_type`` estimator). All three aggregate with
+* Loss of a micro-batch = the registered policy loss of ``actor.policy_loss.loss_mode`` (``policy_losses``: by
+  default PPO's clipped surrogate with low/high and dual clip; ``gspo`` the same on the sequence ratio), given
+  ``clip_ratio_low`` / ``clip_ratio_high`` (each ``clip_ratio`` when null), - ``entropy_coeff`` x entropy
+  + ``kl_loss_coef`` x KL(actor || reference) when ``use_kl_loss`` (GRPO style, ``kl_loss_type`` estimator).
+  All three aggregate with
   ``loss_agg_mode`` over ``loss_mask`` only, normalised by the mini-batch's global counts
   (``train_utils``). The entropy is computed without gradient when ``entropy_coeff`` is 0.
 * **Truncated importance sampling** (``tis_cap``, off by default): each token's policy loss is
