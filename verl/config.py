@@ -210,9 +210,9 @@ class FilterGroupsConfig:
 
 @dataclass
 class OverlongConfig:
-    mode: str = "none"
-    buffer_len: int = 64
-    penalty_factor: float = 1.0
+    mode: str = "none"  # none | mask | soft_penalty (verl/trainer/overlong.py)
+    buffer_len: int = 100  # soft_penalty: tokens before data.max_response_length where the penalty starts
+    penalty_factor: float = 1.0  # soft_penalty: the penalty at data.max_response_length
 
 
 @dataclass
@@ -322,7 +322,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "reward.default_scorer": ("em", "subem", "f1"),
     "reward.normalize": ("squad", "unicode"),
     "algorithm.filter_groups.metric": ("score",),
-    "algorithm.overlong.mode": ("none", "mask", "soft_penalty"),
     "trainer.backend": ("local", "ray"),
     "trainer.device": ("auto", "cpu", "cuda"),
 }
@@ -369,7 +368,10 @@ def _group_estimators() -> list[str]:
 
 def choices() -> dict[str, tuple[str, ...]]:
     """Every string-choice key with its allowed values: ``CHOICES`` plus the names registered in ``core_algos``
-    (advantage and KL estimators, including any registered before the config is loaded)."""
+    (advantage and KL estimators, policy losses, including any registered before the config is loaded) and the
+    modes of the trainer-step modules that own them."""
+    from verl.trainer import overlong
+
     algos = _algos()
     kl_estimators = algos.KL_ESTIMATORS.names()
     return {**CHOICES,
@@ -378,7 +380,8 @@ def choices() -> dict[str, tuple[str, ...]]:
             "actor_rollout_ref.actor.kl_loss_type": kl_estimators,
             "actor_rollout_ref.actor.policy_loss.loss_mode": algos.POLICY_LOSSES.names(),
             "actor_rollout_ref.actor.loss_agg_mode": algos.AGG_MODES,
-            "algorithm.kl_ctrl.type": algos.KL_CONTROLLERS}
+            "algorithm.kl_ctrl.type": algos.KL_CONTROLLERS,
+            "algorithm.overlong.mode": overlong.MODES}
 
 
 def adv_estimator(cfg: Config) -> AdvEstimator:
@@ -462,6 +465,7 @@ def validate(cfg: Config) -> Config:
              "deployment NAME started by python -m retrieval_server.ray_service up")
     _require(cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup", cfg.trainer.critic_warmup, "an integer >= 0")
     _check_pipeline(cfg)
+    _check_overlong(cfg)
     for key, lowest in (("actor_rollout_ref.rollout.async_chunk_tokens", 0), ("retriever.coalesce_ms", 0),
                         ("retriever.coalesce_max", 1), ("retriever.max_inflight", 1)):
         value = _get(cfg, key)
@@ -478,8 +482,13 @@ def validate(cfg: Config) -> Config:
              cfg.retriever.replica_timeout_s, f"at most retriever.timeout={cfg.retriever.timeout:g}")
     tis = cfg.actor_rollout_ref.actor.tis_cap
     _require(tis is None or tis >= 1.0, "actor_rollout_ref.actor.tis_cap", tis, "null (off) or a number >= 1")
-    c = cfg.actor_rollout_ref.actor.clip_ratio_c
-    _require(c is None or c > 1.0, "actor_rollout_ref.actor.clip_ratio_c", c, "null or a number > 1")
+    actor = cfg.actor_rollout_ref.actor
+    _require(actor.clip_ratio_c is None or actor.clip_ratio_c > 1.0, "actor_rollout_ref.actor.clip_ratio_c",
+             actor.clip_ratio_c, "null or a number > 1")
+    _require(actor.clip_ratio_low is None or 0.0 < actor.clip_ratio_low < 1.0, "actor_rollout_ref.actor.clip_ratio_low",
+             actor.clip_ratio_low, "null (= clip_ratio) or a number in (0, 1)")
+    _require(actor.clip_ratio_high is None or actor.clip_ratio_high > 0.0, "actor_rollout_ref.actor.clip_ratio_high",
+             actor.clip_ratio_high, "null (= clip_ratio) or a number > 0")
     _require(cfg.data.val_batch_size is None or cfg.data.val_batch_size >= 1, "data.val_batch_size",
              cfg.data.val_batch_size, "null or an integer >= 1")
     _require(cfg.data.max_start_length <= cfg.data.max_prompt_length, "data.max_start_length",
@@ -493,11 +502,6 @@ def validate(cfg: Config) -> Config:
         _require(n >= 2, "actor_rollout_ref.rollout.n", n,
                  f">= 2 with algorithm.adv_estimator={name} (group baselines)")
     _check_reward_terms(cfg)
-    ol = cfg.algorithm.overlong
-    _require(ol.mode != "soft_penalty" or 1 <= ol.buffer_len <= cfg.data.max_response_length,
-             "algorithm.overlong.buffer_len", ol.buffer_len,
-             f"an integer in [1, data.max_response_length={cfg.data.max_response_length}] with mode soft_penalty")
-    _require(ol.penalty_factor >= 0, "algorithm.overlong.penalty_factor", ol.penalty_factor, "a number >= 0")
     fg = cfg.algorithm.filter_groups
     _require(not fg.enable or estimator.needs_groups, "algorithm.filter_groups.enable", fg.enable,
              f"false with algorithm.adv_estimator={name}: dropping groups whose scores are all equal needs a group "
@@ -528,6 +532,16 @@ def _check_pipeline(cfg: Config) -> None:
                  "collectives would interleave with training's); or put the engines on trainer.rollout_ranks")
     _require(k > 0 or not rollout.partial, "actor_rollout_ref.rollout.partial", rollout.partial,
              "false when trainer.max_staleness=0 (there is no rollout in flight at a weight sync)")
+
+
+def _check_overlong(cfg: Config) -> None:
+    """algorithm.overlong.* (verl/trainer/overlong.py); the buffer must fit in the budget it is a part of."""
+    o, budget = cfg.algorithm.overlong, cfg.data.max_response_length
+    _require(o.penalty_factor >= 0, "algorithm.overlong.penalty_factor", o.penalty_factor, "a number >= 0")
+    _require(o.buffer_len >= 1, "algorithm.overlong.buffer_len", o.buffer_len, "an integer >= 1 (tokens)")
+    _require(o.mode != "soft_penalty" or o.buffer_len <= budget, "algorithm.overlong.buffer_len", o.buffer_len,
+             f"at most data.max_response_length={budget} with algorithm.overlong.mode=soft_penalty (the penalty "
+             "grows over the last buffer_len tokens of the budget)")
 
 
 def _check_model_dir(key: str, path: str | None) -> None:

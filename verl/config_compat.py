@@ -6,7 +6,9 @@
 ``data.shuffle_train_dataloader``, Hydra's ``+key=value``) or with a verl walkthrough's keys. ``translate``
 turns each ``key=value`` into ours before the config is merged, with three kinds of rule:
 
-* ``Alias``: another spelling of one of our keys; the value is used as given.
+* ``Alias``: another spelling of one of our keys; the value is used as given, or through the alias's ``values``
+  map where their setting is spelled differently (verl's ``reward_model.overlong_buffer.enable=true`` is
+  ``algorithm.overlong.mode=soft_penalty``); a value outside that map is an error naming the allowed ones.
 * ``GlobalCount``: a global micro-batch size (Search-R1 and older verl divide it by the number of ranks);
   it becomes our per-rank key, divided by the world size once the config is loaded.
 * ``NoEffect``: a key that changes nothing in this trainer (HDFS upload, CUDA graphs, profilers, ...);
@@ -34,6 +36,7 @@ class CompatError(ValueError):
 class Alias:
     to: str
     note: str = ""  # said once when the spelling is used ("" = silent: a plain synonym)
+    values: dict[Any, Any] | None = None  # their value -> ours; None = the value as given
 
 
 @dataclass(frozen=True)
@@ -155,10 +158,22 @@ RULES: dict[str, Alias | GlobalCount | NoEffect] = {
     "data.return_raw_chat": NoEffect("prompts are chat-templated once, with the policy's tokenizer"),
     "reward_model.enable": NoEffect("rewards are rule-based (reward.*, custom_reward_function); no reward model",
                                     (False,)),
+    # verl's (DAPO recipe) soft overlong punishment; the rest of reward_model is covered by the rule below
+    "reward_model.overlong_buffer.enable": Alias("algorithm.overlong.mode",
+                                                 values={True: "soft_penalty", False: "none"}),
+    "reward_model.overlong_buffer.len": Alias("algorithm.overlong.buffer_len"),
+    "reward_model.overlong_buffer.penalty_factor": Alias("algorithm.overlong.penalty_factor"),
+    "reward_model.overlong_buffer.log": NoEffect("train/overlong_frac, train/overlong_masked and (soft_penalty) "
+                                                 "train/overlong_penalty are logged every step"),
     "reward_model": NoEffect("rewards are rule-based (reward.*, custom_reward_function); no reward model"),
     "algorithm.state_masking": NoEffect("inserted tokens are masked by where they came from (info_mask), not by "
                                         "markers; actor_rollout_ref.actor.state_masking switches it"),
 }
+
+
+def mapping(values: dict[Any, Any], ours: str) -> str:
+    """``values`` of an ``Alias`` in words: ``True = algorithm.overlong.mode=soft_penalty, False = ...``."""
+    return ", ".join(f"{theirs!r} = {ours}={value}" for theirs, value in values.items())
 
 
 @dataclass
@@ -191,8 +206,9 @@ def strip_hydra_prefix(key: str) -> str:
 def translate(pairs: list[tuple[str, Any]]) -> Translated:
     """Map ``(key, value)`` pairs (parsed overrides, in order) to our keys; see the module docstring."""
     out = Translated()
-    spelled_by: dict[str, tuple[str, Any]] = {}  # our key -> (the spelling that set it, value)
+    spelled_by: dict[str, tuple[str, Any, Any]] = {}  # our key -> (the spelling that set it, value, value as given)
     for raw_key, value in pairs:
+        given = value
         key = strip_hydra_prefix(raw_key)
         found = _rule(key)
         if found is None:
@@ -212,12 +228,17 @@ def translate(pairs: list[tuple[str, Any]]) -> Translated:
                 continue
             if rule.note:
                 out.notices.append(f"{key}: {rule.note}")
+            if rule.values is not None:
+                if value not in rule.values:
+                    raise CompatError(f"config key {key}={value!r} is invalid: allowed "
+                                      f"{', '.join(repr(v) for v in rule.values)} ({mapping(rule.values, ours)})")
+                value = rule.values[value]
         if ours == "retriever.url" and isinstance(value, str) and value.rstrip("/").endswith("/retrieve"):
             value = value.rstrip("/")[: -len("/retrieve")]  # Search-R1 writes the endpoint; ours is the base URL
         earlier = spelled_by.get(ours)
         if earlier is not None and earlier[0] != key and earlier[1] != value:
-            raise CompatError(f"config keys {earlier[0]}={earlier[1]!r} and {key}={value!r} set the same setting "
+            raise CompatError(f"config keys {earlier[0]}={earlier[2]!r} and {key}={given!r} set the same setting "
                               f"({ours}) to different values: give one of them")
-        spelled_by[ours] = (key, value)
+        spelled_by[ours] = (key, value, given)
         out.items.append((ours, value))
     return out

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from verl.config import CONFIG_DIR, DEFAULT_CONFIG
-from verl.config_compat import RULES, Alias, GlobalCount, NoEffect
+from verl.config_compat import RULES, Alias, GlobalCount, NoEffect, mapping
 
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<value>.*)$")
 
@@ -79,6 +79,8 @@ def render() -> str:
     for key, rule in RULES.items():
         if isinstance(rule, Alias):
             here = f"the same as `{rule.to}`" + (f" ({rule.note})" if rule.note else "")
+            if rule.values is not None:
+                here += ": " + mapping(rule.values, rule.to)
         elif isinstance(rule, GlobalCount):
             here = f"a global count: `{rule.to}` = this / number of ranks"
         else:

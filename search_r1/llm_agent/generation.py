@@ -471,9 +471,9 @@ class LLMGenerationManager:
         Reads ``batch.non_tensors["raw_prompt_ids"]`` (token ids per row, chat template applied).
         Returns the tensors of ``pack_trajectories`` ([B, P], [B, R], [B, P + R] ...; with
         ``params.logprobs`` also ``rollout_log_probs`` [B, R]), every input non-tensor column, the
-        non-tensors ``stop_reason`` (str), ``num_turns``, ``num_searches``, ``min_version`` and
-        ``max_version`` (int: the oldest / newest policy version that sampled the row, -1 = unknown), the
-        input meta and ``meta["gen_metrics"]``.
+        non-tensors ``stop_reason`` (str), ``truncated`` (bool: the stop reason is ``MAX_LENGTH``, the length
+        budget cut the row), ``num_turns``, ``num_searches``, ``min_version`` and ``max_version`` (int: the oldest /
+        newest policy version that sampled the row, -1 = unknown), the input meta and ``meta["gen_metrics"]``.
         """
         prompts = [[int(t) for t in ids] for ids in batch.non_tensors["raw_prompt_ids"]]
         result = self.run(prompts, params)
@@ -486,6 +486,7 @@ class LLMGenerationManager:
                                     [t.rollout_log_probs for t in trajs] if params.logprobs else None)
         non_tensors = dict(batch.non_tensors)
         non_tensors["stop_reason"] = [t.stop_reason.value for t in trajs]
+        non_tensors["truncated"] = [t.stop_reason is StopReason.MAX_LENGTH for t in trajs]
         non_tensors["num_turns"] = [t.num_turns for t in trajs]
         non_tensors["num_searches"] = [t.num_searches for t in trajs]
         ranges = [t.version_range() for t in trajs]  # policy versions of each row's sampled ids

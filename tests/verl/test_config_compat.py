@@ -144,6 +144,26 @@ def test_two_spellings_of_one_setting_with_different_values_are_an_error():
     assert cfg.actor_rollout_ref.rollout.n == 5
 
 
+def test_verls_overlong_buffer_keys_are_the_soft_overlong_penalty(caplog):
+    """verl's DAPO recipe spells the soft overlong punishment reward_model.overlong_buffer.*: it means
+    algorithm.overlong.mode=soft_penalty with its buffer and factor here, not a no-op under reward_model."""
+    dapo = ["data.max_response_length=20480", "reward_model.reward_manager=dapo",
+            "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=4096",
+            "reward_model.overlong_buffer.penalty_factor=0.5", "reward_model.overlong_buffer.log=True"]
+    with caplog.at_level(logging.WARNING, logger="verl.config"):
+        overlong = load_config(dapo).algorithm.overlong
+    assert (overlong.mode, overlong.buffer_len, overlong.penalty_factor) == ("soft_penalty", 4096, 0.5)
+    assert "reward_model.overlong_buffer.log has no effect here: train/overlong_frac" in caplog.text
+    assert load_config(["reward_model.overlong_buffer.enable=false"]).algorithm.overlong.mode == "none"
+    with pytest.raises(ConfigError, match=r"reward_model\.overlong_buffer\.enable='soft' is invalid: allowed True, "
+                                          r"False \(True = algorithm\.overlong\.mode=soft_penalty, False = "
+                                          r"algorithm\.overlong\.mode=none\)"):
+        load_config(["reward_model.overlong_buffer.enable=soft"])
+    with pytest.raises(ConfigError, match=r"overlong_buffer\.enable=True and algorithm\.overlong\.mode='mask' set the "
+                                          r"same setting"):
+        load_config(["reward_model.overlong_buffer.enable=true", "algorithm.overlong.mode=mask"])
+
+
 def test_a_launcher_layer_is_overridden_by_the_users_spelling_without_conflict(tmp_path):
     """train_grpo.sh's configs/grpo.yaml says rollout.n=5; Search-R1's n_agent=3 on the command line wins."""
     cfg = load_config(["actor_rollout_ref.rollout.n_agent=3"], [ROOT / "configs" / "grpo.yaml"])

@@ -1,60 +1,76 @@
-"""Trajectories cut by the length budget (``algorithm.overlong``): trained as they are, masked out, or penalised.
+"""Overlong trajectories, by ``algorithm.overlong.mode``: the rows the length budget cut (DAPO, Yu et al. 2025:
+"Overlong Filtering" and "Soft Overlong Punishment").
 
-A row is cut when the generation stopped it for length: its ``stop_reason`` is ``max_length`` (the search recipe
-writes it), or, for a recipe that writes no ``stop_reason``, its response fills ``data.max_response_length``.
-A cut trajectory did not choose to stop; training it as if it had teaches the policy the ending the budget chose.
+A row is *cut* when the recipe's generation says so, in the per-row ``truncated`` column of the generation contract
+(``recipe.GENERATED_NON_TENSORS``; the search recipe sets it for ``StopReason.MAX_LENGTH``: a turn used up the
+remaining ``data.max_response_length`` tokens, or the next inserted block would have left the policy none). Where
+such a row stops is where the budget stopped it, not where the policy chose to, so training on its outcome as if
+the policy had ended there teaches the wrong lesson. The trainer step applies the mode right after the reward,
+before log-probs, values and advantages (``PPOTrainer.run_step``), so every later phase sees its effect.
 
-- ``none``: trained as generated (Search-R1's behaviour); the fraction is still logged.
-- ``mask`` (DAPO's overlong filtering): the cut rows' ``loss_mask`` is zeroed before log-probs, values and
-  advantages, so they are in no policy, value or KL loss and add no tokens to the loss denominators. Their score
-  still counts in their group's baseline (a group estimator averages every sample of the prompt), as in verl.
-- ``soft_penalty`` (DAPO's overlong reward shaping): with L_max = ``data.max_response_length`` and
-  L_cache = ``buffer_len``, a response of L tokens (sampled and inserted: both spend the budget) gets
-  0 if L <= L_max - L_cache, ``((L_max - L_cache) - L) / L_cache * penalty_factor`` up to L_max (linear from 0 to
-  ``-penalty_factor``), added to its token reward on its last policy token. It applies to every row in the
-  buffer zone, cut or not, as in DAPO. ``score`` (the task reward, what dynamic sampling filters on) is unchanged.
+* ``none``: cut rows are trained as any other (Search-R1's behaviour).
+* ``mask`` (DAPO's overlong filtering; SkyRL's ``apply_overlong_filtering``): the ``loss_mask`` of a cut row is
+  zeroed, so it is in no policy loss, entropy or KL term, no value loss, no advantage whitening and no token
+  metric. Its score still counts in its group's baseline (GRPO, RLOO): the baseline estimates the expected score
+  of the prompt's samples, cut ones included; only the row's own gradient is removed.
+* ``soft_penalty`` (DAPO's soft overlong punishment; verl's ``reward_model.overlong_buffer``): with
+  L_max = ``data.max_response_length`` and L_cache = ``buffer_len``, a row of |y| response tokens (sampled and
+  inserted: the unit of the budget) gets ``penalty_factor * clip(((L_max - L_cache) - |y|) / L_cache, -1, 0)``:
+  0 up to L_max - L_cache, then falling linearly to ``-penalty_factor`` at L_max (and beyond). Every row gets it by
+  its length, cut or not, as in DAPO; it is added to the outcome score on the token that holds it (the last
+  ``loss_mask`` token, ``reward.last_token_index``), in ``token_level_scores``; the per-row ``score`` (the task's,
+  e.g. exact match) is left as it was.
 
-Metrics: ``train/overlong_frac`` (rows cut), ``train/overlong_masked`` (rows masked), ``train/overlong_penalty_mean``.
+Logged every step: ``train/overlong_frac`` (share of the rows that were cut), ``train/overlong_masked`` (number of
+rows whose loss mask was zeroed: the cut rows under ``mask``, else 0) and, under ``soft_penalty``,
+``train/overlong_penalty`` (mean penalty per row).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
+from torch import Tensor
 
 from verl.protocol import Batch
 from verl.trainer.reward import last_token_index
 
-MODES = ("none", "mask", "soft_penalty")
+if TYPE_CHECKING:
+    from verl.config import OverlongConfig
+
+MODES = ("none", "mask", "soft_penalty")  # algorithm.overlong.mode
 
 
-def cut_rows(batch: Batch, max_response_length: int) -> np.ndarray:
-    """``[B]`` bool: the rows the length budget stopped."""
-    if "stop_reason" in batch:
-        return np.asarray([str(r) == "max_length" for r in batch["stop_reason"]])
-    return (batch["response_mask"].sum(dim=-1) >= max_response_length).numpy()
+def soft_overlong_penalty(lengths: Tensor, max_length: int, buffer_len: int, penalty_factor: float) -> Tensor:
+    """DAPO's soft overlong punishment of each row: [B] response lengths (tokens) -> [B] penalties in
+    [-penalty_factor, 0] (module docstring)."""
+    expected = max_length - buffer_len  # longest response that gets no penalty
+    return penalty_factor * torch.clamp((expected - lengths.float()) / buffer_len, min=-1.0, max=0.0)
 
 
-def soft_penalty(lengths: torch.Tensor, max_length: int, buffer_len: int, factor: float) -> torch.Tensor:
-    """DAPO's length penalty per row (module docstring): ``[B]`` lengths -> ``[B]`` penalties in [-factor, 0]."""
-    start = max_length - buffer_len
-    penalty = (start - lengths.float()) / buffer_len * factor
-    return torch.where(lengths.float() <= start, torch.zeros_like(penalty), penalty.clamp(min=-factor))
+def mask_rows(loss_mask: Tensor, rows: Tensor) -> Tensor:
+    """``loss_mask`` [B, R] with every row where ``rows`` [B] (bool) is True set to 0; other rows unchanged."""
+    return loss_mask * (~rows).to(loss_mask.dtype)[:, None]
 
 
-def apply(batch: Batch, mode: str, max_response_length: int, buffer_len: int, factor: float) -> dict[str, float]:
-    """Apply ``mode`` to ``batch`` in place (``loss_mask`` or ``token_level_scores``); returns the metrics."""
-    cut = cut_rows(batch, max_response_length)
-    metrics = {"train/overlong_frac": float(cut.mean()) if len(cut) else 0.0, "train/overlong_masked": 0.0}
-    if mode == "mask" and cut.any():
-        keep = torch.as_tensor(~cut, dtype=batch["loss_mask"].dtype)[:, None]  # [B, 1]
-        batch.tensors["loss_mask"] = batch["loss_mask"] * keep
+def apply_overlong(batch: Batch, cfg: OverlongConfig, max_response_length: int) -> tuple[Batch, dict[str, float]]:
+    """Apply ``cfg.mode`` to a scored batch (``truncated``, ``loss_mask`` [B, R], ``response_mask`` [B, R],
+    ``token_level_scores`` [B, R]) -> the batch with ``loss_mask`` or ``token_level_scores`` replaced, and the
+    step's ``train/overlong_*`` metrics."""
+    cut = torch.as_tensor(np.asarray(batch["truncated"], dtype=bool))  # [B]
+    metrics = {"train/overlong_frac": float(cut.float().mean()) if len(cut) else 0.0, "train/overlong_masked": 0.0}
+    if cfg.mode == "mask":
+        batch.tensors["loss_mask"] = mask_rows(batch["loss_mask"], cut)
         metrics["train/overlong_masked"] = float(cut.sum())
-    elif mode == "soft_penalty":
-        penalty = soft_penalty(batch["response_mask"].sum(dim=-1), max_response_length, buffer_len, factor)  # [B]
-        scores = batch["token_level_scores"].clone()
-        rows = torch.arange(len(penalty))
-        scores[rows, last_token_index(batch["loss_mask"])] += penalty
+    elif cfg.mode == "soft_penalty":
+        lengths = batch["response_mask"].sum(dim=-1)  # [B]
+        penalty = soft_overlong_penalty(lengths, max_response_length, cfg.buffer_len, cfg.penalty_factor)  # [B]
+        scores = batch["token_level_scores"].clone()  # [B, R]
+        scores[torch.arange(len(batch)), last_token_index(batch["loss_mask"])] += penalty.to(scores.dtype)
         batch.tensors["token_level_scores"] = scores
-        metrics["train/overlong_penalty_mean"] = float(penalty.mean())
-    return metrics
+        metrics["train/overlong_penalty"] = float(penalty.mean())
+    elif cfg.mode != "none":
+        raise ValueError(f"unknown algorithm.overlong.mode {cfg.mode!r}: valid are {', '.join(MODES)}")
+    return batch, metrics

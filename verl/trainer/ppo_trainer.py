@@ -16,7 +16,8 @@ traffic is metered by the worker groups: each step logs ``perf/driver_bytes_to_w
 
 Masks: ``loss_mask = response_mask * info_mask`` when ``actor.state_masking`` (else
 ``response_mask``) is computed once, right after generation, and is the only mask the reward
-placement, advantages, losses and token metrics use.
+placement, advantages, losses and token metrics use. Right after the reward, ``algorithm.overlong``
+may zero it on the rows the length budget cut, or add a length penalty to the reward (``overlong``).
 
 Stability (docs/design.md, "Faults and what the trainer does"): every step logs the rollout/trainer
 mismatch over the policy tokens (``rollout/*``, from the engines' log-probs); a NaN/Inf advantage skips the
@@ -59,9 +60,10 @@ from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic
 from verl.single_controller.rollout import GroupRollout
-from verl.trainer import core_algos, overlong, turn_credit
+from verl.trainer import core_algos, turn_credit
 from verl.trainer.dynamic_sampling import fill_batch, round_seed
 from verl.trainer.health import HealthMonitor, TrainingStopped
+from verl.trainer.overlong import apply_overlong
 from verl.trainer.pipeline import Generated, InlineRollout, Made, PipelinedRollout, staleness
 from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated
 from verl.trainer.reward import RewardManager, load_custom_score_fn
@@ -204,9 +206,9 @@ class PPOTrainer:
         batch, metrics = self._check_staleness(rollout, generated)
         timing["timing/gen"] = generated.ended - generated.started  # generation and reward, every round
         metrics.update(batch.meta.get("filter_metrics", {}))
-        ol = self.cfg.algorithm.overlong  # before log-probs: a masked row is in no loss
-        metrics.update(overlong.apply(batch, ol.mode, self.cfg.data.max_response_length, ol.buffer_len,
-                                      ol.penalty_factor))
+        # cut rows: masked out of the loss, or a length penalty on the reward (algorithm.overlong); before log-probs
+        batch, overlong_metrics = apply_overlong(batch, self.cfg.algorithm.overlong, self.cfg.data.max_response_length)
+        metrics.update(overlong_metrics)
         train_metrics, updated = self.train_on(batch, timing)
         metrics.update(train_metrics)
         with _timed("sync", timing), rollout.weights_update(), self.rollout.weights_update(version=self.step):

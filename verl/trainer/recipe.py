@@ -43,8 +43,9 @@ GENERATED_TENSORS: dict[str, tuple[str, str]] = {
 }
 # Optional, checked when present: the engine's log-prob of each sampled token (0 elsewhere), for TIS and rollout/*.
 OPTIONAL_TENSORS: dict[str, tuple[str, str]] = {"rollout_log_probs": ("B, R", "engine log-probs of sampled tokens")}
-# Per-row columns the trainer reads: group ids (uid: equal for the samples of one prompt) and the reward's inputs.
-GENERATED_NON_TENSORS = ("uid", "data_source", "ground_truth", "extra_info")
+# Per-row columns the trainer reads: group ids (uid: equal for the samples of one prompt), the reward's inputs, and
+# ``truncated`` (bool: the length budget, data.max_response_length, cut the trajectory; algorithm.overlong).
+GENERATED_NON_TENSORS = ("uid", "data_source", "ground_truth", "extra_info", "truncated")
 # Extra per-row validation metrics: (response texts, generated batch) -> {name: per-row values}.
 RowMetricsFn = Callable[[list[str], Batch], dict[str, np.ndarray]]
 
@@ -90,6 +91,8 @@ def check_generated(batch: Batch, rows: int) -> Batch:
                        f"({meaning}; B = {rows} prompts x n)")
     if ((batch["info_mask"] != 0) & (batch["response_mask"] == 0)).any():
         raise fail("whose 'info_mask' marks padding as sampled by the policy (it must be 0 where response_mask is 0)")
+    if not all(isinstance(cut, bool | np.bool_) for cut in batch["truncated"]):
+        raise fail("whose 'truncated' is not one bool per row (True = the length budget cut the trajectory)")
     return batch
 
 

@@ -269,6 +269,21 @@ def test_each_row_is_cut_to_its_own_budget(tokenizer, make_engine):
     assert short_row.stop_reason is StopReason.ANSWERED
 
 
+def test_generation_function_marks_exactly_the_rows_cut_by_the_budget(tokenizer, make_engine):
+    """Guards against the trainer's overlong handling (algorithm.overlong) missing a cut row or catching a row that
+    stopped on its own: ``truncated`` is True exactly for the rows that ended with MAX_LENGTH."""
+    engine, prompts = make_engine({
+        "<|im_start|>user\nlong<|im_end|>\n": ["<search> x </search>", "<think>" + " word" * 60],
+        "<|im_start|>user\nshort<|im_end|>\n": ["<search>x</search>", "<answer> y </answer>"],
+    })
+    agent = LLMGenerationManager(tokenizer, engine, None, agent_cfg(max_response_length=40, do_search=False))
+    raw = np.empty(len(prompts), dtype=object)
+    raw[:] = [np.array(p) for p in prompts]
+    out = agent(Batch({}, {"raw_prompt_ids": raw}), GREEDY)
+    assert list(out["stop_reason"]) == ["max_length", "answered"]
+    assert list(out["truncated"]) == [True, False]
+
+
 def test_no_search_gives_empty_information_blocks(tokenizer, make_engine):
     """Guards against do_search=false still calling the service (or needing one)."""
     engine, prompts = make_engine({"<|im_start|>user\nq<|im_end|>\n": ["<search> anything </search>",
@@ -327,7 +342,7 @@ def test_generation_function_returns_packed_batch(tokenizer, make_engine, servic
     for key, tensor in packed.items():
         assert torch.equal(out[key], tensor), key
     assert list(out["uid"]) == ["a", "b", "c", "d"]
-    assert list(out["stop_reason"]) == ["answered"] * 4
+    assert list(out["stop_reason"]) == ["answered"] * 4 and list(out["truncated"]) == [False] * 4
     assert list(out["num_searches"]) == [2, 0, 1, 0] and list(out["num_turns"]) == [3, 1, 2, 2]
     assert out.meta["step"] == 3 and out.meta["gen_metrics"]["agent/searches_per_traj"] == pytest.approx(0.75)
 

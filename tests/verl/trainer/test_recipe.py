@@ -29,7 +29,8 @@ def generated(rows: int = 4) -> Batch:
     responses = [[7] * (1 + i) for i in range(rows)]
     info = [[1] * len(r) for r in responses]
     non_tensors = {"uid": [f"row{i // 2}" for i in range(rows)], "data_source": ["nq"] * rows,
-                   "ground_truth": [{"target": ["x"]}] * rows, "extra_info": [None] * rows}
+                   "ground_truth": [{"target": ["x"]}] * rows, "extra_info": [None] * rows,
+                   "truncated": [i == rows - 1 for i in range(rows)]}
     return Batch(pack_trajectories(prompts, responses, info, pad_id=0), non_tensors)
 
 
@@ -41,7 +42,7 @@ def without(batch: Batch, name: str) -> Batch:
 def test_a_well_formed_batch_passes_and_every_field_is_required():
     batch = generated()
     assert check_generated(batch, rows=4) is batch
-    for name in [*GENERATED_TENSORS, "uid", "data_source", "ground_truth", "extra_info"]:
+    for name in [*GENERATED_TENSORS, "uid", "data_source", "ground_truth", "extra_info", "truncated"]:
         with pytest.raises(RecipeOutputError, match=f"without '{name}'"):
             check_generated(without(batch, name), rows=4)
 
@@ -61,6 +62,9 @@ def test_mis_shaped_fields_are_named_with_the_expected_shape():
     leaky[0, -1] = 1  # row 0's response is 1 token long: the last column is padding
     with pytest.raises(RecipeOutputError, match="marks padding as sampled by the policy"):
         check_generated(dataclasses.replace(batch, tensors={**batch.tensors, "info_mask": leaky}), rows=4)
+    stop_reasons = Batch(batch.tensors, {**batch.non_tensors, "truncated": ["max_length", "answered"] * 2})
+    with pytest.raises(RecipeOutputError, match="'truncated' is not one bool per row"):
+        check_generated(stop_reasons, rows=4)  # a string is truthy: "answered" would count as cut
 
 
 def test_trainer_stops_at_the_seam_when_the_recipe_drops_info_mask(workspace, tmp_path):
