@@ -10,10 +10,14 @@ Choices:
   (``response_mask * info_mask``), ``inserted[k]`` the run of inserted tokens after it (an ``<information>``
   block, or the invalid-action feedback), each decoded on its own. So per-turn scores line up with the turns
   ``verl.trainer.turn_credit`` places them on.
-- ``retrieval_hit``: per turn, 1 when the turn searched and one of the passages it got back contains a gold answer
-  (normalised as EM normalises, matched as a whole token sequence, as sub-EM matches); 0 for a turn that did not
-  search or found nothing. Outcome: 1 if any search of the trajectory hit. It rewards finding evidence, whatever
-  the final answer.
+- ``retrieval_hit``: per search turn, 1 when one of the passages it got back contains a gold answer (normalised as
+  EM normalises, matched as a whole token sequence, as sub-EM matches) and no earlier turn of the trajectory had
+  retrieved that passage; 0 for a search that found no such new passage; NaN (not scored) for a turn that did not
+  search (the answer, an invalid action). Outcome: 1 if any search of the trajectory hit. It rewards finding
+  evidence, whatever the final answer. Both restrictions are measured, not taste: scoring every turn with 0 for
+  "did not search" put answering turns in the same GiGPO step groups as searching ones, and counting a passage
+  again paid for repeating a search; with either, GRPO + turn credit learnt to search until ``max_turns`` and its
+  test EM stayed at the warm start's (docs/results.md, "Learning signals").
 - ``grounding``: 1 when the final answer is non-empty and occurs (same matching) in a passage the agent retrieved.
   Correct but ungrounded = answered from memory; both are logged (``reward/grounding``, ``reward/em_ungrounded``).
 - ``judge``: a model behind an OpenAI-compatible ``/v1/completions`` endpoint (vLLM's server; ``reward.judge``)
@@ -91,7 +95,7 @@ class Trajectory:
 @dataclass
 class TermScores:
     outcome: np.ndarray  # [B]
-    turns: list[list[float]] | None = None  # per row, per policy turn
+    turns: list[list[float]] | None = None  # per row, per policy turn; NaN = the turn is not scored
 
 
 @dataclass
@@ -170,9 +174,21 @@ def format_term(trajs: list[Trajectory], ctx: Context) -> TermScores:
 
 @register_term("retrieval_hit")
 def retrieval_hit(trajs: list[Trajectory], ctx: Context) -> TermScores:
-    turns = [[float(any(contains(p, g, ctx.normalize) for p in turn.passages for g in t.golden))
-              for turn in t.turns] for t in trajs]
-    return TermScores(np.array([max(row, default=0.0) for row in turns]), turns)
+    """Per search turn: a gold answer in a passage no earlier turn retrieved (module docstring); NaN elsewhere."""
+    turns, outcome = [], []
+    for t in trajs:
+        seen: set[str] = set()
+        row = []
+        for turn in t.turns:
+            if turn.query is None:
+                row.append(float("nan"))
+                continue
+            new = [p for p in turn.passages if p not in seen]
+            row.append(float(any(contains(p, g, ctx.normalize) for p in new for g in t.golden)))
+            seen.update(turn.passages)
+        turns.append(row)
+        outcome.append(float(any(score == 1.0 for score in row)))
+    return TermScores(np.array(outcome), turns)
 
 
 @register_term("grounding")

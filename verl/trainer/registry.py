@@ -75,7 +75,7 @@ class AdvantageInputs:
     values: Tensor | None = None  # [B, T] critic values of the old policy (needs_critic)
     index: np.ndarray | None = None  # [B] uid per row, equal for the samples of one prompt (needs_groups)
     config: Mapping[str, Any] = field(default_factory=dict)  # {algorithm key: value} of the declared config_args
-    turn_scores: Tensor | None = None  # [B, K] score of each row's policy turn k, 0 past its turns (needs_turns)
+    turn_scores: Tensor | None = None  # [B, K] score of each row's policy turn k, NaN = unscored or past its turns
     turn_index: Tensor | None = None  # [B, T] long: the policy turn of each token, -1 off policy tokens (needs_turns)
 
 

@@ -4,17 +4,19 @@ A trajectory is a sequence of turns. In the response, turn ``k`` is the ``k``-th
 (``response_mask * info_mask == 1``): every turn but the last is followed by an inserted run (an ``<information>``
 block or a feedback text), so runs and turns correspond one to one. A reward that scores turns (a search turn
 that retrieved evidence, ``retrieval_hit``) hands the trainer one list per row, ``turn_scores[i][k]`` for turn
-``k`` of row ``i`` (a shorter list: the remaining turns score 0).
+``k`` of row ``i``; NaN marks a turn the term does not score (``retrieval_hit``: a turn that did not search), and a
+shorter list leaves the remaining turns unscored too.
 
 Two uses, both configured in ``algorithm``:
 - ``turn_reward_coef`` (any estimator; the PPO case): ``coef * turn_scores[i][k]`` is added to the token reward
-  on the LAST policy token of turn ``k``; GAE then carries it back through the values. Never on an inserted token:
-  no gradient and no value target exist there.
+  on the LAST policy token of turn ``k`` (nothing for an unscored turn); GAE then carries it back through the
+  values. Never on an inserted token: no gradient and no value target exist there.
 - ``adv_estimator=grpo_turn``: GRPO's outcome advantage plus ``turn_adv_coef`` times a step advantage. Step
   groups, as in GiGPO (Feng et al. 2025), are the turns of one prompt's samples (same ``uid``) at the same turn
   index; a turn's step advantage is its score minus its step group's mean (divided by the group's std with
-  ``norm_adv_by_std_in_grpo``), on every policy token of that turn. A step group of one gets no step advantage
-  (no baseline). GiGPO's other grouping, by identical environment state, is not built: two samples of a search
+  ``norm_adv_by_std_in_grpo``), on every policy token of that turn. Unscored turns are in no step group and get
+  no step advantage, so an answering turn is never compared with a searching one; a step group of one gets none
+  either (no baseline). GiGPO's other grouping, by identical environment state, is not built: two samples of a search
   agent rarely reach the same state after their first turn.
 
 Shapes: ``B`` rows, ``R`` response tokens; ``turn_index`` ``[B, R]`` long, -1 on tokens that are not the policy's.
@@ -48,11 +50,11 @@ def last_tokens(turns: Tensor) -> Tensor:
 
 
 def scores_tensor(turn_scores: Sequence[Sequence[float]], turns: Tensor) -> Tensor:
-    """``[B, K]`` float: row ``i``'s turn scores padded with 0 to ``K`` = the most turns of any row (extra scores
-    beyond a row's turns are an error: they would land on no token)."""
+    """``[B, K]`` float: row ``i``'s turn scores padded with NaN (unscored) to ``K`` = the most turns of any row
+    (extra scores beyond a row's turns are an error: they would land on no token)."""
     n_turns = (turns.max(dim=1).values + 1).tolist()  # [B]
     K = max(n_turns, default=0)
-    out = torch.zeros((turns.shape[0], max(K, 1)), dtype=torch.float32)
+    out = torch.full((turns.shape[0], max(K, 1)), float("nan"), dtype=torch.float32)
     for i, row in enumerate(turn_scores):
         if len(row) > n_turns[i]:
             raise ValueError(f"row {i}: {len(row)} turn scores for {n_turns[i]} policy turns")
@@ -62,9 +64,9 @@ def scores_tensor(turn_scores: Sequence[Sequence[float]], turns: Tensor) -> Tens
 
 
 def place_turn_rewards(turn_scores: Sequence[Sequence[float]], policy_mask: Tensor) -> Tensor:
-    """``[B, R]``: each turn's score on the last policy token of that turn, 0 elsewhere."""
+    """``[B, R]``: each scored turn's score on the last policy token of that turn, 0 elsewhere."""
     turns = turn_index(policy_mask)
-    per_turn = scores_tensor(turn_scores, turns)  # [B, K]
+    per_turn = torch.nan_to_num(scores_tensor(turn_scores, turns), nan=0.0)  # [B, K], unscored turns add nothing
     gathered = per_turn.gather(1, turns.clamp(min=0))  # [B, R]: the score of the token's turn
     return torch.where(last_tokens(turns), gathered, torch.zeros_like(gathered))
 
@@ -82,7 +84,7 @@ def compute_grpo_turn_advantage(inputs: AdvantageInputs, eps: float = 1e-6) -> t
     turns, scores = inputs.turn_index, inputs.turn_scores  # [B, T] long, [B, K]
     B, K = scores.shape
     n_turns = (turns.max(dim=1).values + 1).clamp(max=K)  # [B]
-    has_turn = torch.arange(K)[None, :] < n_turns[:, None]  # [B, K]: row i has a turn k
+    has_turn = (torch.arange(K)[None, :] < n_turns[:, None]) & scores.isfinite()  # [B, K]: row i has a scored turn k
     group = _group_ids(inputs.index, B, scores.device)  # [B]
     step_group = (group[:, None] * K + torch.arange(K)[None, :])[has_turn]  # [N] one id per (prompt, turn index)
     flat = scores[has_turn]  # [N]

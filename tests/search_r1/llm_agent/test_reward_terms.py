@@ -48,8 +48,8 @@ def batch(tokenizer, make_engine, service_url):
 
 def test_terms_on_real_trajectories(tokenizer, batch):
     """Guards against a hit credited to the wrong turn (the feedback turn of row 2 shifts its search to turn 1), a
-    memorised answer counted as grounded, a question not recovered from the prompt, and the default reward
-    drifting from Search-R1's compute_score."""
+    turn that did not search scored as a miss, a memorised answer counted as grounded, a question not recovered
+    from the prompt, and the default reward drifting from Search-R1's compute_score."""
     texts = [tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
              for ids, m in zip(batch["responses"], batch["response_mask"], strict=True)]
     trajs = trajectories(batch, tokenizer, texts)
@@ -67,7 +67,8 @@ def test_terms_on_real_trajectories(tokenizer, batch):
     assert terms["reward/grounding"].tolist() == [1, 0, 1, 0]
     assert terms["reward/em_ungrounded"].tolist() == [0, 1, 0, 1]  # Berlin and Tokyo came from memory
     assert terms["reward/format"].tolist() == [1, 1, 0, 1]  # row 2's invalid turn breaks the format
-    assert details.turn_scores == [[1.0, 0.0], [0.0, 0.0], [0.0, 1.0, 0.0], [0.0]]
+    nan = float("nan")  # a turn that did not search (an answer, an invalid action) is not scored
+    np.testing.assert_equal(details.turn_scores, [[1.0, nan], [0.0, nan], [nan, 1.0, nan], [nan]])
     assert details.scores.tolist() == [1.5, 1.0, 1.5, 1.0]
 
     # the turn scores land on the last policy token of the turn that searched, never on an inserted token
@@ -92,3 +93,23 @@ def test_term_registry_and_matching():
         TermsReward({"nope": 1.0}, None, "squad")
     t = Trajectory([Turn("<answer> paris </answer>", "")], "<answer> paris </answer>", ["Paris"], "nq")
     assert TERMS.get("f1")([t], Context()).outcome.tolist() == [1.0]
+
+
+def test_retrieval_hit_pays_once_per_passage():
+    """Guards against the hack measured in the ablations: a search repeated to get the same passage again scored a
+    second hit, so turn credit paid the policy to search until max_turns. Only a passage no earlier turn retrieved
+    counts; a new passage with the answer still counts in a later turn."""
+    doc = "\"Paris\"\nParis is the capital of France."
+    other = "\"Lyon\"\nLyon is a city in France."
+    info = "\n\n<information>Doc 1(Title: {})</information>\n\n"
+    turns = [Turn("<search> capital of France </search>", info.format(doc)),
+             Turn("<search> capital city France </search>", info.format(doc)),  # the same passage again
+             Turn("<search> French cities </search>", info.format(other)),
+             Turn("<answer> Paris </answer>", "")]
+    t = Trajectory(turns, "", ["Paris"], "nq")
+    got = TERMS.get("retrieval_hit")([t], Context())
+    np.testing.assert_equal(got.turns, [[1.0, 0.0, 0.0, float("nan")]])
+    assert got.outcome.tolist() == [1.0]
+    late = Trajectory([turns[2], Turn("<search> capital of France </search>", info.format(doc)), turns[3]], "",
+                      ["Paris"], "nq")
+    np.testing.assert_equal(TERMS.get("retrieval_hit")([late], Context()).turns, [[0.0, 1.0, float("nan")]])

@@ -25,9 +25,9 @@ def test_turns_are_the_runs_of_policy_tokens():
 def test_turn_rewards_land_on_each_turns_last_policy_token_and_never_on_inserted_ones():
     """Guards against a turn reward on an inserted token (no gradient or value target there) or on the turn's first
     token, and against a row with fewer scores than turns shifting them."""
-    placed = place_turn_rewards([[0.5, 1.0, 2.0], [3.0]], POLICY)
+    placed = place_turn_rewards([[0.5, float("nan"), 2.0], [3.0]], POLICY)  # NaN: an unscored turn gets nothing
     want = torch.zeros(2, 12)
-    want[0, 2], want[0, 6], want[0, 10], want[1, 1] = 0.5, 1.0, 2.0, 3.0
+    want[0, 2], want[0, 10], want[1, 1] = 0.5, 2.0, 3.0
     assert torch.equal(placed, want)
     assert not placed[POLICY == 0].any()
     with pytest.raises(ValueError, match="row 1: 3 turn scores for 2 policy turns"):
@@ -35,8 +35,9 @@ def test_turn_rewards_land_on_each_turns_last_policy_token_and_never_on_inserted
 
 
 def test_grpo_turn_equals_its_formula_on_a_seeded_case():
-    """Guards against step groups that mix prompts or turn indices, a baseline for a step group of one, and step
-    advantages on tokens of another turn: every token's advantage is recomputed here with explicit loops."""
+    """Guards against step groups that mix prompts or turn indices, unscored turns (NaN) counted in a step group or
+    given a step advantage, a baseline for a step group of one, and step advantages on tokens of another turn: every
+    token's advantage is recomputed here with explicit loops."""
     gen = torch.Generator().manual_seed(0)
     B, T = 6, 10
     policy = (torch.rand(B, T, generator=gen) > 0.3).long()
@@ -45,6 +46,10 @@ def test_grpo_turn_equals_its_formula_on_a_seeded_case():
     turns = turn_index(policy)
     n_turns = (turns.max(1).values + 1).tolist()
     rows = [torch.rand(n, generator=gen).round(decimals=1).tolist() for n in n_turns]
+    for i, row in enumerate(rows):  # unscored turns (a turn that did not search): in no step group
+        for k in range(len(row)):
+            if (i + k) % 3 == 2:
+                row[k] = float("nan")
     outcome = torch.zeros(B, T)
     scores = torch.rand(B, generator=gen)
     for i in range(B):
@@ -66,8 +71,11 @@ def test_grpo_turn_equals_its_formula_on_a_seeded_case():
                 assert adv[i, t] == 0
                 continue
             k = int(turns[i, t])
-            peers = [rows[j][k] for j in group if len(rows[j]) > k]
-            step = 0.0 if len(peers) < 2 else (rows[i][k] - np.mean(peers)) / (np.std(peers, ddof=1) + eps)
+            peers = [rows[j][k] for j in group if len(rows[j]) > k and not np.isnan(rows[j][k])]
+            scored = len(rows[i]) > k and not np.isnan(rows[i][k])
+            step = 0.0
+            if scored and len(peers) >= 2:
+                step = (rows[i][k] - np.mean(peers)) / (np.std(peers, ddof=1) + eps)
             assert float(adv[i, t]) == pytest.approx(out + coef * step, abs=1e-4), (i, t)
 
 
