@@ -36,10 +36,10 @@ grpo: install
 	PYTHON=$(PY) bash train_grpo.sh data.train_batch_size=16 actor_rollout_ref.actor.ppo_mini_batch_size=80 \
 		trainer.total_training_steps=40
 
-# The paper's ablations in miniature: 3 seeds x (PPO, GRPO, REINFORCE++, RLOO, PPO without state masking), search
-# on/off at test time; about 1 h 40 min on 2 cores, resumable (benchmarks/ablations.py).
+# The paper's ablations in miniature plus the learning-signal variants: 3 seeds x 10 variants (benchmarks/ablations.py
+# lists them), search on/off at test time; about 3-3.5 h on 2 cores, resumable. One variant: ARGS="--variants ppo".
 ablations: install
-	$(PY) benchmarks/ablations.py
+	$(PY) benchmarks/ablations.py $(ARGS)
 
 test: install
 	$(PY) -m pytest tests -q

@@ -1,6 +1,6 @@
 """The paper's ablations in miniature, on the embedded demo: RL algorithm, state masking, search at test time.
 
-    python benchmarks/ablations.py [--seeds 0 1 2] [--variants ppo grpo reinforce_pp rloo ppo_nomask]
+    python benchmarks/ablations.py [--seeds 0 1 2] [--variants ppo grpo ...]  (default: all below)
         [--out outputs/ablations] [--retriever-url http://127.0.0.1:8000]      (or: make ablations)
 
 For every seed the WHOLE pipeline is re-run: the warm start of the tiny policy (``data_prep.tiny_policy
@@ -22,6 +22,12 @@ Variants (all from the same warm start, on the same 2000 training questions):
 - ``async``: ``ppo`` with the asynchronous rollout and the one-step-off pipeline (``rollout.mode=async``,
   ``trainer.max_staleness=1``, ``actor.tis_cap=2``): every batch after the first is sampled by the weights from
   before the previous update. Learning parity with ``ppo`` is its acceptance test (docs/results.md).
+- ``grpo_ds``: ``grpo`` with dynamic sampling (``algorithm.filter_groups``, at most 3 generation rounds a step: more
+  rollouts per step, counted in the table's generation rounds).
+- ``grpo_turn``: GRPO plus a step advantage per search turn from the ``retrieval_hit`` term (``grpo_turn``,
+  ``turn_adv_coef=1``).
+- ``ppo_turn``: ``ppo`` with 0.2 x ``retrieval_hit`` added on each search turn's last token (GAE carries it back).
+- ``gspo``: ``grpo`` with GSPO's sequence-level ratio and the paper's clip range and aggregation.
 
 Order: the warm starts of all seeds, then variant by variant (``--variants ppo`` alone is the seed-robustness
 check of ``make demo``). Resumable: a warm start, run or evaluation whose output is complete is not redone
@@ -29,8 +35,10 @@ check of ``make demo``). Resumable: a warm start, run or evaluation whose output
 records the warm-start code (the launcher's hash of ``data_prep/demo_kb.py``, ``tiny_model.py`` and
 ``tiny_policy.py``); an OUT built by other code is refused rather than mixed with new runs. Needs the demo
 data (``data/demo``, built here when missing) and a retrieval service over its corpus (started here on the
-URL's port when none answers, and stopped at the end). The whole table (3 seeds x 5 variants) takes about
-1 h 40 min on 2 cores (3 warm starts of 4-5 min, 15 runs of 4-7 min, 21 evaluations of 15-30 s).
+URL's port when none answers, and stopped at the end). Time on 2 cores: 3 warm starts of 4-5 min, runs of
+4-7 min (``grpo_ds`` 6-12 min: it generates 2-3 rounds a step), evaluations of 15-30 s; the five paper
+variants take about 1 h 40 min, all ten (the default) about 3-3.5 h (docs/results.md, "Ablations" and
+"Learning signals").
 """
 
 from __future__ import annotations
@@ -82,7 +90,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (table label, trainer 
 VAL_FREQ = 10
 WARM_START_CODE = ("data_prep/demo_kb.py", "data_prep/tiny_model.py", "data_prep/tiny_policy.py")
 COLUMNS = [("em", "test EM"), (f"em/{ONE_HOP}", "one-hop EM"), (f"em/{TWO_HOP}", "two-hop EM"),
-           (f"searches/{ONE_HOP}", "searches one-hop"), (f"searches/{TWO_HOP}", "searches two-hop")]
+           (f"searches/{ONE_HOP}", "searches one-hop"), (f"searches/{TWO_HOP}", "searches two-hop"),
+           ("gen_rounds", "generation rounds per step")]
 
 
 def source_hash() -> str:
@@ -216,6 +225,8 @@ def steps_to_reach(per_seed: dict[int, dict[str, dict]], name: str, target: floa
 
 
 def mean_std(values: list[float]) -> str:
+    if any(v != v for v in values):  # NaN: not measured for this row (a warm start has no generation rounds)
+        return "-"
     if len(values) == 1:
         return f"{values[0]:.3f}"
     return f"{statistics.mean(values):.3f} +/- {statistics.stdev(values):.3f}"
