@@ -285,10 +285,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="sentence-transformers / HF encoder path (dense; default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--index", choices=(*INDEX_KINDS, "auto"), default="flat",
-                   help="FAISS index (dense): flat = exact; fp16 / sq8 = scalar-quantised scan; hnsw, ivf, ivfsq8, "
-                        "ivfpq, opq = approximate; auto = the fastest within --memory-budget reaching --target-recall "
-                        "(needs --from-flat FLAT_DIR: each candidate is built from that flat index's vectors, one pass "
-                        "each). Sizes and parameters: retrieval_server/index_kinds.py")
+                   help="FAISS index (dense): flat = exact; fp16 / sq8 = scalar-quantised scan; hnsw, hnswsq8, "
+                        "hnswsq6 (graphs; the sq kinds with --refine fp32), ivf, ivfsq8, ivfpq, opq = approximate; "
+                        "auto = the fastest within --memory-budget reaching --target-recall (needs --from-flat "
+                        "FLAT_DIR: each candidate is built from that flat index's vectors, one pass each). Sizes and "
+                        "parameters: retrieval_server/index_kinds.py")
     p.add_argument("--refine", choices=REFINES, default="none",
                    help="approximate kinds: re-rank the candidates with a stored copy of the vectors in this precision")
     p.add_argument("--target-recall", type=float, default=None,
@@ -305,7 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="IVF kinds: inverted lists searched per query, set by hand instead of the default or "
                         "--target-recall (recall is measured at it)")
     p.add_argument("--ef-search", type=int, default=None,
-                   help="hnsw: candidate list size of a graph search, set by hand (recall is measured at it)")
+                   help="hnsw kinds: candidate list size of a graph search, set by hand (recall is measured at it)")
     p.add_argument("--k-factor", type=int, default=None,
                    help="with --refine: candidates re-ranked per result wanted, set by hand (recall is measured at it)")
     p.add_argument("--e5-prefixes", action="store_true",

@@ -36,6 +36,7 @@ import numpy as np
 from retrieval_server.encoder import Encoder
 from retrieval_server.index_kinds import (  # noqa: F401  (HNSW_EF_SEARCH, INDEX_KINDS: re-exported)
     HNSW_EF_SEARCH,
+    HNSW_KINDS,
     INDEX_KINDS,
     apply_search_params,
     check_search_params,
@@ -148,8 +149,9 @@ def place_on_gpus(index: faiss.Index, kind: str, mode: str, fp16: bool) -> faiss
     """The index sharded or replicated over all visible GPUs (``mode``: service.GPU_MODES), or itself where that
     does not apply (CPU build, no GPU, ``off``, HNSW)."""
     n_gpus = faiss.get_num_gpus()  # 0 with the CPU build
-    if n_gpus == 0 or mode == "off" or kind == "hnsw":
-        logger.info("FAISS %s index on CPU%s", kind, " (FAISS has no GPU HNSW)" if n_gpus and kind == "hnsw" else "")
+    if n_gpus == 0 or mode == "off" or kind in HNSW_KINDS:
+        why = " (FAISS has no GPU HNSW)" if n_gpus and kind in HNSW_KINDS else ""
+        logger.info("FAISS %s index on CPU%s", kind, why)
         return index
     options = faiss.GpuMultipleClonerOptions()
     options.shard = mode == "shard"

@@ -10,11 +10,11 @@ Choices:
   of ``DEFAULT_QUERIES`` stored passages, their vectors used as queries. Those are in the index (each finds
   itself first), so the figure is for passage-like queries; the manifest records which source it was.
 - **Tuning** (``--target-recall R``): the search parameter of the kind (``nprobe``; ``efSearch``; and for a
-  refined index also ``k_factor``) is raised along a doubling ladder until recall@``recall_k`` on the held-out
-  queries reaches R; for a refined IVF index every ``k_factor`` of its ladder gets its smallest ``nprobe`` and
-  the pair that searches the held-out queries fastest wins. A kind whose ladder ends below R is reported with
-  the best recall it reached (``TuningError``). ``--nprobe`` / ``--ef-search`` / ``--k-factor`` set the parameter
-  by hand instead (recall is then measured at that setting).
+  refined index also ``k_factor``) is raised along a ladder (doubling; efSearch in 1.5x steps) until
+  recall@``recall_k`` on the held-out queries reaches R; for a refined index every ``k_factor`` of its ladder
+  gets its smallest ``nprobe`` (or ``efSearch``) and the pair that searches the held-out queries fastest wins.
+  A kind whose ladder ends below R is reported with the best recall it reached (``TuningError``). ``--nprobe`` /
+  ``--ef-search`` / ``--k-factor`` set the parameter by hand instead (recall is then measured at that setting).
 - **What is recorded**: every approximate build stores ``index_params["recall"] = {"at_3", "at_10", "queries",
   "source", "params"}``, ``params`` being the search parameters it was measured at. A service whose search
   parameters differ reports ``recall: null`` (``served_recall``): no figure is claimed that was not measured.
@@ -36,22 +36,26 @@ from collections.abc import Callable, Iterable, Iterator
 import faiss
 import numpy as np
 
-from retrieval_server.index_kinds import apply_search_params, bytes_per_vector, search_params
+from retrieval_server.index_kinds import HNSW_KINDS, apply_search_params, bytes_per_vector, search_params
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_QUERIES = 1000
 RECALL_KS = (3, 10)
 NPROBE_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-EF_LADDER = (16, 32, 64, 128, 256, 512, 1024)
+# efSearch in steps of 1.5x, not 2x: a graph search costs about ef, so a doubling ladder can overshoot the cheapest
+# setting by up to 2x in time (at 2M vectors, hnswsq8's 0.99 lay between 256 and 512); a recall measurement is cheap.
+EF_LADDER = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 K_FACTOR_LADDER = (1, 2, 4, 8, 16, 32, 64)
 TIME_BATCH = 512
 # (kind, refine) tried by ``auto``, in the order they are built: IVF kinds first (a search scans nprobe of nlist
 # lists, the cheapest at millions of rows), smallest codes first; then the exhaustive scans of compressed codes,
-# the graph, and flat last (exact: reaches any target if it fits the budget). Every candidate that fits is built
-# and timed, so the order decides only which are built first, not which wins.
+# the graphs (hnswsq8 + fp32 refine was the fastest at recall@3 0.99 on 2M vectors: docs/results.md), and flat
+# last (exact: reaches any target if it fits the budget). Every candidate that fits is built and timed, so the order
+# decides only which are built first, not which wins. The budget counts a refine store in full, though it is
+# memory-mapped and read a few rows per query.
 AUTO_CANDIDATES = (("ivfpq", "sq8"), ("ivfsq8", "none"), ("opq", "sq8"), ("ivfpq", "fp16"), ("sq8", "none"),
-                   ("ivf", "none"), ("hnsw", "none"), ("fp16", "none"), ("flat", "none"))
+                   ("ivf", "none"), ("hnswsq8", "fp32"), ("hnsw", "none"), ("fp16", "none"), ("flat", "none"))
 
 
 class TuningError(ValueError):
@@ -159,7 +163,7 @@ def tune_search_params(index: faiss.Index, kind: str, params: dict, queries: np.
     ladders: list[dict] = [{}]
     if "nlist" in params:
         ladders = [{"nprobe": p} for p in NPROBE_LADDER if p <= params["nlist"]]
-    elif kind == "hnsw":
+    elif kind in HNSW_KINDS:
         ladders = [{"efSearch": e} for e in EF_LADDER]
     factors = [{"k_factor": f} for f in K_FACTOR_LADDER] if "k_factor" in params else [{}]
     best, choices = 0.0, []

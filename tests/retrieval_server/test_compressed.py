@@ -85,7 +85,8 @@ def test_streaming_topk_equals_a_full_sort_with_ties_in_row_order():
 
 
 @pytest.mark.parametrize("kind,refine", [(k, "none") for k in INDEX_KINDS] + [("ivfpq", "fp16"), ("opq", "fp32"),
-                                                                             ("hnsw", "sq8")])
+                                                                             ("hnsw", "sq8"), ("hnswsq8", "fp32"),
+                                                                             ("hnswsq6", "fp32")])
 def test_every_kind_builds_loads_memory_mapped_and_keeps_its_recall(kind, refine, data, tmp_path):
     vectors, queries, truth = data
     batches = [vectors[s:s + 700] for s in range(0, N, 700)]
