@@ -2,7 +2,7 @@
 
     python benchmarks/bench_index_scale.py [--vectors 2000000] [--real 100000] [--model local|mixture]
                                            [--kinds flat,sq8,...] [--target-recall 0.99] [--shards 1,2,3]
-                                           [--parts kinds,shards,projection]
+                                           [--parts kinds,shards,projection] [--reuse]
 
 The vectors (``--vectors`` rows, dimension 384, the bundled all-MiniLM-L6-v2):
 - ``--real`` of them are real encodings: the flat index of the synthetic-text corpus of ``retrieval_corpus.py``
@@ -18,7 +18,8 @@ The vectors (``--vectors`` rows, dimension 384, the bundled all-MiniLM-L6-v2):
   ``--target-recall`` at recall@3 on them, ``retrieval_server.tuning``), 1000 others measure it. The profile
   printed first compares those queries' best scores over the real vectors and over as many sampled ones.
 
-Part ``kinds``: per index kind, built from the cached vectors by ``retrieval_server.dense`` (the code
+Part ``kinds``: per index kind (``KIND[:M<links>][+REFINE]``: ``hnswsq8:M8+fp32`` is hnswsq8 with 8 links per node
+instead of its default, refined by an fp32 store), built from the cached vectors by ``retrieval_server.dense`` (the code
 ``build_index`` runs), written to ``--out``, then measured in a fresh process per mode: read into memory (so the
 resident memory is the index's), memory-mapped (as the service loads it: private and file-backed memory apart),
 and for a refined kind ``cold`` (memory-mapped after the file is dropped from the page cache, only the base index
@@ -26,7 +27,9 @@ warmed up: the refine store is read from disk while timed, and the memory is wha
 page cache happened to hold). Figures: bytes per vector (file size / rows), resident memory added by the index
 (VmRSS after loading and searching minus before), build seconds (training included), queries/s at batch 512
 (the 1000 measuring queries) and batch 1 (200 of them) for top-3 (the service's default), recall@3 and @10
-against exact search (each from a search for that many results).
+against exact search (each from a search for that many results). ``--reuse`` measures again the indexes an
+earlier run built and tuned in ``--out`` (their search parameters and build time are kept beside each index), e.g.
+to measure on an idle machine what was built beside other work.
 Part ``shards``: the flat index split in 1, 2 and 3 row-range shards (``import_index --shards``), each served
 by its own ``retrieval_server.serve`` process, queried through the multi-endpoint client (which fans out and
 merges): queries/s at batch 512 end to end, encoder included; the top-3 must equal the unsharded one.
@@ -222,37 +225,50 @@ def part_kinds(args: argparse.Namespace, vectors: np.ndarray, tune_q: np.ndarray
     n, dim = vectors.shape
     rows = []
     for spec in args.kinds.split(","):
-        kind, _, refine = spec.partition("+")
-        start = time.perf_counter()
-        print(f"building {spec} over {n} vectors", flush=True)
-        index, params = build_dense_index(batches(vectors), kind, dim, n, refine or "none")
-        build_s = time.perf_counter() - start
-        reached = True
-        if kind != "flat":
-            try:
-                params = tune_search_params(index, kind, params, tune_q, tune_truth, args.target_recall, k=3)
-            except TuningError as e:  # measured at the top of its ladder (or its only setting) instead
-                print(f"  {e}", flush=True)
-                reached = False
-                params = {**params, **TOP_OF_LADDER.get(kind, {}), **({"k_factor": 64} if refine else {})}
-        index_file = out / f"{spec}.index"
-        faiss.write_index(index, str(index_file))
-        del index
+        kind, hnsw_m, refine = parse_spec(spec)
+        index_file, built_file = out / f"{spec}.index", out / f"{spec}.built.json"
+        if args.reuse and index_file.exists() and built_file.exists():
+            print(f"reusing {index_file} (built and tuned by an earlier run: {built_file})", flush=True)
+            built = json.loads(built_file.read_text())
+        else:
+            start = time.perf_counter()
+            print(f"building {spec} over {n} vectors", flush=True)
+            index, params = build_dense_index(batches(vectors), kind, dim, n, refine, hnsw_m=hnsw_m)
+            build_s = time.perf_counter() - start
+            reached = True
+            if kind != "flat":
+                try:
+                    params = tune_search_params(index, kind, params, tune_q, tune_truth, args.target_recall, k=3)
+                except TuningError as e:  # measured at the top of its ladder (or its only setting) instead
+                    print(f"  {e}", flush=True)
+                    reached = False
+                    params = {**params, **TOP_OF_LADDER.get(kind, {}),
+                              **({"k_factor": 64} if refine != "none" else {})}
+            faiss.write_index(index, str(index_file))
+            del index
+            built = {"params": search_params(params), "build_s": build_s, "target_reached": reached}
+            built_file.write_text(json.dumps(built))
         figures = {}
-        for mode in ("ram", "mmap", "cold") if refine else ("ram", "mmap"):
+        for mode in ("ram", "mmap", "cold") if refine != "none" else ("ram", "mmap"):
             cmd = [sys.executable, __file__, "--measure", str(index_file), str(out / "queries_eval.npy"),
-                   str(out / "truth_eval.npy"), json.dumps(search_params(params)), mode]
+                   str(out / "truth_eval.npy"), json.dumps(built["params"]), mode]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"measuring {spec} failed:\n{done.stderr[-3000:]}")
             figures[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-        row = {"kind": spec, "bytes_per_vector": index_file.stat().st_size / n, "build_s": build_s,
-               "params": search_params(params), "target_reached": reached, **figures["ram"],
+        row = {"kind": spec, "bytes_per_vector": index_file.stat().st_size / n, **built, **figures["ram"],
                "mmap": figures["mmap"], "cold": figures.get("cold")}
         rows.append(row)
         print(json.dumps(row), flush=True)
     (out / "kinds.json").write_text(json.dumps(rows, indent=1))
     return rows
+
+
+def parse_spec(spec: str) -> tuple[str, int | None, str]:
+    """``KIND[:M<links>][+REFINE]`` (``hnswsq8:M8+fp32``) -> (kind, HNSW links per node or None, refine store)."""
+    base, _, refine = spec.partition("+")
+    kind, _, links = base.partition(":M")
+    return kind, int(links) if links else None, refine or "none"
 
 
 def print_kinds(rows: list[dict], n: int) -> None:
@@ -353,8 +369,8 @@ def part_projection(rows: list[dict], n: int, dim: int) -> None:
     print("| kind | GB, 1 node | GB per node, 4 nodes | q/s batch 512, 1 node (2 cores) | 4 nodes |")
     print("|---|---|---|---|---|")
     for r in rows:
-        kind, _, refine = r["kind"].partition("+")
-        gb = bytes_per_vector(kind, TARGET_DIM, refine or "none") * TARGET_N / 1e9
+        kind, hnsw_m, refine = parse_spec(r["kind"])
+        gb = bytes_per_vector(kind, TARGET_DIM, refine, hnsw_m) * TARGET_N / 1e9
         qps = r["qps_512"] / scale
         print(f"| {r['kind']} | {gb:.1f} | {gb / 4:.1f} | {qps:.1f} | {4 * qps:.1f} |")
 
@@ -372,6 +388,8 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=ROOT / "data" / "bench")
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_index_scale")
     p.add_argument("--threads", type=int, default=0, help="FAISS threads (0: all cores)")
+    p.add_argument("--reuse", action="store_true",
+                   help="kinds: measure an index an earlier run built and tuned in --out again instead of rebuilding")
     p.add_argument("--measure", nargs=5, help=argparse.SUPPRESS)  # internal: one index in a fresh process
     args = p.parse_args()
     if args.threads:
@@ -382,11 +400,19 @@ def main() -> None:
         print(json.dumps(measure(Path(args.measure[0]), Path(args.measure[1]), Path(args.measure[2]),
                                  args.measure[3], args.measure[4])))
         return
-    unknown = {spec for spec in args.kinds.split(",") if spec.partition("+")[0] not in KINDS or
-               spec.partition("+")[2] not in ("", "fp32", "fp16", "sq8")}
+    unknown = set()
+    for spec in args.kinds.split(","):
+        try:
+            kind, hnsw_m, refine = parse_spec(spec)
+        except ValueError:  # M not a number
+            kind, hnsw_m, refine = "", None, ""
+        if kind not in KINDS or refine not in ("none", "fp32", "fp16", "sq8") or (
+                hnsw_m is not None and (not kind.startswith("hnsw") or hnsw_m < 2)):
+            unknown.add(spec)
     if unknown:
-        raise SystemExit(f"unknown --kinds {sorted(unknown)}; choose from {', '.join(KINDS)}, each optionally "
-                         "+fp32, +fp16 or +sq8 (a refine store)")
+        raise SystemExit(f"unknown --kinds {sorted(unknown)}; choose from {', '.join(KINDS)}, an HNSW kind "
+                         "optionally with :M<links per node, >= 2> (hnswsq8:M8), each optionally +fp32, +fp16 or "
+                         "+sq8 (a refine store)")
     if args.vectors < args.real:
         raise SystemExit(f"--vectors {args.vectors} < --real {args.real}: the real encodings are part of the set")
     args.out.mkdir(parents=True, exist_ok=True)

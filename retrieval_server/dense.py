@@ -56,16 +56,18 @@ logger = logging.getLogger(__name__)
 
 
 def build_dense_index(batches: Iterable[np.ndarray] | np.ndarray, kind: str, dim: int, count: int,
-                      refine: str = "none", nlist: int | None = None) -> tuple[faiss.Index, dict]:
+                      refine: str = "none", nlist: int | None = None,
+                      hnsw_m: int | None = None) -> tuple[faiss.Index, dict]:
     """Add embedding batches (each ``[n, dim]`` float32, unit norm, in corpus order; or one ``[count, dim]`` array)
     to a new index of ``kind`` (``index_kinds.INDEX_KINDS``; ``refine``: ``index_kinds.REFINES``). Kinds that learn
     (IVF, PQ, SQ8) buffer the first ``train_size`` rows, train on them, then add everything.
 
+    ``nlist`` / ``hnsw_m``: an IVF kind's lists / an HNSW kind's links per node, where not the kind's default.
     Returns the index and its parameters (for the manifest), at the kind's default search parameters.
     """
     if isinstance(batches, np.ndarray):
         batches = [batches]
-    index, params = new_index(kind, dim, count, refine, nlist)
+    index, params = new_index(kind, dim, count, refine, nlist, hnsw_m)
     pending: list[np.ndarray] = []  # IVF only: the training sample, held until it is complete
     n_pending = 0
     for batch in batches:

@@ -83,20 +83,22 @@ def pq_nbits(count: int) -> int:
     return max(1, min(8, int(math.log2(max(count, 1) / IVF_POINTS_PER_CENTROID)) if count >= 78 else 1))
 
 
-def bytes_per_vector(kind: str, dim: int, refine: str = "none") -> float:
+def bytes_per_vector(kind: str, dim: int, refine: str = "none", hnsw_m: int | None = None) -> float:
     """Memory per stored vector of ``kind`` (codes, list ids, graph links, refine store), without per-index
-    constants (centroids, codebooks)."""
-    base = {"flat": 4 * dim, "fp16": 2 * dim, "sq8": dim, "hnsw": 4 * dim + 8 * HNSW_M + 16,
-            "hnswsq8": dim + 8 * HNSW_SQ_M + 16, "hnswsq6": math.ceil(6 * dim / 8) + 8 * HNSW_SQ_M + 16,
+    constants (centroids, codebooks); ``hnsw_m``: an HNSW kind's links per node if not its default."""
+    links = 8 * (hnsw_m or (HNSW_M if kind == "hnsw" else HNSW_SQ_M)) + 16
+    base = {"flat": 4 * dim, "fp16": 2 * dim, "sq8": dim, "hnsw": 4 * dim + links,
+            "hnswsq8": dim + links, "hnswsq6": math.ceil(6 * dim / 8) + links,
             "ivf": 4 * dim + 8,
             "ivfsq8": dim + 8, "ivfpq": pq_m(dim) + 8, "opq": pq_m(dim) + 8}[kind]
     return base + {"none": 0, "fp32": 4 * dim, "fp16": 2 * dim, "sq8": dim}[refine]
 
 
-def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int | None = None
-              ) -> tuple[faiss.Index, dict]:
+def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int | None = None,
+              hnsw_m: int | None = None) -> tuple[faiss.Index, dict]:
     """An empty index of ``kind`` for ``count`` vectors of size ``dim`` and its parameters (for the manifest):
-    search parameters, ``train_size`` (rows to buffer before training; 0 = no training)."""
+    search parameters, ``train_size`` (rows to buffer before training; 0 = no training). ``nlist`` (IVF kinds) and
+    ``hnsw_m`` (HNSW kinds: links per node) replace the kind's default where given."""
     if kind not in INDEX_KINDS:
         raise ValueError(f"unknown index kind {kind!r}; choose one of {', '.join(INDEX_KINDS)}")
     if refine not in REFINES:
@@ -113,7 +115,7 @@ def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int 
         index = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16 if kind == "fp16"
                                            else faiss.ScalarQuantizer.QT_8bit, _IP)
     elif kind in HNSW_KINDS:
-        m = HNSW_M if kind == "hnsw" else HNSW_SQ_M
+        m = hnsw_m or (HNSW_M if kind == "hnsw" else HNSW_SQ_M)
         index = faiss.IndexHNSWFlat(dim, m, _IP) if kind == "hnsw" else faiss.IndexHNSWSQ(
             dim, _HNSW_SQ[kind], m, _IP)
         index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION

@@ -110,6 +110,21 @@ def test_every_kind_builds_loads_memory_mapped_and_keeps_its_recall(kind, refine
         assert measured["at_3"] > 0.1  # chance is 0.001; unrefined 4-byte PQ codes find ~0.2 of these neighbours
 
 
+def test_an_hnsw_kind_built_with_fewer_links_has_them_and_its_size_formula_follows(data):
+    """Guards the links-per-node setting the scale benchmark compares (``hnswsq8:M8``): the graph must really have
+    M links per node (2M at level 0) and ``bytes_per_vector`` must count 8 bytes a link pair for that M."""
+    import faiss
+
+    vectors, _, _ = data
+    for m in (8, 12):
+        index, params = build_dense_index(vectors, "hnswsq8", DIM, N, "fp32", hnsw_m=m)
+        hnsw = faiss.downcast_index(faiss.downcast_index(index).base_index).hnsw
+        assert params["M"] == m and hnsw.nb_neighbors(0) == 2 * m and hnsw.nb_neighbors(1) == m
+    assert bytes_per_vector("hnswsq8", 384, "none", hnsw_m=8) == 384 + 8 * 8 + 16
+    assert bytes_per_vector("hnswsq8", 384, "fp32", hnsw_m=8) == bytes_per_vector("hnswsq8", 384, "none", 8) + 1536
+    assert bytes_per_vector("hnswsq8", 384) == 384 + 8 * 12 + 16  # the kind's default
+
+
 def test_tuning_raises_the_search_parameter_until_the_target_and_says_the_best_when_unreachable(data):
     vectors, queries, truth = data
     index, params = build_dense_index([vectors], "ivf", DIM, N)
