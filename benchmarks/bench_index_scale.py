@@ -64,10 +64,10 @@ from synthetic_vectors import (  # noqa: E402
 )
 
 # each optionally +REFINE (ivfpq+fp16)
-KINDS = ("flat", "sq8", "fp16", "ivf", "ivfsq8", "ivfpq", "opq", "hnsw", "hnswsq8", "hnswsq6")
+KINDS = ("flat", "sq8", "fp16", "ivf", "ivfsq8", "ivfpq", "opq", "hnsw", "hnswsq8", "hnswsq6", "pcahnswsq8")
 TOP_OF_LADDER = {"ivf": {"nprobe": 256}, "ivfsq8": {"nprobe": 256}, "ivfpq": {"nprobe": 256}, "opq": {"nprobe": 256},
                  "hnsw": {"efSearch": 1024}, "hnswsq8": {"efSearch": 1024},
-                 "hnswsq6": {"efSearch": 1024}}
+                 "hnswsq6": {"efSearch": 1024}, "pcahnswsq8": {"efSearch": 1024}}
 N_TUNE, N_EVAL, N_BATCH1 = 1000, 1000, 200
 BATCH = 512
 TARGET_N, TARGET_DIM = 21_000_000, 768  # wiki-18 with e5-base

@@ -286,7 +286,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="sentence-transformers / HF encoder path (dense; default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--index", choices=(*INDEX_KINDS, "auto"), default="flat",
                    help="FAISS index (dense): flat = exact; fp16 / sq8 = scalar-quantised scan; hnsw, hnswsq8, "
-                        "hnswsq6 (graphs; the sq kinds with --refine fp32), ivf, ivfsq8, ivfpq, opq = approximate; "
+                        "hnswsq6, pcahnswsq8 (graphs; the sq kinds with --refine fp32; pca: over a 2d/3 projection), "
+                        "ivf, ivfsq8, ivfpq, opq = approximate; "
                         "auto = the fastest within --memory-budget reaching --target-recall (needs --from-flat "
                         "FLAT_DIR: each candidate is built from that flat index's vectors, one pass each). Sizes and "
                         "parameters: retrieval_server/index_kinds.py")

@@ -20,13 +20,16 @@ Choices:
   GPU holds 1/n of the vectors and answers for its rows, so a 60 GB fp32 flat index takes 7.5 GB
   on each of 8 GPUs and leaves them to the trainer), or replicated (each GPU a full copy: faster
   for many small batches, n times the memory). ``gpu_fp16`` stores the vectors on GPU in fp16
-  (half the memory; scores round to fp16). FAISS has no GPU HNSW: it stays on CPU, as does
+  (half the memory; scores round to fp16). ``gpu_budget_gb`` (``--faiss-gpu-memory-gb``) is the most of each
+  GPU the index may take, the rest being left to training: an index that needs more is refused with the ways
+  out, never placed. FAISS has no GPU HNSW: it stays on CPU, as does
   any kind FAISS cannot clone to GPU (``IndexRefine``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -39,9 +42,11 @@ from retrieval_server.index_kinds import (  # noqa: F401  (HNSW_EF_SEARCH, INDEX
     HNSW_KINDS,
     INDEX_KINDS,
     apply_search_params,
+    bytes_per_vector,
     check_search_params,
     kind_of,
     new_index,
+    train_projection,
 )
 from retrieval_server.tuning import (
     RECALL_KS,
@@ -77,10 +82,10 @@ def build_dense_index(batches: Iterable[np.ndarray] | np.ndarray, kind: str, dim
         pending.append(batch)
         n_pending += len(batch)
         if n_pending >= params["train_size"]:
-            _train_and_flush(index, pending)
+            _train_and_flush(index, pending, params)
             pending = []
     if pending:
-        _train_and_flush(index, pending)
+        _train_and_flush(index, pending, params)
     if index.ntotal != count:
         raise ValueError(f"expected {count} embeddings, got {index.ntotal}")
     return index, params
@@ -119,9 +124,12 @@ def build_measured_index(batches: Iterable[np.ndarray] | np.ndarray, kind: str, 
     return index, params
 
 
-def _train_and_flush(index: faiss.Index, pending: list[np.ndarray]) -> None:
+def _train_and_flush(index: faiss.Index, pending: list[np.ndarray], params: dict) -> None:
     sample = np.concatenate(pending)  # [n_train, dim]
     logger.info("training the index on %d vectors", len(sample))
+    energy = train_projection(index, sample)  # pcahnswsq8: the projection first, then the codes of projections
+    if energy is not None:
+        params["pca_energy"] = round(energy, 5)
     index.train(sample)
     index.add(sample)
 
@@ -147,14 +155,46 @@ def flat_batches(index_path: str | Path, batch_size: int = 16384) -> Iterator[np
         yield index.reconstruct_n(start, min(batch_size, index.ntotal - start))
 
 
-def place_on_gpus(index: faiss.Index, kind: str, mode: str, fp16: bool) -> faiss.Index:
+def gpu_bytes_per_gpu(kind: str, dim: int, rows: int, n_gpus: int, mode: str, fp16: bool) -> float:
+    """Bytes of stored vectors (codes and list ids) each GPU holds for ``rows`` vectors of ``kind`` placed by
+    ``mode`` (``shard``: 1/n of the rows each; ``replicate``: all of them), ``fp16``: flat / IVF-flat vectors
+    stored in 16 bits. FAISS's own scratch memory per GPU comes on top."""
+    half = fp16 and kind in ("flat", "ivf")
+    per_vector = bytes_per_vector("fp16", dim) + (8 if kind == "ivf" else 0) if half else bytes_per_vector(kind, dim)
+    share = math.ceil(rows / n_gpus) if mode == "shard" else rows
+    return per_vector * share
+
+
+def check_gpu_budget(kind: str, dim: int, rows: int, n_gpus: int, mode: str, fp16: bool,
+                     budget_gb: float | None) -> None:
+    """``ValueError`` naming the need, the budget and the ways out when the index would take more than
+    ``budget_gb`` (GiB) of one GPU's memory (what training does not need); no check without a budget, GPUs, or
+    where the index stays on CPU (``off``, HNSW)."""
+    if budget_gb is None or n_gpus == 0 or mode == "off" or kind in HNSW_KINDS:
+        return
+    need = gpu_bytes_per_gpu(kind, dim, rows, n_gpus, mode, fp16) / 2**30
+    if need > budget_gb:
+        ways = ["--faiss-gpu-fp16"] if kind in ("flat", "ivf") and not fp16 else []
+        ways += ["--faiss-gpu shard"] if mode == "replicate" and n_gpus > 1 else []
+        ways += ["a compressed index kind (sq8, ivfsq8, ivfpq, opq)", "more shards (build_index --shards)",
+                 "--faiss-gpu off (search on CPU)"]
+        raise ValueError(f"the {kind} index of {rows:,} vectors x {dim} needs {need:.2f} GiB on each of {n_gpus} "
+                         f"GPU(s) ({mode}{', fp16' if fp16 else ''}), over --faiss-gpu-memory-gb {budget_gb:g}; "
+                         f"use {', or '.join(ways)}")
+
+
+def place_on_gpus(index: faiss.Index, kind: str, mode: str, fp16: bool, budget_gb: float | None = None
+                  ) -> faiss.Index:
     """The index sharded or replicated over all visible GPUs (``mode``: service.GPU_MODES), or itself where that
-    does not apply (CPU build, no GPU, ``off``, HNSW)."""
+    does not apply (CPU build, no GPU, ``off``, HNSW). ``ValueError`` if it would take more than ``budget_gb`` of a
+    GPU (``check_gpu_budget``)."""
     n_gpus = faiss.get_num_gpus()  # 0 with the CPU build
     if n_gpus == 0 or mode == "off" or kind in HNSW_KINDS:
         why = " (FAISS has no GPU HNSW)" if n_gpus and kind in HNSW_KINDS else ""
         logger.info("FAISS %s index on CPU%s", kind, why)
         return index
+    if not isinstance(faiss.downcast_index(index), faiss.IndexRefine):  # a refined index stays on CPU (below)
+        check_gpu_budget(kind, index.d, index.ntotal, n_gpus, mode, fp16, budget_gb)
     options = faiss.GpuMultipleClonerOptions()
     options.shard = mode == "shard"
     options.useFloat16 = fp16
@@ -177,16 +217,16 @@ class DenseRetriever:
 
     @classmethod
     def load(cls, index_path: str | Path, kind: str, params: dict, encoder: Encoder, gpu_mode: str = "shard",
-             gpu_fp16: bool = False) -> DenseRetriever:
+             gpu_fp16: bool = False, gpu_budget_gb: float | None = None) -> DenseRetriever:
         """The index at ``index_path`` (memory-mapped), with the search parameters of ``params``, placed on GPUs
-        by ``gpu_mode`` when there are any."""
+        by ``gpu_mode`` when there are any, within ``gpu_budget_gb`` of each."""
         index = read_index(index_path)
         found, refine = kind_of(index)
         if (found, refine) != (kind, params.get("refine", "none")):
             raise ValueError(f"{index_path} holds a {found} index (refine {refine}), the manifest says {kind} "
                              f"(refine {params.get('refine', 'none')})")
         apply_search_params(index, params)
-        return cls(place_on_gpus(index, kind, gpu_mode, gpu_fp16), encoder)
+        return cls(place_on_gpus(index, kind, gpu_mode, gpu_fp16, gpu_budget_gb), encoder)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """``[B]`` queries -> scores ``[B, k]`` float32 (descending) and row ids ``[B, k]`` int64 (-1 = no hit)."""

@@ -32,7 +32,7 @@ from retrieval_server.corpus import CorpusError
 from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
 from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
-from retrieval_server.service import GPU_MODES, ServeOptions, load_service
+from retrieval_server.service import GPU_MODES, ServeOptions, check_gpu_placement, load_service
 from retrieval_server.slow_clients import request_head_protocol
 
 logger = logging.getLogger("retrieval_server.serve")
@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with FAISS GPU and GPUs present: shard the flat/IVF index over all GPUs (each holds 1/n), "
                         "replicate it on each, or keep it on CPU")
     p.add_argument("--faiss-gpu-fp16", action="store_true", help="store the vectors on GPU in fp16 (half the memory)")
+    p.add_argument("--faiss-gpu-memory-gb", type=float, default=None,
+                   help="most GiB of each GPU the index may take (the rest is left to training); an index that "
+                        "needs more is refused at start with exit status 2 (default: no limit)")
     p.add_argument("--log-interval", type=float, default=30.0,
                    help="seconds between summary log lines of the /retrieve requests (none in an interval "
                         "without requests; 0: off)")
@@ -100,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.options = ServeOptions(model=args.model, threads=args.threads, encoder_dtype=args.encoder_dtype,
                                     encoder_backend=args.encoder_backend,
                                     cache_size=args.cache_size, reranker=args.reranker, rerank_topk=args.rerank_topk,
-                                    gpu_mode=args.faiss_gpu, gpu_fp16=args.faiss_gpu_fp16)
+                                    gpu_mode=args.faiss_gpu, gpu_fp16=args.faiss_gpu_fp16,
+                                    gpu_budget_gb=args.faiss_gpu_memory_gb)
     except ValueError as e:
         p.error(str(e))
     return args
@@ -125,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("corpus file not found: %s", args.corpus)
         return 2
     except (ManifestError, CorpusError) as e:
+        logger.error("%s", e)
+        return 2
+    try:
+        check_gpu_placement(manifest, args.options)
+    except ValueError as e:
         logger.error("%s", e)
         return 2
     try:

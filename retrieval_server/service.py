@@ -54,6 +54,7 @@ class ServeOptions:
     rerank_topk: int = 10  # candidates the reranker rescores per query (at least the request's topk)
     gpu_mode: str = "shard"  # one of GPU_MODES: how a FAISS GPU build spreads the index over the GPUs
     gpu_fp16: bool = False  # FAISS GPU: store the vectors in fp16
+    gpu_budget_gb: float | None = None  # FAISS GPU: most GiB of each GPU the index may take; None = no limit
 
     def __post_init__(self) -> None:
         if self.encoder_dtype not in ENCODER_DTYPES:
@@ -62,6 +63,8 @@ class ServeOptions:
             raise ValueError(f"encoder backend must be one of {ENCODER_BACKENDS}, got {self.encoder_backend!r}")
         if self.gpu_mode not in GPU_MODES:
             raise ValueError(f"FAISS GPU mode must be one of {GPU_MODES}, got {self.gpu_mode!r}")
+        if self.gpu_budget_gb is not None and not self.gpu_budget_gb > 0:
+            raise ValueError(f"--faiss-gpu-memory-gb must be a positive number of GiB, got {self.gpu_budget_gb}")
         for name, value, least in (("threads", self.threads, 0), ("cache size", self.cache_size, 0),
                                    ("rerank topk", self.rerank_topk, 1)):
             if value < least:
@@ -94,7 +97,7 @@ def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOpti
                       dtype=options.encoder_dtype, backend=options.encoder_backend, threads=options.threads)
     check_encoder(manifest, index_dir, encoder.name, encoder.fingerprint())
     return DenseRetriever.load(manifest.index_path(index_dir), manifest.index, manifest.index_params, encoder,
-                               options.gpu_mode, options.gpu_fp16)
+                               options.gpu_mode, options.gpu_fp16, options.gpu_budget_gb)
 
 
 def probe_hash(probe: list[float] | None) -> str | None:
@@ -176,6 +179,21 @@ class SearchService:
 
     def close(self) -> None:
         self.corpus.close()
+
+
+def check_gpu_placement(manifest: Manifest, options: ServeOptions) -> None:
+    """Before loading: ``ValueError`` (naming the need and the ways out) when the dense index of ``manifest`` would
+    take more than ``options.gpu_budget_gb`` of a GPU; nothing to check on CPU or for a refined index (it stays on
+    CPU)."""
+    if manifest.retriever != "dense" or options.gpu_budget_gb is None or \
+            manifest.index_params.get("refine", "none") != "none":
+        return
+    import faiss
+
+    from retrieval_server.dense import check_gpu_budget
+
+    check_gpu_budget(manifest.index, manifest.dim, manifest.count, faiss.get_num_gpus(), options.gpu_mode,
+                     options.gpu_fp16, options.gpu_budget_gb)
 
 
 def load_service(index_dir: str | Path, corpus: str | Path, options: ServeOptions = ServeOptions()) -> SearchService:

@@ -84,9 +84,11 @@ def test_streaming_topk_equals_a_full_sort_with_ties_in_row_order():
     np.testing.assert_array_equal(top.result()[1], expected)
 
 
-@pytest.mark.parametrize("kind,refine", [(k, "none") for k in INDEX_KINDS] + [("ivfpq", "fp16"), ("opq", "fp32"),
-                                                                             ("hnsw", "sq8"), ("hnswsq8", "fp32"),
-                                                                             ("hnswsq6", "fp32")])
+REFINED = [("ivfpq", "fp16"), ("opq", "fp32"), ("hnsw", "sq8"), ("hnswsq8", "fp32"), ("hnswsq6", "fp32"),
+           ("pcahnswsq8", "fp32")]
+
+
+@pytest.mark.parametrize("kind,refine", [(k, "none") for k in INDEX_KINDS] + REFINED)
 def test_every_kind_builds_loads_memory_mapped_and_keeps_its_recall(kind, refine, data, tmp_path):
     vectors, queries, truth = data
     batches = [vectors[s:s + 700] for s in range(0, N, 700)]
@@ -125,6 +127,28 @@ def test_an_hnsw_kind_built_with_fewer_links_has_them_and_its_size_formula_follo
     assert bytes_per_vector("hnswsq8", 384) == 384 + 8 * 12 + 16  # the kind's default
 
 
+def test_pcahnswsq8_projection_keeps_inner_products_of_vectors_in_its_span():
+    """Guards the projection of ``pcahnswsq8``: vectors (and queries) in a 16-dimensional subspace of R^32 with a
+    large common component (as sentence encodings have) are projected onto 16 = pca_dim(32) directions; those must
+    span the subspace (energy kept 1.0, against the plain sum of squares) and keep every inner product, so no
+    bias term may shift a passage's score (a centred PCA adds -mean . x). Also the manifest's parameters."""
+    import faiss
+
+    rng = np.random.default_rng(5)
+    basis = np.linalg.qr(rng.standard_normal((DIM, 16)))[0]  # [32, 16] orthonormal columns
+    coords = rng.standard_normal((2000, 16)) + 4.0 * rng.standard_normal(16)  # a common offset: uncentred data
+    x = (coords @ basis.T).astype(np.float32)  # [2000, 32]
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    index, params = build_dense_index(x, "pcahnswsq8", DIM, len(x))
+    projection = faiss.downcast_VectorTransform(index.chain.at(0))
+    assert params["pca_dim"] == 16 and not projection.have_bias
+    a = faiss.vector_to_array(projection.A).reshape(16, DIM)  # [p, d]
+    kept = float(np.sum((x[:params["train_size"]] @ a.T) ** 2) / np.sum(x[:params["train_size"]] ** 2))
+    assert params["pca_energy"] == pytest.approx(kept, abs=1e-4) and kept == pytest.approx(1.0, abs=1e-4)
+    projected = projection.apply(x)  # [2000, 16]
+    np.testing.assert_allclose(projected[:50] @ projected.T, x[:50] @ x.T, atol=1e-4)
+
+
 def test_tuning_raises_the_search_parameter_until_the_target_and_says_the_best_when_unreachable(data):
     vectors, queries, truth = data
     index, params = build_dense_index([vectors], "ivf", DIM, N)
@@ -159,7 +183,7 @@ def test_auto_picks_a_kind_within_the_budget_that_reaches_the_target(data):
 
 
 BUILDS = [("ivfpq", "fp16", 0.99), ("sq8", "none", None), ("ivfsq8", "none", 0.99), ("ivfpq", "sq8", None),
-          ("hnsw", "none", 0.99)]
+          ("hnsw", "none", 0.99), ("pcahnswsq8", "fp32", 0.99)]
 
 
 @pytest.mark.parametrize("kind,refine,target", BUILDS)

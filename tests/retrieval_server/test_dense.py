@@ -82,3 +82,53 @@ def test_e5_prefixes_are_recorded_and_applied_to_queries(corpus_path, tmp_path):
     passages = plain.encode_passages([f'passage: "{title}"\n{text}' for _, title, text in PASSAGES])
     expected = _brute_force_topk(passages, plain.encode_queries([f"query: {q}" for q in queries]), 5)
     assert ids.tolist() == expected
+
+
+@pytest.mark.parametrize("kind,fp16,per_vector", [("flat", False, 4 * 768), ("flat", True, 2 * 768),
+                                                  ("ivf", True, 2 * 768 + 8), ("sq8", True, 768),
+                                                  ("ivfpq", False, 96 + 8)])
+def test_gpu_memory_per_gpu_is_the_stored_vectors_share(kind, fp16, per_vector):
+    """Guards the GPU budget's arithmetic (no GPU here, so the placement itself is unmeasured): 21M wiki-18 vectors
+    of e5-base sharded over 8 GPUs hold ceil(21M / 8) rows each; replicated, all of them; fp16 halves only the
+    flat / IVF-flat vectors (an SQ8 or PQ code is the same size on GPU)."""
+    from retrieval_server.dense import gpu_bytes_per_gpu
+
+    rows = 21_000_017  # not a multiple of 8: a shard holds the rounded-up share
+    assert gpu_bytes_per_gpu(kind, 768, rows, 8, "shard", fp16) == per_vector * 2_625_003
+    assert gpu_bytes_per_gpu(kind, 768, rows, 8, "replicate", fp16) == per_vector * rows
+
+
+def test_an_index_over_the_gpu_budget_is_refused_naming_the_need_and_the_ways_out():
+    """Guards against a retriever that takes the GPU memory training needs: a flat wiki-18 index (64.5 GB) sharded
+    over 4 GPUs needs 15.02 GiB each; with 10 GiB left for it the placement is refused, naming fp16 (7.51 GiB
+    fits) and the other ways out; CPU-only placements (no GPU, --faiss-gpu off, HNSW) are never refused."""
+    from retrieval_server.dense import check_gpu_budget
+
+    need = 4 * 768 * 21_000_000 / 4 / 2**30
+    with pytest.raises(ValueError) as err:
+        check_gpu_budget("flat", 768, 21_000_000, 4, "shard", False, 10)
+    message = str(err.value)
+    assert f"{need:.2f} GiB on each of 4 GPU(s)" in message and "--faiss-gpu-memory-gb 10" in message
+    assert "--faiss-gpu-fp16" in message and "--faiss-gpu off" in message
+    check_gpu_budget("flat", 768, 21_000_000, 4, "shard", True, 10)  # fp16: 7.51 GiB fits
+    with pytest.raises(ValueError, match="--faiss-gpu shard"):
+        check_gpu_budget("flat", 768, 21_000_000, 4, "replicate", True, 10)
+    for n_gpus, mode, kind in ((0, "shard", "flat"), (4, "off", "flat"), (4, "shard", "hnswsq8")):
+        check_gpu_budget(kind, 768, 21_000_000, n_gpus, mode, False, 1)
+    check_gpu_budget("flat", 768, 21_000_000, 4, "shard", False, None)  # no budget given: no limit
+
+
+def test_gpu_budget_option_is_checked_and_a_cpu_service_is_unaffected(flat_index, corpus_path):
+    """--faiss-gpu-memory-gb: a non-positive value exits 2 naming the option; on a machine without GPUs a budget
+    changes nothing (the index is searched on CPU)."""
+    import httpx
+
+    from retrieval_server.launcher import ServerProcess
+
+    with ServerProcess(flat_index, corpus_path, ["--faiss-gpu-memory-gb", "0"]) as server:
+        assert server.wait_exit(timeout=60) == 2
+        assert "--faiss-gpu-memory-gb must be a positive number" in server.log_text()
+    with ServerProcess(flat_index, corpus_path, ["--faiss-gpu-memory-gb", "0.001"]) as server:
+        server.wait_ready()
+        found = httpx.post(server.url + "/retrieve", json={"queries": ["anything"], "topk": 2}, timeout=60).json()
+        assert len(found["result"][0]) == 2
