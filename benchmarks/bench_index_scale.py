@@ -27,9 +27,9 @@ warmed up: the refine store is read from disk while timed, and the memory is wha
 page cache happened to hold). Figures: bytes per vector (file size / rows), resident memory added by the index
 (VmRSS after loading and searching minus before), build seconds (training included), queries/s at batch 512
 (the 1000 measuring queries) and batch 1 (200 of them) for top-3 (the service's default), recall@3 and @10
-against exact search (each from a search for that many results). ``--reuse`` measures again the indexes an
-earlier run built and tuned in ``--out`` (their search parameters and build time are kept beside each index), e.g.
-to measure on an idle machine what was built beside other work.
+against exact search (each from a search for that many results). ``--reuse`` tunes and measures again the
+indexes an earlier run built in ``--out`` (their build time and parameters are kept beside each index), e.g. to
+measure on an idle machine what was built beside other work, or after a change to the tuning.
 Part ``shards``: the flat index split in 1, 2 and 3 row-range shards (``import_index --shards``), each served
 by its own ``retrieval_server.serve`` process, queried through the multi-endpoint client (which fans out and
 merges): queries/s at batch 512 end to end, encoder included; the top-3 must equal the unsharded one.
@@ -227,27 +227,30 @@ def part_kinds(args: argparse.Namespace, vectors: np.ndarray, tune_q: np.ndarray
     for spec in args.kinds.split(","):
         kind, hnsw_m, refine = parse_spec(spec)
         index_file, built_file = out / f"{spec}.index", out / f"{spec}.built.json"
-        if args.reuse and index_file.exists() and built_file.exists():
-            print(f"reusing {index_file} (built and tuned by an earlier run: {built_file})", flush=True)
+        reused = args.reuse and index_file.exists() and built_file.exists()
+        if reused:
+            print(f"reusing {index_file} (built by an earlier run: {built_file}); tuning it again", flush=True)
             built = json.loads(built_file.read_text())
+            index = faiss.read_index(str(index_file))
+            params = built.get("build_params", built["params"])
         else:
             start = time.perf_counter()
             print(f"building {spec} over {n} vectors", flush=True)
             index, params = build_dense_index(batches(vectors), kind, dim, n, refine, hnsw_m=hnsw_m)
-            build_s = time.perf_counter() - start
-            reached = True
-            if kind != "flat":
-                try:
-                    params = tune_search_params(index, kind, params, tune_q, tune_truth, args.target_recall, k=3)
-                except TuningError as e:  # measured at the top of its ladder (or its only setting) instead
-                    print(f"  {e}", flush=True)
-                    reached = False
-                    params = {**params, **TOP_OF_LADDER.get(kind, {}),
-                              **({"k_factor": 64} if refine != "none" else {})}
+            built = {"build_s": time.perf_counter() - start, "build_params": params}
+        reached = True
+        if kind != "flat":
+            try:
+                params = tune_search_params(index, kind, params, tune_q, tune_truth, args.target_recall, k=3)
+            except TuningError as e:  # measured at the top of its ladder (or its only setting) instead
+                print(f"  {e}", flush=True)
+                reached = False
+                params = {**params, **TOP_OF_LADDER.get(kind, {}), **({"k_factor": 64} if refine != "none" else {})}
+        built.update(params=search_params(params), target_reached=reached)
+        if not reused:
             faiss.write_index(index, str(index_file))
-            del index
-            built = {"params": search_params(params), "build_s": build_s, "target_reached": reached}
-            built_file.write_text(json.dumps(built))
+        built_file.write_text(json.dumps(built))
+        del index
         figures = {}
         for mode in ("ram", "mmap", "cold") if refine != "none" else ("ram", "mmap"):
             cmd = [sys.executable, __file__, "--measure", str(index_file), str(out / "queries_eval.npy"),
@@ -256,7 +259,8 @@ def part_kinds(args: argparse.Namespace, vectors: np.ndarray, tune_q: np.ndarray
             if done.returncode != 0:
                 raise SystemExit(f"measuring {spec} failed:\n{done.stderr[-3000:]}")
             figures[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-        row = {"kind": spec, "bytes_per_vector": index_file.stat().st_size / n, **built, **figures["ram"],
+        row = {"kind": spec, "bytes_per_vector": index_file.stat().st_size / n,
+               **{k: v for k, v in built.items() if k != "build_params"}, **figures["ram"],
                "mmap": figures["mmap"], "cold": figures.get("cold")}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -389,7 +393,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_index_scale")
     p.add_argument("--threads", type=int, default=0, help="FAISS threads (0: all cores)")
     p.add_argument("--reuse", action="store_true",
-                   help="kinds: measure an index an earlier run built and tuned in --out again instead of rebuilding")
+                   help="kinds: tune and measure an index an earlier run built in --out again instead of rebuilding")
     p.add_argument("--measure", nargs=5, help=argparse.SUPPRESS)  # internal: one index in a fresh process
     args = p.parse_args()
     if args.threads:
