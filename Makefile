@@ -1,5 +1,6 @@
 # `make demo`: install (idempotent) and train the search agent on the embedded demo with PPO.
-# `make test`: install (idempotent) and run the test suite; `make test-fast`: the tests not marked slow (pure
+# `make test`: install (idempotent) and run the test suite (the 25 slowest tests listed at the end, to keep an eye
+# on the suite's time); `make test-fast`: the tests not marked slow (pure
 # functions, config, API, masks: a few minutes), for use while editing. `make lint`: ruff. `make docs`: regenerate
 # docs/config.md from the config's declarations (a test checks it is current).
 # Everything goes into the project's own virtual environment, .venv/.
@@ -42,7 +43,7 @@ ablations: install
 	$(PY) benchmarks/ablations.py $(ARGS)
 
 test: install
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=25
 
 test-fast: install
 	$(PY) -m pytest tests -q -m "not slow"
