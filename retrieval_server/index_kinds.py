@@ -32,7 +32,7 @@ opq         OPQ rotation, then IVF-PQ              ``nprobe``                   
   projection is the top eigenvectors of the training rows' *uncentred* second moment ``X^T X / n`` with no bias
   term: inner products of projections approximate the inner products themselves (a centred PCA, FAISS's
   ``PCAMatrix``, would add a ``-mean . x`` term that reorders passages for every query). Sentence encodings keep most
-  of their energy in fewer directions than their size (all-MiniLM-L6-v2: 99.3% in 256 of 384; the manifest records
+  of their energy in fewer directions than their size (all-MiniLM-L6-v2: docs/results.md; the manifest records
   ``pca_energy``, the share kept on the training rows); what the projection loses reorders near ties, so this kind
   too is meant to be ``refine``d from the full vectors (``--refine fp32``).
 - ``refine`` (any approximate kind): ``IndexRefine`` keeps a second, exact or nearly exact copy of the vectors

@@ -15,8 +15,7 @@ Choices:
   gets its smallest ``nprobe`` (or ``efSearch``) and the pair that searches the held-out queries fastest wins,
   except that a larger ``k_factor`` must be ``KFACTOR_GAIN`` (1.25x) faster than a smaller one to be kept: its extra
   candidates are rows read from a memory-mapped refine store, disk reads when it is not cached, which the
-  in-memory timing does not count (at 2M vectors a cold hnswsq8 + fp32 served 1093 q/s at k_factor 2 and 257 at
-  16, which had timed about as fast in memory: docs/results.md).
+  in-memory timing does not count (measured at 2M vectors: docs/results.md, "Retrieval at scale").
   A kind whose ladder ends below R is reported with the best recall it reached (``TuningError``). ``--nprobe`` /
   ``--ef-search`` / ``--k-factor`` set the parameter by hand instead (recall is then measured at that setting).
 - **What is recorded**: every approximate build stores ``index_params["recall"] = {"at_3", "at_10", "queries",
