@@ -101,7 +101,7 @@ class IndexChoice:
     refine: str = "none"  # index_kinds.REFINES
     target_recall: float | None = None  # tune the search parameter to reach it (required for auto)
     recall_k: int = 3  # the k of the target recall
-    memory_budget_gb: float | None = None  # auto: the index must fit it
+    memory_budget_gb: float | None = None  # auto: GiB the index may keep in memory (a refine store counts as disk)
     tune_queries: str | None = None  # file of held-out questions; None = sampled passages
     nprobe: int | None = None  # IVF kinds: lists searched, set by hand instead of tuned (None: default or tuned)
     ef_search: int | None = None  # hnsw: candidates kept while walking the graph, set by hand
@@ -299,7 +299,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recall-k", type=int, default=3, choices=RECALL_KS,
                    help="the k of --target-recall: the share of the exact top-k found by a top-k search (default 3)")
     p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
-                   help="--index auto: the chosen index must fit in this many GiB (codes, ids, graph, refine store)")
+                   help="--index auto: the chosen index must keep at most this many GiB in memory (codes, ids, "
+                        "graph; a refine store is memory-mapped and read a few rows per query, so it counts as disk)")
     p.add_argument("--tune-queries", default=None,
                    help="held-out questions for measuring recall (parquet with a 'question' column, or JSONL with "
                         "'question' / 'query' / 'contents'); default: 1000 sampled corpus passages")

@@ -111,6 +111,13 @@ def bytes_per_vector(kind: str, dim: int, refine: str = "none", hnsw_m: int | No
     return base + {"none": 0, "fp32": 4 * dim, "fp16": 2 * dim, "sq8": dim}[refine]
 
 
+def resident_bytes_per_vector(kind: str, dim: int, refine: str = "none") -> float:
+    """The memory per vector a search of ``kind`` keeps in use: all of ``bytes_per_vector`` but a refine store, which
+    is memory-mapped and read ``k * k_factor`` rows a query (disk, and evictable page cache, not resident
+    memory). Scans and IVF lists, graphs and their codes are read everywhere, so they count in full."""
+    return bytes_per_vector(kind, dim)
+
+
 def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int | None = None,
               hnsw_m: int | None = None) -> tuple[faiss.Index, dict]:
     """An empty index of ``kind`` for ``count`` vectors of size ``dim`` and its parameters (for the manifest):

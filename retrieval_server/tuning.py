@@ -39,7 +39,13 @@ from collections.abc import Callable, Iterable, Iterator
 import faiss
 import numpy as np
 
-from retrieval_server.index_kinds import HNSW_KINDS, apply_search_params, bytes_per_vector, search_params
+from retrieval_server.index_kinds import (
+    HNSW_KINDS,
+    apply_search_params,
+    bytes_per_vector,
+    resident_bytes_per_vector,
+    search_params,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +63,9 @@ TIME_BATCH = 512
 # the graphs (pcahnswsq8 + fp32 refine was the fastest at recall@3 0.99 on 2M vectors, and the smallest of those
 # reaching it, then hnswsq8 + fp32: docs/results.md), and flat
 # last (exact: reaches any target if it fits the budget). Every candidate that fits is built and timed, so the order
-# decides only which are built first, not which wins. The budget counts a refine store in full, though it is
-# memory-mapped and read a few rows per query.
+# decides only which are built first, not which wins. The budget is resident memory (index_kinds.
+# resident_bytes_per_vector): a refine store is memory-mapped and read k x k_factor rows a query, so it counts as
+# disk (each report row gives both); everything a search scans or walks counts in full.
 AUTO_CANDIDATES = (("ivfpq", "sq8"), ("ivfsq8", "none"), ("opq", "sq8"), ("ivfpq", "fp16"), ("sq8", "none"),
                    ("ivf", "none"), ("pcahnswsq8", "fp32"), ("hnswsq8", "fp32"), ("hnsw", "none"), ("fp16", "none"),
                    ("flat", "none"))
@@ -221,15 +228,18 @@ def choose_index(build: Callable[[str, str], tuple[faiss.Index, dict]], count: i
     """``auto``: build (``build(kind, refine)``) and tune each candidate within the budget; return the fastest
     reaching ``target`` (index, params) and one report row per candidate."""
     budget = memory_budget_gb * 2 ** 30
-    fits = [(kind, refine) for kind, refine in AUTO_CANDIDATES if bytes_per_vector(kind, dim, refine) * count <= budget]
+    fits = [(kind, refine) for kind, refine in AUTO_CANDIDATES
+            if resident_bytes_per_vector(kind, dim, refine) * count <= budget]
     if not fits:
-        smallest = min(bytes_per_vector(kd, dim, rf) for kd, rf in AUTO_CANDIDATES)
+        smallest = min(resident_bytes_per_vector(kd, dim, rf) for kd, rf in AUTO_CANDIDATES)
         raise TuningError(f"--memory-budget {memory_budget_gb:g} GB holds no candidate: the smallest needs "
                           f"{smallest:.0f} bytes per vector x {count} vectors = {smallest * count / 2 ** 30:.2f} GB")
     report, winners = [], []
     for kind, refine in fits:
         index, params = build(kind, refine)
-        row = {"kind": kind, "refine": refine, "gb": bytes_per_vector(kind, dim, refine) * count / 2 ** 30}
+        resident = resident_bytes_per_vector(kind, dim, refine)
+        row = {"kind": kind, "refine": refine, "gb": resident * count / 2 ** 30,
+               "disk_gb": (bytes_per_vector(kind, dim, refine) - resident) * count / 2 ** 30}
         try:
             params = tune_search_params(index, kind, params, queries, truth, target, k)
         except TuningError as e:
