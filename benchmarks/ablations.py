@@ -55,6 +55,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from data_prep.tiny_policy import demo_numerics_env  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = "data/demo"
 ONE_HOP, TWO_HOP = "demo_single", "demo_multi"
@@ -88,7 +91,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (table label, trainer 
 # In-training validation (the demo's 200 test questions, as the trainer validates) every VAL_FREQ steps: the curve
 # that "steps to reach PPO's final EM" is read from. Runs made before this was added have no curve ("-").
 VAL_FREQ = 10
-WARM_START_CODE = ("data_prep/demo_kb.py", "data_prep/tiny_model.py", "data_prep/tiny_policy.py")
+WARM_START_CODE = ("data_prep/demo_kb.py", "data_prep/tiny_model.py", "data_prep/tiny_policy.py",
+                   "configs/demo_numerics.env")
 COLUMNS = [("em", "test EM"), (f"em/{ONE_HOP}", "one-hop EM"), (f"em/{TWO_HOP}", "two-hop EM"),
            (f"searches/{ONE_HOP}", "searches one-hop"), (f"searches/{TWO_HOP}", "searches two-hop"),
            ("gen_rounds", "generation rounds per step")]
@@ -117,7 +121,8 @@ def run(cmd: list[str], log: Path) -> None:
     print(f"[ablations] {' '.join(cmd)}  (log: {log})", flush=True)
     start = time.time()
     with log.open("w") as f:
-        status = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        status = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, **demo_numerics_env()}).returncode
     if status != 0:
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"exit status {status} of {' '.join(cmd)}; end of {log}:\n{tail}")

@@ -5,7 +5,10 @@
 # Demo mode: when no argument names data, a model, a service or a config file (data.train_files, data.val_files,
 #   actor_rollout_ref.model.path, critic.model.path, retriever.url, --config), the embedded demo is prepared here:
 #   its knowledge base, a BM25 retrieval service over it (stopped when the launcher exits) and the warm-started tiny
-#   policy; the trainer gets configs/demo.yaml and trainer.experiment_name=DEMO_NAME.
+#   policy; the trainer gets configs/demo.yaml and trainer.experiment_name=DEMO_NAME. Demo mode runs under the pinned
+#   numerics of configs/demo_numerics.env. DEMO_SEED=S (default 0; `make demo SEED=S`) builds the warm start with
+#   seed S (data/demo/tiny_policy, or tiny_policy_seedS) and trains with trainer.seed=data.seed=S+1, as
+#   benchmarks/ablations.py does; DEMO_PORT (default 8000) is the port of the demo's retrieval service.
 # Otherwise nothing is prepared and nothing is substituted: the run uses what the arguments name, and a retrieval
 #   service that does not answer at retriever.url is an error (exit 2) naming the URL and how to start one, unless
 #   --wait-for-retriever SECONDS waits for a service that is still loading. A missing model or data file is reported
@@ -16,7 +19,7 @@ PYTHON=${PYTHON:-.venv/bin/python}
 DEMO_DIR=data/demo  # configs/demo.yaml points here
 
 demo_source_hash() {  # the code the demo data and tiny policy are built from
-  cat data_prep/demo_kb.py data_prep/tiny_model.py data_prep/tiny_policy.py | sha256sum | cut -d' ' -f1
+  cat data_prep/demo_kb.py data_prep/tiny_model.py data_prep/tiny_policy.py configs/demo_numerics.env | sha256sum | cut -d' ' -f1
 }
 
 health_ok() { curl -sf "$1/health" >/dev/null 2>&1; }
@@ -44,7 +47,7 @@ run_trainer() {
   if ! [[ -z $wait_s || $wait_s =~ ^[0-9]+$ ]]; then
     echo "[launcher] error: --wait-for-retriever $wait_s: a whole number of seconds is allowed" >&2; exit 2
   fi
-  url=${url:-http://127.0.0.1:8000}; url=${url%/}; url=${url%/retrieve}  # Search-R1 writes the /retrieve endpoint
+  url=${url:-http://127.0.0.1:${DEMO_PORT:-8000}}; url=${url%/}; url=${url%/retrieve}  # Search-R1 writes /retrieve
 
   if [ -n "$user_points" ]; then
     if [ "$do_search" != false ] && ! health_ok "$url"; then
@@ -69,6 +72,11 @@ run_trainer() {
   fi
 
   # ---- demo mode
+  local seed=${DEMO_SEED:-0}
+  if ! [[ $seed =~ ^[0-9]+$ ]]; then echo "[launcher] error: DEMO_SEED=$seed: a whole number is allowed" >&2; exit 2; fi
+  local policy=$DEMO_DIR/tiny_policy; [ "$seed" = 0 ] || policy=${policy}_seed$seed
+  [ "$seed" = 0 ] || demo_name=${demo_name}_seed$seed
+  set -a; source configs/demo_numerics.env; set +a
   if [ -d "$DEMO_DIR" ] && [ "$(cat "$DEMO_DIR/.source_hash" 2>/dev/null)" != "$(demo_source_hash)" ]; then
     # Built by other code (e.g. before a git pull): rebuild data, index and policy rather than mix versions.
     if health_ok "$url"; then
@@ -100,10 +108,12 @@ run_trainer() {
       sleep 1
     done
   fi
-  if [ ! -f "$DEMO_DIR/tiny_policy/config.json" ]; then
-    echo "[launcher] warm-starting the tiny demo policy in $DEMO_DIR/tiny_policy"
-    "$PYTHON" -m data_prep.tiny_policy --data "$DEMO_DIR" --out "$DEMO_DIR/tiny_policy" --retriever-url "$url"
+  if [ ! -f "$policy/config.json" ]; then
+    echo "[launcher] warm-starting the tiny demo policy in $policy (seed $seed)"
+    "$PYTHON" -m data_prep.tiny_policy --data "$DEMO_DIR" --out "$policy" --retriever-url "$url" --seed "$seed"
   fi
+  [ -z "${DEMO_PREPARE_ONLY:-}" ] || { echo "[launcher] demo prepared: $policy"; exit 0; }
   "$PYTHON" -m verl.trainer.main_ppo "${own[@]}" --config configs/demo.yaml \
-    trainer.experiment_name="$demo_name" "${args[@]}"
+    trainer.experiment_name="$demo_name" actor_rollout_ref.model.path="$policy" retriever.url="$url" \
+    trainer.seed=$((seed + 1)) data.seed=$((seed + 1)) "${args[@]}"
 }
