@@ -50,10 +50,13 @@ lock:
 	rm -rf $(LOCK_VENV)
 	@echo "[lock] $(LOCK) rewritten ($$(grep -c '==' $(LOCK)) packages); \`make install\` rebuilds .venv from it"
 
-# SEED=S: the warm start's seed (the trainer's is S+1), as benchmarks/ablations.py runs seed S.
+# SEED=S: the warm start's seed (the trainer's is S+1), as benchmarks/ablations.py runs seed S. The run ends with
+# data_prep.demo_check: the figures before -> after and a verdict against configs/demo_expected.yaml (exit 1 outside).
 SEED ?= 0
+DEMO_RUN := outputs/search_r1/demo_ppo$(if $(filter-out 0,$(SEED)),_seed$(SEED))
 demo: install
 	PYTHON=$(PY) DEMO_SEED=$(SEED) bash train_ppo.sh
+	$(PY) -m data_prep.demo_check $(DEMO_RUN)
 
 # GRPO samples 5 responses per prompt: 16 prompts (80 trajectories, one update) per step and 40 steps keep the
 # CPU demo near the PPO one in time.

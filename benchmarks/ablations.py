@@ -184,7 +184,8 @@ def warm_start(seed: int, out: Path, url: str) -> Path:
     policy = out / f"seed{seed}" / "warm_start"
     if not (policy / "warm_start.json").exists():
         run([sys.executable, "-m", "data_prep.tiny_policy", "--data", DEMO, "--out", str(policy),
-             "--retriever-url", url, "--seed", str(seed)], out / f"seed{seed}" / "warm_start.log")
+             "--retriever-url", url, "--seed", str(seed), *os.environ.get("DEMO_WARM_START_ARGS", "").split()],
+            out / f"seed{seed}" / "warm_start.log")
     return policy
 
 

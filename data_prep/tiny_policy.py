@@ -44,7 +44,7 @@ Choices:
 - Sizes: vocabulary 2048 (BPE on corpus, prompts and trajectories), Qwen2 with hidden 64 x ``num_heads`` (vLLM's
   CPU attention needs head_dim 64), ``num_layers`` layers; AdamW with linear warmup and cosine decay; batches of
   similar-length trajectories to waste little compute on padding; seeded.
-- Pinned numerics: ``main`` runs under ``configs/demo_numerics.env`` (it re-executes itself with those variables
+- Pinned numerics: the command runs under ``configs/demo_numerics.env`` (it re-executes itself with those variables
   if they are not set), so the same seed gives the same policy, bit for bit, on any AVX2 machine and with any
   thread count; ``make demo`` and ``benchmarks/ablations.py`` run the trainer under the same variables.
 """
@@ -443,13 +443,17 @@ def demo_numerics_env() -> dict[str, str]:
     return env
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; re-executes itself under the pinned numerics (``demo_numerics_env``) if they are not set,
-    since MKL and ATen read them once, at start-up."""
+def run_pinned() -> None:
+    """Re-execute this command (``python -m data_prep.tiny_policy ARGS``) under the pinned numerics
+    (``demo_numerics_env``) unless they are already set: MKL and ATen read them once, when they load."""
     pinned = demo_numerics_env()
     if any(os.environ.get(k) != v for k, v in pinned.items()):
-        args = list(sys.argv[1:] if argv is None else argv)
-        os.execve(sys.executable, [sys.executable, "-m", "data_prep.tiny_policy", *args], {**os.environ, **pinned})
+        os.execve(sys.executable, [sys.executable, "-m", "data_prep.tiny_policy", *sys.argv[1:]],
+                  {**os.environ, **pinned})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point (run as a command, it first re-executes itself under the pinned numerics: ``run_pinned``)."""
     defaults = WarmStartConfig()
     parser = argparse.ArgumentParser(prog="python -m data_prep.tiny_policy", description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True, help="demo data directory (data_prep.demo_kb --out)")
@@ -476,4 +480,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    run_pinned()
     raise SystemExit(main())

@@ -8,7 +8,9 @@
 #   policy; the trainer gets configs/demo.yaml and trainer.experiment_name=DEMO_NAME. Demo mode runs under the pinned
 #   numerics of configs/demo_numerics.env. DEMO_SEED=S (default 0; `make demo SEED=S`) builds the warm start with
 #   seed S (data/demo/tiny_policy, or tiny_policy_seedS) and trains with trainer.seed=data.seed=S+1, as
-#   benchmarks/ablations.py does; DEMO_PORT (default 8000) is the port of the demo's retrieval service.
+#   benchmarks/ablations.py does; DEMO_PORT (default 8000) is the port of the demo's retrieval service;
+#   DEMO_WARM_START_ARGS adds arguments to the warm start (e.g. "--steps 1500"; ablations.py reads it too);
+#   DEMO_PREPARE_ONLY=1 stops once data, service and policy are ready.
 # Otherwise nothing is prepared and nothing is substituted: the run uses what the arguments name, and a retrieval
 #   service that does not answer at retriever.url is an error (exit 2) naming the URL and how to start one, unless
 #   --wait-for-retriever SECONDS waits for a service that is still loading. A missing model or data file is reported
@@ -110,7 +112,8 @@ run_trainer() {
   fi
   if [ ! -f "$policy/config.json" ]; then
     echo "[launcher] warm-starting the tiny demo policy in $policy (seed $seed)"
-    "$PYTHON" -m data_prep.tiny_policy --data "$DEMO_DIR" --out "$policy" --retriever-url "$url" --seed "$seed"
+    "$PYTHON" -m data_prep.tiny_policy --data "$DEMO_DIR" --out "$policy" --retriever-url "$url" --seed "$seed" \
+      ${DEMO_WARM_START_ARGS:-}
   fi
   [ -z "${DEMO_PREPARE_ONLY:-}" ] || { echo "[launcher] demo prepared: $policy"; exit 0; }
   "$PYTHON" -m verl.trainer.main_ppo "${own[@]}" --config configs/demo.yaml \

@@ -1,0 +1,78 @@
+"""The demo's policy does not hang on the machine: same seed, same file, whoever builds it, with any thread count.
+
+Guards against the demo that gave 0.200 -> 0.555 (two-hop 0.41) one day and 0.340 -> 0.375 (two-hop 0.00) the
+next with the same code: the warm start's last bits followed the processor's kernels and the thread count, and
+PPO's outcome followed them. Here the warm start runs (a few steps, the real demo knowledge base and BM25
+service) once through `make demo`'s path (the launcher, DEMO_PREPARE_ONLY=1, one thread) and once through
+benchmarks/ablations.py's (two threads), each a fresh process: the model files must be the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from retrieval_server.launcher import ServerProcess, free_port
+
+pytestmark = pytest.mark.slow  # builds the demo knowledge base, a BM25 service and two warm starts
+
+ROOT = Path(__file__).resolve().parents[2]
+TREE = ("train_ppo.sh", "train_grpo.sh", "retrieval_launch.sh", "scripts", "configs", "data_prep", "benchmarks")
+FEW_STEPS = "--steps 6 --copy-steps 6"
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """A copy of the launchers, configs, data_prep and benchmarks (the demo writes data/demo into it)."""
+    root = tmp_path_factory.mktemp("demo_numerics") / "tree"
+    root.mkdir()
+    for name in TREE:
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, root / name,
+                                                                    **({"ignore": shutil.ignore_patterns(
+                                                                        "__pycache__")} if (ROOT / name).is_dir()
+                                                                       else {}))
+    return root
+
+
+def test_launcher_and_ablations_build_the_same_policy_bit_for_bit(tree, tmp_path, monkeypatch):
+    env = {**os.environ, "PYTHON": sys.executable, "DEMO_SEED": "1", "DEMO_PORT": str(free_port()),
+           "DEMO_PREPARE_ONLY": "1", "DEMO_WARM_START_ARGS": FEW_STEPS, "PYTHONPATH": str(tree)}
+    for key in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        env.pop(key, None)  # the launcher must pin them itself
+    launched = subprocess.run(["bash", "train_ppo.sh"], cwd=tree, env={**env, "OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True, timeout=900)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    by_launcher = tree / "data" / "demo" / "tiny_policy_seed1"
+    assert (by_launcher / "model.safetensors").is_file()
+
+    # The ablation path: benchmarks/ablations.py's own warm_start() (its ROOT is the tree), in a fresh process
+    # with two threads and without the pinned variables in its environment.
+    spec = importlib.util.spec_from_file_location("tree_ablations", tree / "benchmarks" / "ablations.py")
+    ablations = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablations)
+    assert ablations.ROOT == tree
+    for key, value in {"OMP_NUM_THREADS": "2", "DEMO_WARM_START_ARGS": FEW_STEPS, "PYTHONPATH": str(tree)}.items():
+        monkeypatch.setenv(key, value)
+    for key in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(key, raising=False)
+    demo = tree / "data" / "demo"
+    with ServerProcess(index_dir=demo / "index_bm25", corpus=demo / "corpus.jsonl") as service:
+        service.wait_ready()
+        by_ablations = ablations.warm_start(1, tmp_path / "ablations", service.url)
+
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert digest(by_launcher / name) == digest(by_ablations / name), name
+    figures = [json.loads((d / "warm_start.json").read_text())["figures"] for d in (by_launcher, by_ablations)]
+    assert figures[0]["final_loss"] == figures[1]["final_loss"]
