@@ -4,7 +4,8 @@ Guards against the demo that gave 0.200 -> 0.555 (two-hop 0.41) one day and 0.34
 next with the same code: the warm start's last bits followed the processor's kernels and the thread count, and
 PPO's outcome followed them. Here the warm start runs (a few steps, the real demo knowledge base and BM25
 service) once through `make demo`'s path (the launcher, DEMO_PREPARE_ONLY=1, one thread) and once through
-benchmarks/ablations.py's (two threads), each a fresh process: the model files must be the same bytes.
+benchmarks/ablations.py's (two threads), each a fresh process: the model files must be the same bytes. Then
+two PPO steps of the demo's trainer on that policy, with one thread and with two, must log the same figures.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from data_prep.tiny_policy import demo_numerics_env
 from retrieval_server.launcher import ServerProcess, free_port
+from verl.utils.tracking import read_metrics
 
 pytestmark = pytest.mark.slow  # builds the demo knowledge base, a BM25 service and two warm starts
 
@@ -76,3 +79,31 @@ def test_launcher_and_ablations_build_the_same_policy_bit_for_bit(tree, tmp_path
         assert digest(by_launcher / name) == digest(by_ablations / name), name
     figures = [json.loads((d / "warm_start.json").read_text())["figures"] for d in (by_launcher, by_ablations)]
     assert figures[0]["final_loss"] == figures[1]["final_loss"]
+
+
+def test_demo_training_steps_do_not_depend_on_the_thread_count(tree, tmp_path):
+    """The demo's PPO, under the launcher's pinned numerics, on the policy the test above built: two steps with one
+    thread and with two give the same losses, rewards and search counts to the last bit (timings aside)."""
+    policy = tree / "data" / "demo" / "tiny_policy_seed1"
+    if not (policy / "model.safetensors").is_file():
+        pytest.skip("needs the policy built by the test above")
+    demo = tree / "data" / "demo"
+    records = []
+    with ServerProcess(index_dir=demo / "index_bm25", corpus=demo / "corpus.jsonl") as service:
+        service.wait_ready()
+        for threads in ("1", "2"):
+            out = tmp_path / f"threads{threads}"
+            env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONPATH": str(tree), **demo_numerics_env()}
+            done = subprocess.run(
+                [sys.executable, "-m", "verl.trainer.main_ppo", "--config", "configs/demo.yaml",
+                 f"actor_rollout_ref.model.path={policy}", f"retriever.url={service.url}", "trainer.seed=2",
+                 "data.seed=2", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                 "critic.ppo_mini_batch_size=8", "trainer.total_training_steps=2", "trainer.test_freq=-1",
+                 "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
+                 f"trainer.default_local_dir={out}"],
+                cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            records.append([{k: v for k, v in r.items() if not k.startswith(("timing/", "perf/"))}
+                            for r in read_metrics(out / "metrics.jsonl")])
+    assert len(records[0]) == 2 and "actor/pg_loss" in records[0][-1]
+    assert json.dumps(records[0]) == json.dumps(records[1])  # NaN (an unscored metric) compares equal as text

@@ -134,24 +134,21 @@ def test_demo_run_exits_zero_and_stops_its_service(demo_tree, script):
     trains, exits 0 and stops the service."""
     extra = ["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=8"] \
         if script == "train_grpo.sh" else []
-    # The demo's service listens on the default URL's port (a retriever.url would leave demo mode), so 8000 must
-    # be free: skip if something (a demo running beside the tests) holds it.
-    if service_answers(8000):
-        pytest.skip("a retrieval service is already running on port 8000")
+    port = free_port()  # DEMO_PORT: the demo's service listens there (a retriever.url would leave demo mode)
     code, out = finish(launch(demo_tree, script, [*SMALL, "trainer.total_training_steps=1",
-                                                   "trainer.logger=[jsonl]", *extra]))
+                                                   "trainer.logger=[jsonl]", *extra], DEMO_PORT=str(port)))
     assert code == 0, out
     assert "starting the demo's retrieval service" in out
     assert (demo_tree / "outputs" / "search_r1" / script.replace("train_", "demo_").replace(".sh", "")
             / "metrics.jsonl").exists()
-    assert not service_answers(8000)
+    assert not service_answers(port)
 
 
 def test_failed_demo_run_exits_non_zero_and_stops_its_service(demo_tree):
-    if service_answers(8000):
-        pytest.skip("a retrieval service is already running on port 8000")
+    port = free_port()
     code, out = finish(launch(demo_tree, "train_ppo.sh", [*SMALL, "trainer.total_training_steps=1",
-                                                          "actor_rollout_ref.actor.ppo_mini_batch_size=3"]))
+                                                          "actor_rollout_ref.actor.ppo_mini_batch_size=3"],
+                              DEMO_PORT=str(port)))
     assert code == 2 and "ppo_mini_batch_size" in out, out
     assert "starting the demo's retrieval service" in out
-    assert not service_answers(8000)
+    assert not service_answers(port)
