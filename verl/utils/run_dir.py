@@ -28,7 +28,7 @@ RUN_CONTROL = (
     "trainer.val_before_train", "trainer.val_only", "trainer.test_freq", "trainer.save_freq",
     "trainer.max_skipped_updates", "trainer.alarm_entropy_below", "trainer.alarm_clipfrac_above", "retriever.url",
     "retriever.timeout", "retriever.outage_timeout_s", "retriever.replica_timeout_s", "retriever.replica_cooldown_s",
-    "data.val_batch_size", "data.val_max_samples", "data.val_files", "trainer.device",
+    "data.val_batch_size", "data.val_max_samples", "data.val_files", "trainer.device", "trainer.ray_timeout_s",
 )
 CONFIG_FILE = "config.yaml"
 
