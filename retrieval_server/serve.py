@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="benchmarks only: hold every /retrieve answer this many ms after its search, as a slow "
                         "backend would (a dense search over 21M passages, a web search API); concurrent "
                         "requests wait at the same time")
+    p.add_argument("--docs", action="store_true", help="serve the API docs at /docs, /redoc and /openapi.json "
+                                                        "(off by default)")
     args = p.parse_args(argv)
     if not 0 <= args.delay_ms < float("inf"):
         p.error(f"--delay-ms must be 0 (off) or a positive number of milliseconds, got {args.delay_ms}")
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         server.should_exit = True
 
     app = create_app(lambda: load_service(args.index, args.corpus, args.options), limits, on_failure,
-                     args.log_interval, args.delay_ms)
+                     args.log_interval, args.delay_ms, docs=args.docs)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
                                            timeout_graceful_shutdown=5,
                                            http=request_head_protocol(args.client_timeout,
