@@ -5,7 +5,9 @@ Choices:
 * A training step whose update was skipped (a NaN/Inf advantage, loss or gradient norm, see
   ``train_utils``: the weights never see it) is counted; after ``trainer.max_skipped_updates``
   such steps in a row the run stops with ``TrainingStopped``, naming the step, the quantity and the
-  last checkpoint saved before the streak began (the one to resume from, or to debug with).
+  last checkpoint saved before the streak began (the one to resume from, or to debug with); the trainer then
+  saves the weights as they are, the last finite ones (``PPOTrainer.stop_unhealthy``). Skipped are updates with
+  a NaN/Inf advantage, loss or gradient norm, and those that would have left a weight NaN/Inf (undone).
 * Alarms are warnings, not stops: the policy entropy falling below ``trainer.alarm_entropy_below``
   (collapse, the GRPO failure of Search-R1 #88) or the PPO clip fraction rising above
   ``trainer.alarm_clipfrac_above`` (updates far off-policy) log a console warning and set
@@ -24,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 # Metric key -> the quantity a skipped update is blamed on, checked in this order.
 NONFINITE_CAUSES = {"actor/nonfinite_advantages": "advantage", "actor/nonfinite_loss": "loss",
-                    "actor/nonfinite_grad_norm": "gradient norm"}
+                    "actor/nonfinite_grad_norm": "gradient norm", "actor/nonfinite_update": "weight after the update"}
 
 
 class TrainingStopped(RuntimeError):
