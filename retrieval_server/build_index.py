@@ -327,8 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--target-recall must be in (0, 1], got {args.target_recall}")
     if args.index == "auto" and (args.target_recall is None or args.memory_budget is None):
         p.error("--index auto needs --target-recall R and --memory-budget GB")
-    if args.memory_budget is not None and args.memory_budget <= 0:
-        p.error(f"--memory-budget must be positive, got {args.memory_budget}")
+    if args.memory_budget is not None and not 0 < args.memory_budget < float("inf"):  # also refuses nan
+        p.error(f"--memory-budget must be a positive number of GiB, got {args.memory_budget}")
     if args.refine != "none" and args.index in ("flat", "auto"):
         p.error(f"--refine applies to approximate kinds, not --index {args.index}")
     if args.shards < 1:

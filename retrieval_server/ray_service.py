@@ -35,6 +35,7 @@ import argparse
 import ctypes
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -89,6 +90,11 @@ class DeploymentSpec:
             raise DeploymentError(f"--name {self.name!r}: give a non-empty name without '/' or ','")
         if self.replicas < 1:
             raise DeploymentError(f"--replicas must be at least 1, got {self.replicas}")
+        numbers = {"--num-cpus": self.num_cpus, "--num-gpus": self.num_gpus, "--memory-gb": self.memory_gb or 1.0,
+                   "--health-interval": self.health_interval_s, "--wait": self.start_timeout_s}
+        for flag, value in numbers.items():
+            if not math.isfinite(value):
+                raise DeploymentError(f"{flag} must be a finite number, got {value}")
         if self.num_cpus < 0 or self.num_gpus < 0 or (self.memory_gb is not None and self.memory_gb <= 0):
             raise DeploymentError("--num-cpus and --num-gpus must be >= 0 and --memory-gb > 0")
         if self.health_failures < 1 or self.health_interval_s <= 0:

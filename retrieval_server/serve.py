@@ -92,12 +92,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--port must be between 0 and 65535, got {args.port}")
     if not 1 <= args.topk <= args.max_topk:
         p.error(f"--topk must be between 1 and --max-topk ({args.max_topk}), got {args.topk}")
-    if args.client_timeout <= 0:
-        p.error("--client-timeout must be positive")
+    if not 0 < args.client_timeout < float("inf"):  # also refuses nan
+        p.error(f"--client-timeout must be a positive number of seconds, got {args.client_timeout}")
     if args.max_header_bytes < 1024:
         p.error(f"--max-header-bytes must be at least 1024, got {args.max_header_bytes}")
-    if args.log_interval < 0:
-        p.error("--log-interval must be 0 (off) or positive")
+    if not 0 <= args.log_interval < float("inf"):
+        p.error(f"--log-interval must be 0 (off) or a positive number of seconds, got {args.log_interval}")
     for name in ("max_queries", "max_query_chars"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -194,8 +194,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.temperature is None:
         args.temperature = 0.0 if args.n == 1 else 1.0
-    if not args.temperature >= 0:  # also refuses nan
-        p.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not 0 <= args.temperature <= 10:  # also refuses nan and inf
+        p.error(f"--temperature must be in [0, 10] (0 = greedy), got {args.temperature}")
+    if not 0 < args.ray_timeout < float("inf"):
+        p.error(f"--ray-timeout must be a positive number of seconds, got {args.ray_timeout}")
     for name in ("n", "batch_size", "limit"):
         value = getattr(args, name)
         if value is not None and value < 1:

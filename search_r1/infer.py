@@ -47,8 +47,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.question.strip():
         p.error("--question is empty: give the question to answer")
-    if not args.temperature >= 0:  # also refuses nan
-        p.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not 0 <= args.temperature <= 10:  # also refuses nan and inf
+        p.error(f"--temperature must be in [0, 10] (0 = greedy), got {args.temperature}")
+    if not 0 < args.ray_timeout < float("inf"):
+        p.error(f"--ray-timeout must be a positive number of seconds, got {args.ray_timeout}")
     return args
 
 

@@ -102,7 +102,7 @@ def test_values_outside_what_a_key_or_flag_allows(ws, tmp_path):
     assert_refused(run("verl.trainer.main_ppo", *negative),
                    "actor_rollout_ref.rollout.temperature=-1.0 is invalid: allowed a number >= 0")
     assert_refused(run("search_r1.evaluate", *eval_argv(ws, tmp_path / "eval", "--n", "2", "--temperature", "-1")),
-                   "--temperature must be >= 0 (0 = greedy), got -1.0")
+                   "--temperature must be in [0, 10] (0 = greedy), got -1.0")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "1", "contents": "Paris is the capital of France."}\n')
     assert run("retrieval_server.build_index", "--corpus", corpus, "--out", tmp_path / "index", "--retriever",
