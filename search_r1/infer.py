@@ -77,16 +77,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from transformers import AutoTokenizer  # heavy import
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
+        messages = [{"role": "user", "content": make_prompt(args.question)}]
+        prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=False)
+        if len(prompt_ids) > cfg.data.max_prompt_length:  # the loop refuses it (training drops such rows)
+            raise EvalInputError(f"--question of {len(args.question):,} characters makes a prompt of "
+                                 f"{len(prompt_ids):,} tokens; allowed at most data.max_prompt_length="
+                                 f"{cfg.data.max_prompt_length} (a shorter question, or a larger "
+                                 "data.max_prompt_length in a --config file)")
         agent = build_agent(cfg, tokenizer)
-    except (ConfigError, EvalInputError) as err:  # bad arguments, model directory or retriever URL
+    except (ConfigError, EvalInputError) as err:  # bad arguments, model directory, question or retriever URL
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    messages = [{"role": "user", "content": make_prompt(args.question)}]
-    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    if len(prompt_ids) > cfg.data.max_prompt_length:  # the loop refuses it (training drops such rows)
-        print(f"error: --question of {len(args.question):,} characters makes a prompt of {len(prompt_ids):,} tokens; "
-              f"allowed at most data.max_prompt_length={cfg.data.max_prompt_length} (a shorter question, or a larger "
-              "data.max_prompt_length in a --config file)", file=sys.stderr)
         return 2
     params = SamplingParams(max_tokens=cfg.data.max_response_length, temperature=args.temperature, seed=args.seed)
     try:
