@@ -411,7 +411,7 @@ def _require(ok: bool, key: str, value, allowed: str) -> None:
 
 def validate(cfg: Config) -> Config:
     """Check choices, ranges and cross-key rules; raise ConfigError naming the key."""
-    config_checks.check_numbers(cfg, ConfigError)
+    config_checks.check_finite(cfg, ConfigError)
     for key, allowed in choices().items():
         value = _get(cfg, key)
         _require(value in allowed, key, value, "one of " + ", ".join(allowed))
@@ -514,6 +514,7 @@ def validate(cfg: Config) -> Config:
     _validate_ranks(cfg)
     _require(cfg.trainer.resume_mode in ("auto", "disable") or Path(cfg.trainer.resume_mode).exists(),
              "trainer.resume_mode", cfg.trainer.resume_mode, "auto, disable or an existing checkpoint path")
+    config_checks.check_ranges(cfg, ConfigError)
     return cfg
 
 

@@ -55,11 +55,16 @@ def _numbers(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
         yield prefix, node
 
 
-def check_numbers(cfg: Any, error: type[Exception]) -> None:
-    """Every float of ``cfg`` is finite, and each key of ``RANGES`` lies in its range; ``error`` naming the key."""
+def check_finite(cfg: Any, error: type[Exception]) -> None:
+    """Every float of ``cfg`` is finite; ``error`` naming the key otherwise."""
     for key, value in _numbers(cfg):
         if not math.isfinite(value):
             raise error(f"config key {key}={value} is invalid: allowed a finite number (not nan or inf)")
+
+
+def check_ranges(cfg: Any, error: type[Exception]) -> None:
+    """Each key of ``RANGES`` lies in its range (after ``validate``'s own checks, whose messages a value below a
+    bound they check gets); ``error`` naming the key and the range otherwise."""
     for key, (low, high, low_ok, what) in RANGES.items():
         node = cfg
         for part in key.split("."):
