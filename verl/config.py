@@ -292,6 +292,7 @@ class TrainerConfig:
     seed: int = 1
     device: str = "auto"
     max_skipped_updates: int = 3
+    max_skipped_share: float = 0.5
     alarm_entropy_below: float = 0.05
     alarm_clipfrac_above: float = 0.5
 

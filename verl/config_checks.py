@@ -40,6 +40,7 @@ RANGES: dict[str, tuple[float, float, bool, str]] = {
     "actor_rollout_ref.rollout.cpu_kv_cache_gb": (0.0, math.inf, False, "GiB of KV cache"),
     "reward.judge.timeout_s": (0.0, math.inf, False, "seconds"),
     "trainer.ray_timeout_s": (0.0, math.inf, False, "seconds"),
+    "trainer.max_skipped_share": (0.0, 1.0, False, "a share of the steps"),
 }
 
 

@@ -27,7 +27,8 @@ from verl.utils import checkpoint
 RUN_CONTROL = (
     "trainer.total_training_steps", "trainer.total_epochs", "trainer.resume_mode", "trainer.logger",
     "trainer.val_before_train", "trainer.val_only", "trainer.test_freq", "trainer.save_freq",
-    "trainer.max_skipped_updates", "trainer.alarm_entropy_below", "trainer.alarm_clipfrac_above", "retriever.url",
+    "trainer.max_skipped_updates", "trainer.max_skipped_share",
+    "trainer.alarm_entropy_below", "trainer.alarm_clipfrac_above", "retriever.url",
     "retriever.timeout", "retriever.outage_timeout_s", "retriever.replica_timeout_s", "retriever.replica_cooldown_s",
     "data.val_batch_size", "data.val_max_samples", "data.val_files", "trainer.device", "trainer.ray_timeout_s",
     "trainer.default_local_dir",  # the directory's own location: a run moved or copied elsewhere continues there
