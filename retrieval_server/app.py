@@ -26,6 +26,8 @@ Choices:
   false by default: Search-R1's shape) add each hit's score / corpus row.
 - Each ``/retrieve`` answer (its status, query count and wall time) is recorded in a ``RequestStats`` that a
   task of the app summarises in one log line every ``log_interval_s`` (see ``logs.py``); 0 records nothing.
+- FastAPI's generated API docs (``/docs``, ``/redoc``, ``/openapi.json``) answer 404 unless ``serve --docs`` asks
+  for them: a service reachable beyond loopback shows no more than its API.
 """
 
 from __future__ import annotations
@@ -209,10 +211,12 @@ class _State:
 
 
 def create_app(load: Callable[[], SearchService], limits: Limits,
-               on_failure: Callable[[BaseException], None], log_interval_s: float, delay_ms: float = 0.0) -> FastAPI:
+               on_failure: Callable[[BaseException], None], log_interval_s: float, delay_ms: float = 0.0,
+               docs: bool = False) -> FastAPI:
     """The FastAPI app; ``load`` runs in a thread after startup and its result is served. Every ``log_interval_s``
     seconds with requests, one summary line is logged (0: none). ``delay_ms`` (benchmarks only) holds every
-    ``/retrieve`` answer that long after its search, without blocking other requests (a slow backend)."""
+    ``/retrieve`` answer that long after its search, without blocking other requests (a slow backend). ``docs``
+    serves FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json`` (off by default: 404)."""
     state = _State()
     request_stats = RequestStats() if log_interval_s > 0 else None
 
@@ -240,7 +244,9 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
         if state.service is not None:
             state.service.close()
 
-    app = FastAPI(title="retrieval service", lifespan=lifespan)
+    app = FastAPI(title="retrieval service", lifespan=lifespan, **({} if docs else
+                                                                    {"docs_url": None, "redoc_url": None,
+                                                                     "openapi_url": None}))
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError) -> JSONResponse:

@@ -4,8 +4,8 @@ Writes ``DIR/faiss.index`` (dense) or ``DIR/bm25/`` (BM25), then ``DIR/manifest.
 count, corpus checksum). Choices:
 - Two streaming passes over the corpus: the first counts passages and computes the checksum (cheap),
   the second encodes or tokenises them in batches behind a progress bar.
-- The manifest is deleted when a build starts and written when it ends, so an interrupted build is
-  never served.
+- The build writes into a staging directory beside ``DIR`` and moves its files in only when it has finished
+  (``staging.py``, the manifest last): a build that fails leaves an index already in ``DIR`` as it was.
 - ``--from-flat DIR`` builds another kind from the vectors of an existing flat index over the same corpus,
   so switching index type does not re-encode the corpus.
 - Every approximate build measures its recall@3 and @10 against exact search on held-out queries in the same
@@ -37,8 +37,9 @@ from retrieval_server.dense import build_dense_index, build_measured_index, flat
 from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, Encoder, EncoderError
 from retrieval_server.index_kinds import INDEX_KINDS, REFINES
 from retrieval_server.logs import configure_logging
-from retrieval_server.manifest import INDEX_FILE, MANIFEST_NAME, RETRIEVERS, Manifest, ManifestError
+from retrieval_server.manifest import INDEX_FILE, RETRIEVERS, Manifest, ManifestError
 from retrieval_server.shards import write_dense_shards
+from retrieval_server.staging import staged
 from retrieval_server.tuning import (
     DEFAULT_QUERIES,
     RECALL_KS,
@@ -260,19 +261,20 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "dense", m
     if not 1 <= shards <= scan.count:
         raise CorpusError(f"--shards {shards}: give 1 to the corpus's {scan.count} passages")
     make_out_dir(out)
-    (out / MANIFEST_NAME).unlink(missing_ok=True)
-    if retriever == "bm25":
-        params = build_bm25_index(iter_passages(scan.path), scan.count, out, progress)
-        manifest = Manifest(retriever="bm25", count=scan.count, corpus_sha256=scan.sha256,
-                            corpus_bytes=scan.n_bytes, corpus_path=str(scan.path), index_params=params)
-    else:
-        manifest = _build_dense(scan, out, model, choice, e5_prefixes, batch_size,
-                                Path(from_flat) if from_flat else None, progress, shards)
+    with staged(out) as stage:  # nothing reaches `out` unless the whole build succeeds
+        if retriever == "bm25":
+            params = build_bm25_index(iter_passages(scan.path), scan.count, stage, progress)
+            manifest = Manifest(retriever="bm25", count=scan.count, corpus_sha256=scan.sha256,
+                                corpus_bytes=scan.n_bytes, corpus_path=str(scan.path), index_params=params)
+        else:
+            manifest = _build_dense(scan, stage, model, choice, e5_prefixes, batch_size,
+                                    Path(from_flat) if from_flat else None, progress, shards)
+        if shards == 1:
+            manifest.save(stage)
     if shards > 1:
         logger.info("wrote %d shards of the %s index of %d passages to %s/shard-*", shards, choice.kind, scan.count,
                     out)
         return manifest
-    manifest.save(out)
     logger.info("wrote %s index of %d passages to %s", retriever, scan.count, out)
     return manifest
 
@@ -325,8 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--target-recall must be in (0, 1], got {args.target_recall}")
     if args.index == "auto" and (args.target_recall is None or args.memory_budget is None):
         p.error("--index auto needs --target-recall R and --memory-budget GB")
-    if args.memory_budget is not None and args.memory_budget <= 0:
-        p.error(f"--memory-budget must be positive, got {args.memory_budget}")
+    if args.memory_budget is not None and not 0 < args.memory_budget < float("inf"):  # also refuses nan
+        p.error(f"--memory-budget must be a positive number of GiB, got {args.memory_budget}")
     if args.refine != "none" and args.index in ("flat", "auto"):
         p.error(f"--refine applies to approximate kinds, not --index {args.index}")
     if args.shards < 1:

@@ -42,7 +42,8 @@ from retrieval_server.build_index import load_encoder, make_out_dir
 from retrieval_server.corpus import CorpusError, CorpusScan, CorpusStore, scan_corpus
 from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, EncoderError
 from retrieval_server.logs import configure_logging
-from retrieval_server.manifest import MANIFEST_NAME, Manifest, ManifestError
+from retrieval_server.manifest import Manifest, ManifestError
+from retrieval_server.staging import staged
 
 logger = logging.getLogger("retrieval_server.import_index")
 
@@ -144,16 +145,27 @@ def import_index(faiss_file: str | Path, corpus: str | Path, out: str | Path, mo
     """Check ``faiss_file`` against ``corpus`` and the encoder ``model``; write ``out/manifest.json`` for it. With
     ``shards`` > 1 (a flat index), split its vectors into ``out/shard-0 ...`` instead (``shards.py``) and return
     their manifests."""
+    faiss_file, corpus, out = Path(faiss_file).resolve(), Path(corpus), Path(out)
+    if not faiss_file.is_file():
+        raise ManifestError(f"FAISS index file not found: {faiss_file}")
+    make_out_dir(out)
+    with staged(out) as stage:  # a failed import leaves `out` as it was (staging.py)
+        manifests = _import(faiss_file, corpus, stage, model, e5_prefixes, sample, progress, shards)
+    if shards > 1:
+        logger.info("imported %s as %d shards %s/shard-*", faiss_file, shards, out)
+    else:
+        logger.info("imported %s (%s, %d vectors) as %s", faiss_file, manifests.index, manifests.count, out)
+    return manifests
+
+
+def _import(faiss_file: Path, corpus: Path, out: Path, model: str, e5_prefixes: bool, sample: int, progress: bool,
+            shards: int) -> Manifest | list[Manifest]:
+    """``import_index``'s checks and writes, into the staging directory ``out``."""
     import faiss
 
     from retrieval_server.dense import HNSW_EF_SEARCH, build_dense_index, flat_batches, index_kind, read_index
     from retrieval_server.shards import write_dense_shards
 
-    faiss_file, corpus, out = Path(faiss_file).resolve(), Path(corpus), Path(out)
-    if not faiss_file.is_file():
-        raise ManifestError(f"FAISS index file not found: {faiss_file}")
-    make_out_dir(out)
-    (out / MANIFEST_NAME).unlink(missing_ok=True)  # a failed import leaves no manifest behind
     try:
         index = read_index(faiss_file)  # memory-mapped: nothing is loaded yet
     except RuntimeError as e:  # FAISS's reader raises RuntimeError for a damaged or foreign file
@@ -202,12 +214,9 @@ def import_index(faiss_file: str | Path, corpus: str | Path, out: str | Path, mo
                         probe=[round(x, 6) for x in encoder.fingerprint().tolist()], index_params=params,
                         index_file=str(faiss_file), index_bytes=faiss_file.stat().st_size)
     if shards > 1:  # each shard gets its own FAISS file, copied from the flat index: no index_file
-        manifests = write_dense_shards(flat_batches(faiss_file), manifest, out, shards,
-                                       lambda rows, n: build_dense_index(rows, "flat", index.d, n))
-        logger.info("imported %s (%d vectors) as %d shards %s/shard-*", faiss_file, index.ntotal, shards, out)
-        return manifests
+        return write_dense_shards(flat_batches(faiss_file), manifest, out, shards,
+                                  lambda rows, n: build_dense_index(rows, "flat", index.d, n))
     manifest.save(out)
-    logger.info("imported %s (%s, %d vectors) as %s", faiss_file, kind, index.ntotal, out)
     return manifest
 
 

@@ -35,6 +35,7 @@ import argparse
 import ctypes
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -89,6 +90,11 @@ class DeploymentSpec:
             raise DeploymentError(f"--name {self.name!r}: give a non-empty name without '/' or ','")
         if self.replicas < 1:
             raise DeploymentError(f"--replicas must be at least 1, got {self.replicas}")
+        numbers = {"--num-cpus": self.num_cpus, "--num-gpus": self.num_gpus, "--memory-gb": self.memory_gb or 1.0,
+                   "--health-interval": self.health_interval_s, "--wait": self.start_timeout_s}
+        for flag, value in numbers.items():
+            if not math.isfinite(value):
+                raise DeploymentError(f"{flag} must be a finite number, got {value}")
         if self.num_cpus < 0 or self.num_gpus < 0 or (self.memory_gb is not None and self.memory_gb <= 0):
             raise DeploymentError("--num-cpus and --num-gpus must be >= 0 and --memory-gb > 0")
         if self.health_failures < 1 or self.health_interval_s <= 0:
@@ -324,18 +330,48 @@ class RetrievalDeployment:
 # Driver side: connect, deploy, look up
 
 
-def connect(address: str | None = None) -> None:
-    """Join the Ray cluster at ``address`` (default: ``RAY_ADDRESS``, else the one ``ray start`` runs here)."""
+RAY_TIMEOUT_S = 30.0  # the default of --ray-timeout (and of the trainer's trainer.ray_timeout_s)
+
+
+def connect(address: str | None = None, timeout_s: float = RAY_TIMEOUT_S) -> None:
+    """Join the Ray cluster at ``address`` (default: ``RAY_ADDRESS``, else the one ``ray start`` runs here), giving up
+    after ``timeout_s`` with a ``DeploymentError`` naming the address: Ray itself retries a cluster that is not there
+    for ever. A ``host:port`` address is probed over TCP first; the join runs in a daemon thread, abandoned at the
+    deadline (``verl.single_controller.ray_group.join_cluster`` does the same for the trainer)."""
     import ray
 
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
-    try:
-        ray.init(address=address, logging_level=logging.WARNING)
-    except ConnectionError as e:
-        raise DeploymentError(f"no Ray cluster at {address!r} ({e}); start one with `ray start --head` (or set "
-                              "RAY_ADDRESS to a running cluster's address)") from None
+    unreachable = (f"no Ray cluster answers at {address!r} within {timeout_s:g}s (--ray-timeout, "
+                   "trainer.ray_timeout_s); start one with `ray start --head` (or set RAY_ADDRESS to a running "
+                   "cluster's address, or unset it to use the one `ray start` runs on this machine)")
+    deadline = time.monotonic() + timeout_s
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if host and port.isdigit():
+        while True:
+            try:
+                with socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic())):
+                    break
+            except OSError as e:
+                if time.monotonic() >= deadline:
+                    raise DeploymentError(f"{unreachable} ({e.strerror or e})") from None
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    outcome: list[BaseException | None] = []
+
+    def join() -> None:
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread
+            outcome.append(e)
+    thread = threading.Thread(target=join, name="ray-join", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if not outcome:
+        raise DeploymentError(unreachable)
+    if outcome[0] is not None:
+        raise DeploymentError(f"{unreachable} ({type(outcome[0]).__name__}: {outcome[0]})") from None
 
 
 def _handle(name: str):
@@ -399,12 +435,13 @@ def deployment_status(name: str) -> dict:
     return ray.get(actor.status.remote(), timeout=60)
 
 
-def resolve_endpoints(url: str, timeout: float = 60.0) -> list[str]:
-    """The URLs of the replicas that are up in deployment ``ray://NAME`` (joining the cluster if needed)."""
+def resolve_endpoints(url: str, timeout: float = 60.0, connect_timeout_s: float = RAY_TIMEOUT_S) -> list[str]:
+    """The URLs of the replicas that are up in deployment ``ray://NAME`` (joining the cluster if needed, within
+    ``connect_timeout_s``)."""
     import ray
 
     name = url[len(SCHEME):].strip("/") if url.startswith(SCHEME) else url
-    connect()
+    connect(timeout_s=connect_timeout_s)
     actor = _handle(name)
     if actor is None:
         raise DeploymentError(f"{url}: no retrieval deployment named {name!r} on the Ray cluster; start it with "
@@ -420,10 +457,20 @@ def resolve_endpoints(url: str, timeout: float = 60.0) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m retrieval_server.ray_service", description=__doc__.split("\n")[0])
-    p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else auto)")
+    def cluster_options(default) -> argparse.ArgumentParser:  # before or after the command (default once)
+        common = argparse.ArgumentParser(add_help=False)
+        common.add_argument("--address", default=None if default else argparse.SUPPRESS,
+                            help="Ray cluster address (default: RAY_ADDRESS, else auto)")
+        common.add_argument("--ray-timeout", type=float, default=RAY_TIMEOUT_S if default else argparse.SUPPRESS,
+                            metavar="SECONDS", help=f"give up joining the cluster after this many seconds (default "
+                                                    f"{RAY_TIMEOUT_S:g})")
+        return common
+
+    p = argparse.ArgumentParser(prog="python -m retrieval_server.ray_service", description=__doc__.split("\n")[0],
+                                parents=[cluster_options(True)])
     sub = p.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start a deployment and wait until every replica is up")
+    up = sub.add_parser("up", help="start a deployment and wait until every replica is up",
+                        parents=[cluster_options(False)])
     up.add_argument("--name", required=True, help="deployment name; the trainer uses retriever.url=ray://NAME")
     up.add_argument("--index", required=True, help="index directory (whole, or holding shard-i from --shards)")
     up.add_argument("--corpus", required=True, help="the JSONL corpus the index was built from")
@@ -441,15 +488,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     up.add_argument("serve_args", nargs=argparse.REMAINDER,
                     help="after --: arguments for retrieval_server.serve (e.g. -- --topk 3 --threads 4)")
     for command in ("status", "down"):
-        sub.add_parser(command).add_argument("--name", required=True)
+        sub.add_parser(command, parents=[cluster_options(False)]).add_argument("--name", required=True)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not 0 < args.ray_timeout < float("inf"):
+        print(f"error: --ray-timeout must be a positive number of seconds, got {args.ray_timeout}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        connect(args.address)
+        connect(args.address, args.ray_timeout)
         if args.command == "up":
             serve_args = args.serve_args[1:] if args.serve_args[:1] == ["--"] else args.serve_args
             spec = DeploymentSpec(name=args.name, index=str(Path(args.index).resolve()),

@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="benchmarks only: hold every /retrieve answer this many ms after its search, as a slow "
                         "backend would (a dense search over 21M passages, a web search API); concurrent "
                         "requests wait at the same time")
+    p.add_argument("--docs", action="store_true", help="serve the API docs at /docs, /redoc and /openapi.json "
+                                                        "(off by default)")
     args = p.parse_args(argv)
     if not 0 <= args.delay_ms < float("inf"):
         p.error(f"--delay-ms must be 0 (off) or a positive number of milliseconds, got {args.delay_ms}")
@@ -90,12 +92,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--port must be between 0 and 65535, got {args.port}")
     if not 1 <= args.topk <= args.max_topk:
         p.error(f"--topk must be between 1 and --max-topk ({args.max_topk}), got {args.topk}")
-    if args.client_timeout <= 0:
-        p.error("--client-timeout must be positive")
+    if not 0 < args.client_timeout < float("inf"):  # also refuses nan
+        p.error(f"--client-timeout must be a positive number of seconds, got {args.client_timeout}")
     if args.max_header_bytes < 1024:
         p.error(f"--max-header-bytes must be at least 1024, got {args.max_header_bytes}")
-    if args.log_interval < 0:
-        p.error("--log-interval must be 0 (off) or positive")
+    if not 0 <= args.log_interval < float("inf"):
+        p.error(f"--log-interval must be 0 (off) or a positive number of seconds, got {args.log_interval}")
     for name in ("max_queries", "max_query_chars"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         server.should_exit = True
 
     app = create_app(lambda: load_service(args.index, args.corpus, args.options), limits, on_failure,
-                     args.log_interval, args.delay_ms)
+                     args.log_interval, args.delay_ms, docs=args.docs)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
                                            timeout_graceful_shutdown=5,
                                            http=request_head_protocol(args.client_timeout,

@@ -63,7 +63,7 @@ class ServeOptions:
             raise ValueError(f"encoder backend must be one of {ENCODER_BACKENDS}, got {self.encoder_backend!r}")
         if self.gpu_mode not in GPU_MODES:
             raise ValueError(f"FAISS GPU mode must be one of {GPU_MODES}, got {self.gpu_mode!r}")
-        if self.gpu_budget_gb is not None and not self.gpu_budget_gb > 0:
+        if self.gpu_budget_gb is not None and not 0 < self.gpu_budget_gb < float("inf"):
             raise ValueError(f"--faiss-gpu-memory-gb must be a positive number of GiB, got {self.gpu_budget_gb}")
         for name, value, least in (("threads", self.threads, 0), ("cache size", self.cache_size, 0),
                                    ("rerank topk", self.rerank_topk, 1)):

@@ -14,8 +14,9 @@ Choices:
   client refuses shards of two builds, even of the same corpus.
 - Dense only: BM25 scores depend on corpus-wide statistics (document frequencies, mean length), so the
   shards of a BM25 index would not rank as the whole index does.
-- All shard manifests under ``OUT`` are deleted when a sharded build starts, so an interrupted build
-  leaves no shard that could be served with shards of another build.
+- A sharded build is written into a staging directory and moved into ``OUT`` when complete (``staging.py``);
+  the shard manifests already under ``OUT`` are deleted just before, so a shard of an earlier build left beyond
+  the new N can never be served with the new ones.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def shard_set_id(manifest: Manifest, n_shards: int) -> str:
 
 
 def clear_shard_manifests(out: Path) -> None:
-    """Delete the manifests of every ``shard-*`` directory under ``out`` (a build starts; see module docstring)."""
+    """Delete the manifests of every ``shard-*`` directory under ``out`` (a new set moves in; module docstring)."""
     for path in out.glob(SHARD_DIR.format("*") + "/" + MANIFEST_NAME):
         path.unlink(missing_ok=True)
 
@@ -95,7 +96,6 @@ def write_dense_shards(batches: Iterable[np.ndarray], manifest: Manifest, out: P
 
     ranges = shard_ranges(manifest.count, n_shards)
     set_id = shard_set_id(manifest, n_shards)
-    clear_shard_manifests(out)
     manifests = []
     for i, ((start, end), rows) in enumerate(zip(ranges, split_rows(batches, ranges), strict=True)):
         shard_dir = out / SHARD_DIR.format(i)

@@ -75,7 +75,7 @@ def build_agent(cfg: Config, tokenizer) -> LLMGenerationManager:
 
     client = None
     if cfg.do_search:
-        client = RetrievalClient.from_config(cfg.retriever)
+        client = RetrievalClient.from_config(cfg.retriever, cfg.trainer.ray_timeout_s)
         try:
             client.check_health()
         except RetrievalError as err:  # a wrong or unstarted retriever URL: an input error
@@ -186,14 +186,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N rows only")
     p.add_argument("--batch-size", type=int, default=64, help="trajectories per loop call and per write")
+    p.add_argument("--ray-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="--retriever-url ray://NAME: give up joining the Ray cluster after this many seconds")
     p.add_argument("--config", action="append", default=[], metavar="FILE",
                    help="YAML layered over configs/ppo_trainer.yaml, as in training (e.g. configs/demo.yaml)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (configs/ppo_trainer.yaml)")
     args = p.parse_args(argv)
     if args.temperature is None:
         args.temperature = 0.0 if args.n == 1 else 1.0
-    if not args.temperature >= 0:  # also refuses nan
-        p.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not 0 <= args.temperature <= 10:  # also refuses nan and inf
+        p.error(f"--temperature must be in [0, 10] (0 = greedy), got {args.temperature}")
+    if not 0 < args.ray_timeout < float("inf"):
+        p.error(f"--ray-timeout must be a positive number of seconds, got {args.ray_timeout}")
     for name in ("n", "batch_size", "limit"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -210,7 +214,8 @@ def evaluate(args: argparse.Namespace) -> dict:
     for f in args.config:
         if not Path(f).is_file():
             raise EvalInputError(f"--config {f!r}: no such file (a YAML of keys layered over configs/ppo_trainer.yaml)")
-    cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed, args.overrides, args.config)
+    cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed,
+                       [f"trainer.ray_timeout_s={args.ray_timeout}", *args.overrides], args.config)
     make_out_dir(args.out)
     check_run_settings(args.out, {
         "model": str(Path(args.model).resolve()), "data": [str(Path(d).resolve()) for d in args.data],

@@ -40,11 +40,17 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ray-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="--retriever-url ray://NAME: give up joining the Ray cluster after this many seconds")
     p.add_argument("--config", action="append", default=[], metavar="FILE",
                    help="YAML layered over configs/ppo_trainer.yaml, as in training (e.g. configs/demo.yaml)")
     args = p.parse_args(argv)
-    if not args.temperature >= 0:  # also refuses nan
-        p.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not args.question.strip():
+        p.error("--question is empty: give the question to answer")
+    if not 0 <= args.temperature <= 10:  # also refuses nan and inf
+        p.error(f"--temperature must be in [0, 10] (0 = greedy), got {args.temperature}")
+    if not 0 < args.ray_timeout < float("inf"):
+        p.error(f"--ray-timeout must be a positive number of seconds, got {args.ray_timeout}")
     return args
 
 
@@ -65,17 +71,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed,
-                           [f"retriever.topk={args.topk}", f"max_turns={args.max_turns}"], args.config)
+                           [f"retriever.topk={args.topk}", f"max_turns={args.max_turns}",
+                            f"trainer.ray_timeout_s={args.ray_timeout}"], args.config)
         check_model_dir(args.model)
         from transformers import AutoTokenizer  # heavy import
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
+        messages = [{"role": "user", "content": make_prompt(args.question)}]
+        prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=False)
+        if len(prompt_ids) > cfg.data.max_prompt_length:  # the loop refuses it (training drops such rows)
+            raise EvalInputError(f"--question of {len(args.question):,} characters makes a prompt of "
+                                 f"{len(prompt_ids):,} tokens; allowed at most data.max_prompt_length="
+                                 f"{cfg.data.max_prompt_length} (a shorter question, or a larger "
+                                 "data.max_prompt_length in a --config file)")
         agent = build_agent(cfg, tokenizer)
-    except (ConfigError, EvalInputError) as err:  # bad arguments, model directory or retriever URL
+    except (ConfigError, EvalInputError) as err:  # bad arguments, model directory, question or retriever URL
         print(f"error: {err}", file=sys.stderr)
         return 2
-    messages = [{"role": "user", "content": make_prompt(args.question)}]
-    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     params = SamplingParams(max_tokens=cfg.data.max_response_length, temperature=args.temperature, seed=args.seed)
     try:
         traj = agent.run([list(prompt_ids)], params).trajectories[0]

@@ -16,8 +16,8 @@ from transformers import PreTrainedTokenizerBase
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
 from search_r1.reward.qa_em import compute_score
 from search_r1.reward.terms import TermsReward
-from search_r1.search.client import RetrievalClient
-from verl.config import Config
+from search_r1.search.client import RetrievalClient, RetrievalError, RetrievalUnavailable
+from verl.config import Config, ConfigError
 from verl.protocol import Batch
 from verl.trainer.recipe import Recipe
 from verl.workers.rollout.base import Generator
@@ -32,13 +32,29 @@ def search_row_metrics(texts: list[str], batch: Batch, normalize: str) -> dict[s
             "turns": np.asarray(batch["num_turns"], dtype=float)}
 
 
+def connect_retriever(cfg: Config, wait_s: float = 10.0) -> RetrievalClient:
+    """The client of ``retriever.url``, health-checked. A service that does not answer stays
+    ``RetrievalUnavailable`` (an environment that is down); endpoints that answer but cannot serve this run (a shard
+    alone, shards of different corpora or builds, an endpoint that is not a retrieval service) are a ``ConfigError``
+    naming ``retriever.url``: the user's setting is wrong, and the trainer exits 2 with the message."""
+    client = RetrievalClient.from_config(cfg.retriever, cfg.trainer.ray_timeout_s)
+    try:
+        client.check_health(wait_s=wait_s)
+    except RetrievalUnavailable:
+        client.close()
+        raise
+    except RetrievalError as err:
+        client.close()
+        raise ConfigError(f"config key retriever.url is invalid: {err}") from None
+    return client
+
+
 def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Generator) -> Recipe:
     """The search agent as the generation function, exact match (``reward.*``, normalised by
     ``reward.normalize``) as the score."""
     client = None
     if cfg.do_search:
-        client = RetrievalClient.from_config(cfg.retriever)
-        client.check_health(wait_s=10)
+        client = connect_retriever(cfg)
     agent = LLMGenerationManager(tokenizer, generator, client, AgentConfig.from_config(cfg))
     score = functools.partial(compute_score, default_scorer=cfg.reward.default_scorer,
                               format_score=cfg.reward.format_score, normalize=cfg.reward.normalize)

@@ -9,6 +9,7 @@ Everything is real and tiny: a 2-layer model, 8-row parquets, a 1-step training 
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -34,8 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Path:
-    """A tiny policy (``model``), ``train.parquet`` (8 rows) and ``test.parquet`` (4 rows)."""
-    root = tmp_path_factory.mktemp("user_errors")
+    return tiny_workspace(tmp_path_factory.mktemp("user_errors"))
+
+
+def tiny_workspace(root: Path) -> Path:
+    """A tiny policy (``model``), ``train.parquet`` (8 rows) and ``test.parquet`` (4 rows) in ``root``."""
     questions = [f"Who founded the guild number {i} of Vuzaholm" for i in range(8)]
     texts = [make_prompt(q) for q in questions] + ["the answer is <answer> here </answer> <search> q </search>"] * 10
     save_tiny_model(root / "model", texts, vocab_size=600)
@@ -45,10 +49,11 @@ def ws(tmp_path_factory) -> Path:
     return root
 
 
-def run(module: str, *args: object, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m module args`` from the repository root."""
+def run(module: str, *args: object, timeout: float = 300, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess:
+    """``python -m module args`` from the repository root (``env``: variables added to this process's)."""
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def assert_refused(done: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -102,7 +107,7 @@ def test_values_outside_what_a_key_or_flag_allows(ws, tmp_path):
     assert_refused(run("verl.trainer.main_ppo", *negative),
                    "actor_rollout_ref.rollout.temperature=-1.0 is invalid: allowed a number >= 0")
     assert_refused(run("search_r1.evaluate", *eval_argv(ws, tmp_path / "eval", "--n", "2", "--temperature", "-1")),
-                   "--temperature must be >= 0 (0 = greedy), got -1.0")
+                   "--temperature must be in [0, 10] (0 = greedy), got -1.0")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "1", "contents": "Paris is the capital of France."}\n')
     assert run("retrieval_server.build_index", "--corpus", corpus, "--out", tmp_path / "index", "--retriever",

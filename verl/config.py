@@ -24,6 +24,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from verl import config_checks
 from verl.config_compat import CompatError, translate
 from verl.trainer.registry import AdvEstimator
 
@@ -270,6 +271,7 @@ class CustomRewardConfig:
 @dataclass
 class TrainerConfig:
     backend: str = "local"
+    ray_timeout_s: float = 30.0
     nnodes: int = 1
     n_gpus_per_node: int = 1
     total_epochs: int = 1
@@ -290,6 +292,7 @@ class TrainerConfig:
     seed: int = 1
     device: str = "auto"
     max_skipped_updates: int = 3
+    max_skipped_share: float = 0.5
     alarm_entropy_below: float = 0.05
     alarm_clipfrac_above: float = 0.5
 
@@ -409,6 +412,7 @@ def _require(ok: bool, key: str, value, allowed: str) -> None:
 
 def validate(cfg: Config) -> Config:
     """Check choices, ranges and cross-key rules; raise ConfigError naming the key."""
+    config_checks.check_finite(cfg, ConfigError)
     for key, allowed in choices().items():
         value = _get(cfg, key)
         _require(value in allowed, key, value, "one of " + ", ".join(allowed))
@@ -458,11 +462,7 @@ def validate(cfg: Config) -> Config:
         _require(value >= 0, key, value, "a number >= 0")
     gpu = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
     _require(0.0 < gpu <= 1.0, "actor_rollout_ref.rollout.gpu_memory_utilization", gpu, "a fraction in (0, 1]")
-    _require(all(re.match(r"(https?://[^/\s]+|ray://[^/,\s]+/?$)", url.strip())
-                 for url in cfg.retriever.url.split(",")),
-             "retriever.url", cfg.retriever.url, "an http:// or https:// URL of the retrieval service, e.g. "
-             "http://127.0.0.1:8000, several (shards, replicas) separated by commas, or ray://NAME for the "
-             "deployment NAME started by python -m retrieval_server.ray_service up")
+    config_checks.check_retriever_url(cfg.retriever.url, ConfigError)
     _require(cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup", cfg.trainer.critic_warmup, "an integer >= 0")
     _check_pipeline(cfg)
     _check_overlong(cfg)
@@ -515,6 +515,7 @@ def validate(cfg: Config) -> Config:
     _validate_ranks(cfg)
     _require(cfg.trainer.resume_mode in ("auto", "disable") or Path(cfg.trainer.resume_mode).exists(),
              "trainer.resume_mode", cfg.trainer.resume_mode, "auto, disable or an existing checkpoint path")
+    config_checks.check_ranges(cfg, ConfigError)
     return cfg
 
 
@@ -630,7 +631,38 @@ def parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} is not key=value")
     key, raw = item.split("=", 1)
-    return key.strip(), OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
+    return key.strip(), _hydra_mapping(OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]),
+                                                               resolve=False)["v"])
+
+
+def _hydra_mapping(value: Any) -> Any:
+    """Hydra's ``{em:1.0, f1:0.5}`` (no space after the colon) as the mapping it means; YAML reads ``em:1.0`` as a
+    key with no value."""
+    if not isinstance(value, dict) or not any(isinstance(k, str) and ":" in k and v is None for k, v in value.items()):
+        return value
+    out = {}
+    for k, v in value.items():
+        if isinstance(k, str) and ":" in k and v is None:
+            k, raw = k.split(":", 1)
+            v = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw.strip()}"]), resolve=False)["v"]
+        out[k.strip() if isinstance(k, str) else k] = v
+    return out
+
+
+def _shape_error(merged, items: list[tuple[str, Any]]) -> ConfigError:
+    """The key of ``items`` whose value cannot merge into ``merged`` (a list where the schema has a mapping, or the
+    other way round), as a ConfigError naming it and the shape expected."""
+    for key, value in items:
+        tree: dict = {}
+        _put(tree, key, value)
+        try:
+            OmegaConf.merge(merged, OmegaConf.create(tree))
+        except TypeError:
+            expected = "a mapping, e.g. {a: 1.0, b: 0.5}" if isinstance(value, list) else "a list, e.g. [a, b]"
+            return ConfigError(f"config key {key}={value!r} is invalid: allowed {expected}")
+        except OmegaConfBaseException:
+            continue
+    return ConfigError(f"the values of {', '.join(key for key, _ in items)} do not fit the config's shape")
 
 
 def _put(tree: dict, key: str, value: Any) -> None:
@@ -670,7 +702,10 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
             for key, value in layer.items:
                 _put(tree, key, value)
                 global_counts.pop(key, None)
-            merged = OmegaConf.merge(merged, OmegaConf.create(tree))
+            try:
+                merged = OmegaConf.merge(merged, OmegaConf.create(tree))
+            except TypeError:  # "Cannot merge incompatible container types": a list given for a mapping, or back
+                raise _shape_error(merged, layer.items) from None
             global_counts.update(layer.global_counts)
             notices += layer.notices
         cfg = OmegaConf.to_object(merged)

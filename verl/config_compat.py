@@ -233,8 +233,8 @@ def translate(pairs: list[tuple[str, Any]]) -> Translated:
                     raise CompatError(f"config key {key}={value!r} is invalid: allowed "
                                       f"{', '.join(repr(v) for v in rule.values)} ({mapping(rule.values, ours)})")
                 value = rule.values[value]
-        if ours == "retriever.url" and isinstance(value, str) and value.rstrip("/").endswith("/retrieve"):
-            value = value.rstrip("/")[: -len("/retrieve")]  # Search-R1 writes the endpoint; ours is the base URL
+        if ours == "retriever.url" and isinstance(value, str):
+            value = _base_urls(value)  # Search-R1 writes the endpoint; ours is the base URL
         earlier = spelled_by.get(ours)
         if earlier is not None and earlier[0] != key and earlier[1] != value:
             raise CompatError(f"config keys {earlier[0]}={earlier[2]!r} and {key}={given!r} set the same setting "
@@ -242,3 +242,11 @@ def translate(pairs: list[tuple[str, Any]]) -> Translated:
         spelled_by[ours] = (key, value, given)
         out.items.append((ours, value))
     return out
+
+
+def _base_urls(url: str) -> str:
+    """Each comma-separated endpoint of ``url`` without a trailing ``/retrieve`` (Search-R1 names the endpoint)."""
+    def base(entry: str) -> str:
+        entry = entry.strip().rstrip("/")
+        return entry[: -len("/retrieve")] if entry.endswith("/retrieve") else entry
+    return ",".join(base(entry) for entry in url.split(",")) if "/retrieve" in url else url

@@ -30,6 +30,7 @@ Choices:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -69,7 +70,7 @@ class RetrievalClient:
 
     def __init__(self, url: str, topk: int, timeout: float = 30.0, outage_timeout_s: float = 300.0,
                  backoff: float = 0.5, max_backoff: float = 8.0, max_batch: int = 512,
-                 replica_timeout_s: float = 10.0, replica_cooldown_s: float = 30.0):
+                 replica_timeout_s: float = 10.0, replica_cooldown_s: float = 30.0, ray_timeout_s: float = 30.0):
         if topk < 1:
             raise ValueError(f"topk must be at least 1, got {topk}")
         if outage_timeout_s < 0:
@@ -86,6 +87,7 @@ class RetrievalClient:
         self.max_batch = max_batch
         self.replica_timeout_s = replica_timeout_s
         self.replica_cooldown_s = replica_cooldown_s
+        self.ray_timeout_s = ray_timeout_s  # ray://NAME: joining the cluster gives up after this long
         self.several = len(self.urls) > 1 or self.urls[0].startswith("ray://")
         self._http = httpx.Client(timeout=timeout)
         self._shards: list[Shard] | None = None  # several endpoints: found by check_health (or the first search)
@@ -93,11 +95,12 @@ class RetrievalClient:
         self._pool: ThreadPoolExecutor | None = None  # fans a search out to the shards
 
     @classmethod
-    def from_config(cls, retriever) -> RetrievalClient:
-        """The client ``retriever`` (``verl.config.RetrieverConfig``) describes."""
+    def from_config(cls, retriever, ray_timeout_s: float = 30.0) -> RetrievalClient:
+        """The client ``retriever`` (``verl.config.RetrieverConfig``) describes; ``ray_timeout_s``:
+        ``trainer.ray_timeout_s``."""
         return cls(retriever.url, retriever.topk, timeout=retriever.timeout,
                    outage_timeout_s=retriever.outage_timeout_s, replica_timeout_s=retriever.replica_timeout_s,
-                   replica_cooldown_s=retriever.replica_cooldown_s)
+                   replica_cooldown_s=retriever.replica_cooldown_s, ray_timeout_s=ray_timeout_s)
 
     def search(self, queries: list[str]) -> list[list[dict]]:
         """One POST /retrieve for all queries; per query `topk` docs as {"id": str, "contents": str}.
@@ -235,7 +238,7 @@ class RetrievalClient:
         when they do not form one index, ``RetrievalUnavailable`` when some do not answer (``require_all``) or a
         shard has no replica that answers."""
         try:
-            urls = resolve_urls(self.urls)
+            urls = resolve_urls(self.urls, self.ray_timeout_s)
         except EndpointLookupError as e:
             raise RetrievalUnavailable(f"retriever.url={self.url}: {e}") from None
         if not urls:
@@ -248,6 +251,7 @@ class RetrievalClient:
                 if url not in served:
                     body, problems[url] = self._health(url)
                     if body is not None:
+                        _require_ours(url, body)
                         served[url] = Served.from_health(url, body)
                         del problems[url]
             if not problems or time.monotonic() >= deadline:
@@ -305,6 +309,7 @@ class RetrievalClient:
         while True:
             body, last = self._health(self.url)
             if body is not None:
+                _require_ours(self.url, body)
                 if body.get("shard") is not None:
                     what = Served.from_health(self.url, body).what()
                     raise RetrievalError(f"retrieval service at {self.url} serves only {what}; give the URLs of all "
@@ -328,6 +333,15 @@ class RetrievalClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _require_ours(url: str, health: dict) -> None:
+    """``RetrievalError`` when the ``GET /health`` answer of ``url`` is not a retrieval service's (another program
+    listens on that port): its searches would all fail."""
+    if not isinstance(health.get("retriever"), str) or "corpus_sha256" not in health:
+        raise RetrievalError(f"{url} answers GET /health but is not a retrieval service (its answer "
+                             f"{json.dumps(health)[:120]} names no retriever and corpus); check the host and port "
+                             f"({LAUNCH_HINT})")
 
 
 def _rejected(endpoint: str, response: httpx.Response) -> RetrievalError:

@@ -38,15 +38,16 @@ def split_urls(url: str) -> list[str]:
     return [part.strip().rstrip("/") for part in url.split(",") if part.strip()]
 
 
-def resolve_urls(urls: list[str]) -> list[str]:
-    """``urls`` with each ``ray://NAME`` replaced by the endpoints it names now."""
+def resolve_urls(urls: list[str], ray_timeout_s: float = 30.0) -> list[str]:
+    """``urls`` with each ``ray://NAME`` replaced by the endpoints it names now (joining the Ray cluster if needed,
+    an ``EndpointLookupError`` when it does not answer within ``ray_timeout_s``)."""
     resolved = []
     for url in urls:
         if url.startswith("ray://"):
             from retrieval_server.ray_service import DeploymentError, resolve_endpoints
 
             try:
-                resolved.extend(part.rstrip("/") for part in resolve_endpoints(url))
+                resolved.extend(part.rstrip("/") for part in resolve_endpoints(url, connect_timeout_s=ray_timeout_s))
             except DeploymentError as e:
                 raise EndpointLookupError(str(e)) from None
         else:

@@ -84,8 +84,9 @@ def test_missing_or_foreign_manifest_is_refused(tmp_path, bm25_index):
         Manifest.load(tmp_path)
 
 
-def test_interrupted_rebuild_leaves_no_manifest(bm25_index, tmp_path):
-    """Guards against a failed rebuild leaving the old manifest beside new, partial index files."""
+def test_failed_rebuild_leaves_the_old_index(bm25_index, tmp_path):
+    """Guards against a failed rebuild leaving the old manifest beside new, partial index files, or deleting the
+    old index's manifest (it could no longer be served): the build is staged beside --out (staging.py)."""
     out = tmp_path / "idx"
     shutil.copytree(bm25_index, out)
     empty = tmp_path / "empty.jsonl"
@@ -97,7 +98,7 @@ def test_interrupted_rebuild_leaves_no_manifest(bm25_index, tmp_path):
     bad.write_text('{"id": "a", "contents": "x"}\nnot json\n')
     with pytest.raises(CorpusError):
         build_index(bad, out, retriever="bm25", progress=False)
-    assert not (out / MANIFEST_NAME).exists()
+    assert (out / MANIFEST_NAME).read_bytes() == (bm25_index / MANIFEST_NAME).read_bytes()
 
 
 def test_encoder_check_compares_behaviour_not_names(flat_index, tmp_path):

@@ -101,9 +101,10 @@ MISMATCHES = {  # name -> (index and vectors to write, fragment of the refusal)
 
 
 @pytest.mark.parametrize("name", MISMATCHES)
-def test_mismatched_index_is_refused_and_leaves_no_manifest(name, passage_vectors, corpus_path, tmp_path):
+def test_mismatched_index_is_refused_and_leaves_out_as_it_was(name, passage_vectors, corpus_path, tmp_path):
     """Guards against importing an index that cannot serve this corpus with this encoder (wrong row count, size,
-    metric, order, scale or a lossy type): it would start and answer with wrong passages."""
+    metric, order, scale or a lossy type): it would start and answer with wrong passages. A refused import leaves
+    what --out held as it was (it once deleted the manifest of the index there)."""
     make, fragment = MISMATCHES[name]
     index, vectors = make(passage_vectors)
     if isinstance(index, faiss.IndexScalarQuantizer):
@@ -111,10 +112,11 @@ def test_mismatched_index_is_refused_and_leaves_no_manifest(name, passage_vector
     raw = _write(index, vectors, tmp_path / "other.index")
     out = tmp_path / "out"
     out.mkdir()
-    (out / MANIFEST_NAME).write_text("{}")  # an earlier import's manifest must not survive a refused one
+    (out / MANIFEST_NAME).write_text("{}")  # an earlier import's manifest stays as it was
     with pytest.raises(ManifestError, match=fragment):
         import_index(raw, corpus_path, out, progress=False)
-    assert not (out / MANIFEST_NAME).exists()
+    assert (out / MANIFEST_NAME).read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.index", "out"]  # no staging directory left
 
 
 def test_wrong_prefix_setting_is_named(corpus_path, tmp_path):

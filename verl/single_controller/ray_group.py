@@ -26,6 +26,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
 from typing import Any
 
 import ray
@@ -34,7 +36,7 @@ import torch.distributed as dist
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from verl.config import Config
+from verl.config import Config, ConfigError
 from verl.single_controller.base import WorkerGroup
 
 logger = logging.getLogger(__name__)
@@ -44,14 +46,54 @@ PLACEMENT_TIMEOUT_S = 120
 _POOLS: dict[tuple[str, str, int], PlacementGroup] = {}
 
 
-def ensure_ray(min_cpus: int) -> None:
-    """Join the cluster ``RAY_ADDRESS`` names, or start a local Ray instance; nothing if Ray is initialised."""
+class RayUnreachable(ConfigError):
+    """``RAY_ADDRESS`` names a cluster that does not answer within ``trainer.ray_timeout_s``."""
+
+
+def ensure_ray(min_cpus: int, timeout_s: float) -> None:
+    """Join the cluster ``RAY_ADDRESS`` names (``RayUnreachable`` if it does not answer within ``timeout_s``), or
+    start a local Ray instance; nothing if Ray is initialised."""
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"])
+        join_cluster(os.environ["RAY_ADDRESS"], timeout_s)
     else:
         ray.init(num_cpus=max(os.cpu_count() or 1, min_cpus), include_dashboard=False)
+
+
+def join_cluster(address: str, timeout_s: float) -> None:
+    """``ray.init(address=...)`` that gives up after ``timeout_s``: Ray itself retries a cluster that is not there
+    for ever ("Failed to connect to GCS" every 5 s). A ``host:port`` address is first probed over TCP (nothing
+    listening fails at once); the join then runs in a daemon thread, abandoned at the deadline."""
+    unreachable = (f"RAY_ADDRESS={address}: no Ray cluster answers there within {timeout_s:g}s "
+                   "(trainer.ray_timeout_s); start one with `ray start --head` on that machine (and `ray start "
+                   "--address=HEAD:PORT` on the others), or unset RAY_ADDRESS to run on a Ray instance started here")
+    deadline = time.monotonic() + timeout_s
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if host and port.isdigit():
+        while True:
+            try:
+                with socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic())):
+                    break
+            except OSError as e:
+                if time.monotonic() >= deadline:
+                    raise RayUnreachable(f"{unreachable} ({e.strerror or e})") from None
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    outcome: list[BaseException | None] = []
+
+    def join() -> None:
+        try:
+            ray.init(address=address)
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread
+            outcome.append(e)
+    thread = threading.Thread(target=join, name="ray-join", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if not outcome:
+        raise RayUnreachable(unreachable)
+    if outcome[0] is not None:
+        raise RayUnreachable(f"{unreachable} ({type(outcome[0]).__name__}: {outcome[0]})") from None
 
 
 def resource_pool(world_size: int) -> tuple[PlacementGroup, bool]:
@@ -109,7 +151,7 @@ class RayWorkerGroup(WorkerGroup):
                  pool_size: int | None = None, first_bundle: int = 0, **init_kwargs: Any):
         super().__init__()
         pool_size = world_size if pool_size is None else pool_size
-        ensure_ray(pool_size)
+        ensure_ray(pool_size, cfg.trainer.ray_timeout_s)
         pool, use_gpu = resource_pool(pool_size)
         share = 1.0 / MAX_COLOCATED
         actor_cls = ray.remote(WorkerProcess)

@@ -184,7 +184,10 @@ class PPOTrainer:
                             batch, metrics = self.run_step(rollout, timing)
                     except EnvironmentUnavailable as err:
                         self.stop_for_outage(err)
-                    metrics.update(self.health.observe(self.step, metrics))
+                    try:
+                        metrics.update(self.health.observe(self.step, metrics))
+                    except TrainingStopped as err:
+                        self.stop_unhealthy(err)
                     self.tracker.log({**metrics, **timing, **self._perf(batch, timing)}, step=self.step)
                     if self._due(self.cfg.trainer.save_freq):  # after the log: a kill in between redoes the step
                         self.save()
@@ -375,6 +378,14 @@ class PPOTrainer:
         where = f"saved checkpoint {saved}" if self.step > 0 else "nothing trained yet, no checkpoint"
         raise TrainingStopped(f"{err}\nstopped after step {self.step} ({where}); start the service and run the same "
                               f"command again to continue at step {self.step + 1}") from err
+
+    def stop_unhealthy(self, err: TrainingStopped) -> NoReturn:
+        """Too many skipped updates: save the weights as they are (every skipped update left them untouched, so they
+        are the last finite ones) as this step's checkpoint, and raise ``TrainingStopped`` naming it."""
+        saved = checkpoint.step_dir(self.out_dir, self.step)
+        if not saved.exists():
+            saved = self.save()
+        raise TrainingStopped(f"{err}\nsaved the last finite weights as checkpoint {saved}") from err
 
     def sync_weights(self) -> dict[str, float]:
         """The actor's new weights into every engine (in memory, no disk, not via the driver): each actor rank streams

@@ -5,7 +5,8 @@
 
 * it is empty or new, or holds only a run that failed before its first step; or
 * it holds a run of the same config (keys that only steer the run, such as the step budget, loggers,
-  validation and checkpoint frequency or the retriever's address, may differ) and ``trainer.resume_mode=auto``
+  validation and checkpoint frequency, the retriever's address or the directory's own path, so a run directory
+  can be moved or copied and continued, may differ) and ``trainer.resume_mode=auto``
   finds a checkpoint there to continue from (the crash-and-rerun case), or the command only validates.
 
 Anything else (a different config; metrics of a run with no checkpoint to continue; ``resume_mode=disable``
@@ -26,9 +27,11 @@ from verl.utils import checkpoint
 RUN_CONTROL = (
     "trainer.total_training_steps", "trainer.total_epochs", "trainer.resume_mode", "trainer.logger",
     "trainer.val_before_train", "trainer.val_only", "trainer.test_freq", "trainer.save_freq",
-    "trainer.max_skipped_updates", "trainer.alarm_entropy_below", "trainer.alarm_clipfrac_above", "retriever.url",
+    "trainer.max_skipped_updates", "trainer.max_skipped_share",
+    "trainer.alarm_entropy_below", "trainer.alarm_clipfrac_above", "retriever.url",
     "retriever.timeout", "retriever.outage_timeout_s", "retriever.replica_timeout_s", "retriever.replica_cooldown_s",
-    "data.val_batch_size", "data.val_max_samples", "data.val_files", "trainer.device",
+    "data.val_batch_size", "data.val_max_samples", "data.val_files", "trainer.device", "trainer.ray_timeout_s",
+    "trainer.default_local_dir",  # the directory's own location: a run moved or copied elsewhere continues there
 )
 CONFIG_FILE = "config.yaml"
 

@@ -19,7 +19,11 @@ Choices:
   is NaN/Inf makes no optimiser step (logged; the scheduler still steps), so it never reaches the
   weights or Adam's moments. Every rank decides alike: the non-finite-loss count travels in the
   metrics' all-reduce and the gradient norm is global, so FSDP ranks never desynchronise. Counted
-  in ``skipped_updates`` (with ``nonfinite_loss`` / ``nonfinite_grad_norm`` saying why).
+  in ``skipped_updates`` (with ``nonfinite_loss`` / ``nonfinite_grad_norm`` saying why). A step
+  whose finite gradient would still make a weight NaN/Inf (an overflowing update) is undone: the
+  trainable weights are copied before the optimiser step (one copy of this rank's shard, held
+  during the step) and put back when any weight on any rank is non-finite after it, counted in
+  ``skipped_updates`` and ``nonfinite_update`` (Adam's moments keep that finite gradient).
 * **Checkpoints**: ``torch.distributed.checkpoint`` for the trainable weights + optimiser (each
   rank writes its own shard; loads into any world size), the scheduler state in ``extra_state.pt``
   from rank 0. Frozen weights (the base model under LoRA) are not written.
@@ -82,7 +86,7 @@ LossFn = Callable[[Batch, GlobalCounts], tuple[Tensor, dict[str, float]]]
 
 
 # Metrics that are counts: summed over mini-batches and epochs (the others are averaged).
-COUNTS = ("skipped_updates", "nonfinite_loss", "nonfinite_grad_norm")
+COUNTS = ("skipped_updates", "nonfinite_loss", "nonfinite_grad_norm", "nonfinite_update")
 
 
 def optimizer_steps_per_training_step(rows: int, mini_batch_size: int, epochs: int) -> int:
@@ -114,8 +118,8 @@ class TrainState:
             split_micro: splits a mini-batch into micro-batches (gradients are accumulated).
             loss_fn: the role's micro-batch loss.
         Returns metrics averaged over mini-batches: the loss_fn's sums plus ``grad_norm`` and ``lr``; and
-        summed (``COUNTS``): ``skipped_updates``, ``nonfinite_loss`` (micro-batches, all ranks) and
-        ``nonfinite_grad_norm``.
+        summed (``COUNTS``): ``skipped_updates``, ``nonfinite_loss`` (micro-batches, all ranks),
+        ``nonfinite_grad_norm`` and ``nonfinite_update``.
         """
         world_size = world()[1]
         if mini_batch_size % world_size:
@@ -145,14 +149,15 @@ class TrainState:
         names = sorted(sums)
         reduced = dict(zip(names, all_reduce_(torch.tensor([sums[n] for n in names], dtype=torch.float64)).tolist(),
                            strict=True))
-        grad_norm, lr = self._optimizer_step(skip=reduced["nonfinite_loss"] > 0)
+        grad_norm, lr, undone = self._optimizer_step(skip=reduced["nonfinite_loss"] > 0)
         finite_norm = math.isfinite(grad_norm)
-        skipped = reduced["nonfinite_loss"] > 0 or not finite_norm
+        skipped = reduced["nonfinite_loss"] > 0 or not finite_norm or undone
         return {**reduced, "grad_norm": grad_norm, "lr": lr, "skipped_updates": float(skipped),
-                "nonfinite_grad_norm": float(not finite_norm)}
+                "nonfinite_grad_norm": float(not finite_norm), "nonfinite_update": float(undone)}
 
-    def _optimizer_step(self, skip: bool) -> tuple[float, float]:
-        """Clip (global L2 norm), step optimiser and scheduler; returns (grad norm before clipping, lr used).
+    def _optimizer_step(self, skip: bool) -> tuple[float, float, bool]:
+        """Clip (global L2 norm), step optimiser and scheduler; returns (grad norm before clipping, lr used, whether
+        the step was undone because it made a weight non-finite).
 
         No optimiser step when ``skip`` (a non-finite loss) or the gradient norm is non-finite.
         """
@@ -161,12 +166,28 @@ class TrainState:
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
         lr = self.scheduler.get_last_lr()[0]
+        undone = False
         if skip or not torch.isfinite(grad_norm):
             logger.warning("non-finite %s: optimiser step skipped", "loss" if skip else f"gradient norm {grad_norm}")
         else:
-            self.optimizer.step()
+            undone = self._step_finite()
         self.scheduler.step()
-        return float(grad_norm), lr
+        return float(grad_norm), lr, undone
+
+    def _step_finite(self) -> bool:
+        """``optimizer.step()``, undone when it leaves any trainable weight NaN/Inf on any rank; True if undone."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        before = [p.detach().clone() for p in params]
+        self.optimizer.step()
+        with torch.no_grad():
+            bad = torch.tensor([float(not all(torch.isfinite(_local(p)).all() for p in params))], dtype=torch.float64)
+            if all_reduce_(bad).item() == 0:
+                return False
+            for p, saved in zip(params, before, strict=True):
+                p.copy_(saved)
+        logger.warning("the optimiser step made a weight NaN/Inf (lr %g): step undone, the weights are the step's "
+                       "start", self.scheduler.get_last_lr()[0])
+        return True
 
     def _trainable_state(self) -> tuple[dict, dict]:
         """(model, optimiser) state dicts of the trainable weights only. ``ignore_frozen_params`` alone
@@ -196,6 +217,11 @@ class TrainState:
                        options=TRAINABLE_ONLY)
         extra = torch.load(Path(path) / "extra_state.pt", weights_only=True)
         self.scheduler.load_state_dict(extra["scheduler"])
+
+
+def _local(t: Tensor) -> Tensor:
+    """This rank's part of a (possibly FSDP-sharded) tensor."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 @contextlib.contextmanager

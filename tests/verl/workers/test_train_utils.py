@@ -14,7 +14,7 @@ from verl.workers.model_utils import micro_batches
 from verl.workers.train_utils import TrainState, global_counts, optimizer_steps_per_training_step
 
 
-def one_step(state: TrainState, grad_value: float) -> tuple[float, float]:
+def one_step(state: TrainState, grad_value: float) -> tuple[float, float, bool]:
     for p in state.model.parameters():
         p.grad = torch.full_like(p, grad_value)
     return state._optimizer_step(skip=False)
@@ -39,12 +39,36 @@ def test_grad_norm_is_reported_before_clipping_and_non_finite_steps_are_skipped(
     writing NaN into every weight."""
     model = nn.Linear(3, 1, bias=False)
     state = TrainState(model, lr=0.1, weight_decay=0.0, warmup_ratio=0.0, total_optimizer_steps=4, grad_clip=0.5)
-    grad_norm, _ = one_step(state, 2.0)
+    grad_norm, _, _ = one_step(state, 2.0)
     assert grad_norm == pytest.approx(2.0 * math.sqrt(3))
     before = model.weight.detach().clone()
-    grad_norm, _ = one_step(state, math.inf)
+    grad_norm, _, _ = one_step(state, math.inf)
     assert not math.isfinite(grad_norm)
     assert torch.equal(model.weight, before)
+
+
+def test_an_update_that_makes_a_weight_non_finite_is_undone_and_counted():
+    """Guards against a finite gradient times an infinite (or overflowing) step size writing Inf/NaN into every
+    weight with no skipped update counted (lr=inf trained a model whose 26 tensors were all NaN, exit 0): the step
+    is undone, counted in skipped_updates and nonfinite_update, and a finite step afterwards goes through."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    state = TrainState(model, lr=math.inf, weight_decay=0.0, warmup_ratio=0.0, total_optimizer_steps=4, grad_clip=1.0)
+    batch = Batch({"x": torch.randn(4, 3), "loss_mask": torch.ones(4, 1)})
+
+    def loss_fn(micro: Batch, counts) -> tuple[torch.Tensor, dict[str, float]]:
+        return model(micro["x"]).pow(2).mean(), {}
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    metrics = state.update(batch, mini_batch_size=4, epochs=1, split_micro=lambda b: [b], loss_fn=loss_fn)
+    assert metrics["skipped_updates"] == 1 and metrics["nonfinite_update"] == 1
+    assert metrics["nonfinite_loss"] == 0 and metrics["nonfinite_grad_norm"] == 0  # the gradient was finite
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name
+    for group in state.optimizer.param_groups:
+        group["lr"] = 0.1
+    metrics = state.update(batch, mini_batch_size=4, epochs=1, split_micro=lambda b: [b], loss_fn=loss_fn)
+    assert metrics["skipped_updates"] == 0 and metrics["nonfinite_update"] == 0
+    assert all(torch.isfinite(p).all() and not torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
 def test_token_budget_micro_batches_keep_order_and_respect_the_budget():
