@@ -73,7 +73,7 @@ def train_args(ws: Path, out: Path, *extra: str) -> list[str]:
     """A 1-step run of the tiny policy without search, saving a checkpoint after the step."""
     return ["--config", DEMO_CONFIG, f"data.train_files={ws / 'train.parquet'}",
             f"data.val_files={ws / 'test.parquet'}", f"actor_rollout_ref.model.path={ws / 'model'}",
-            "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4", "data.max_response_length=16",
+            "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4", "data.max_trajectory_length=16",
             "data.max_obs_length=16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_mini_batch_size=4",
             "critic.ppo_micro_batch_size_per_gpu=2", "do_search=false", "trainer.total_training_steps=1",

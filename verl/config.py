@@ -52,10 +52,11 @@ class DataConfig:
     train_files: str | None = None
     val_files: str | None = None
     prompt_key: str = "prompt"
-    max_prompt_length: int = 4096
-    max_response_length: int = 500
-    max_start_length: int = 2048
-    max_obs_length: int = 500
+    max_prompt_length: int = 4096  # the context a turn conditions on (prompt + response so far)
+    max_response_length: int = 500  # tokens one turn may sample
+    max_start_length: int = 2048  # the initial prompt, cut to its last tokens
+    max_obs_length: int = 500  # one inserted <information> block
+    max_trajectory_length: int = 4096  # the whole response: every turn's sampled + inserted tokens
     train_batch_size: int = 32
     val_batch_size: int | None = None
     shuffle: bool = True
@@ -395,6 +396,15 @@ def trajectories_per_step(cfg: Config) -> int:
     return cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
 
 
+def max_sequence_length(data: DataConfig) -> int:
+    """The most tokens any sequence holds, in an engine request or a trained row (docs/design.md, "Lengths").
+
+    A turn starts from a context of at most ``max_prompt_length`` and samples at most ``max_response_length``;
+    a trained row is a prompt of at most ``max_start_length`` plus at most ``max_trajectory_length`` response tokens.
+    """
+    return min(data.max_prompt_length + data.max_response_length, data.max_start_length + data.max_trajectory_length)
+
+
 def _get(cfg: Config, dotted: str):
     obj = cfg
     for part in dotted.split("."):
@@ -416,7 +426,8 @@ def validate(cfg: Config) -> Config:
         _require(name in LOGGERS, "trainer.logger", name, "a list of " + ", ".join(LOGGERS))
     positive = [
         "data.max_prompt_length", "data.max_response_length", "data.max_start_length",
-        "data.max_obs_length", "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "data.max_obs_length", "data.max_trajectory_length", "data.train_batch_size",
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_epochs",
         "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.micro_batch_size",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
@@ -536,11 +547,11 @@ def _check_pipeline(cfg: Config) -> None:
 
 def _check_overlong(cfg: Config) -> None:
     """algorithm.overlong.* (verl/trainer/overlong.py); the buffer must fit in the budget it is a part of."""
-    o, budget = cfg.algorithm.overlong, cfg.data.max_response_length
+    o, budget = cfg.algorithm.overlong, cfg.data.max_trajectory_length
     _require(o.penalty_factor >= 0, "algorithm.overlong.penalty_factor", o.penalty_factor, "a number >= 0")
     _require(o.buffer_len >= 1, "algorithm.overlong.buffer_len", o.buffer_len, "an integer >= 1 (tokens)")
     _require(o.mode != "soft_penalty" or o.buffer_len <= budget, "algorithm.overlong.buffer_len", o.buffer_len,
-             f"at most data.max_response_length={budget} with algorithm.overlong.mode=soft_penalty (the penalty "
+             f"at most data.max_trajectory_length={budget} with algorithm.overlong.mode=soft_penalty (the penalty "
              "grows over the last buffer_len tokens of the budget)")
 
 

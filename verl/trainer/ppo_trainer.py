@@ -207,7 +207,8 @@ class PPOTrainer:
         timing["timing/gen"] = generated.ended - generated.started  # generation and reward, every round
         metrics.update(batch.meta.get("filter_metrics", {}))
         # cut rows: masked out of the loss, or a length penalty on the reward (algorithm.overlong); before log-probs
-        batch, overlong_metrics = apply_overlong(batch, self.cfg.algorithm.overlong, self.cfg.data.max_response_length)
+        batch, overlong_metrics = apply_overlong(batch, self.cfg.algorithm.overlong,
+                                                 self.cfg.data.max_trajectory_length)
         metrics.update(overlong_metrics)
         train_metrics, updated = self.train_on(batch, timing)
         metrics.update(train_metrics)
