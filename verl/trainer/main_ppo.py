@@ -28,6 +28,7 @@ from verl.utils.checkpoint import CheckpointError
 from verl.utils.dataset import DataError
 from verl.utils.logs import setup_logging
 from verl.utils.run_dir import RunDirError
+from verl.utils.tracking import check_loggers
 from verl.workers.train_utils import optimizer_steps_per_training_step
 
 logger = logging.getLogger("verl.trainer.main_ppo")
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         files, overrides = split_args(sys.argv[1:] if argv is None else argv)
         cfg = load_config(overrides, files)
+        check_loggers(cfg.trainer.logger)  # before any model loads
         trainer = build_trainer(cfg)
     except (ConfigError, DataError, RunDirError, EnvironmentUnavailable) as err:  # unusable input or service
         print(f"error: {err}", file=sys.stderr)
