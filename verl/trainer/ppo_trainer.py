@@ -75,7 +75,7 @@ from verl.utils.rollout_log import write_rollouts
 from verl.utils.tracking import Tracker
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
-from verl.workers.model_utils import check_models
+from verl.workers.model_utils import check_models, check_positions
 from verl.workers.reference import RefWorker
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout_worker import RolloutWorker
@@ -107,6 +107,7 @@ class PPOTrainer:
         self.cfg = cfg
         check_paths(cfg)
         check_models(cfg)
+        check_positions(cfg)
         self.out_dir = Path(cfg.trainer.default_local_dir)
         run_dir.claim(self.out_dir, to_yaml(cfg), cfg.trainer.resume_mode, cfg.trainer.val_only)
         model = cfg.actor_rollout_ref.model
