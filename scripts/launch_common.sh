@@ -44,10 +44,11 @@ run_trainer() {
   if ! [[ -z $wait_s || $wait_s =~ ^[0-9]+$ ]]; then
     echo "[launcher] error: --wait-for-retriever $wait_s: a whole number of seconds is allowed" >&2; exit 2
   fi
+  local user_url=$url  # user mode: no default (the trainer refuses a search run without retriever.url)
   url=${url:-http://127.0.0.1:8000}; url=${url%/}; url=${url%/retrieve}  # Search-R1 writes the /retrieve endpoint
 
   if [ -n "$user_points" ]; then
-    if [ "$do_search" != false ] && ! health_ok "$url"; then
+    if [ "$do_search" != false ] && [ -n "$user_url" ] && ! health_ok "$url"; then
       if [ -n "$wait_s" ]; then
         echo "[launcher] waiting up to ${wait_s} s for the retrieval service at $url"
         local waited=0

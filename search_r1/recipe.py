@@ -9,17 +9,21 @@ call and one batched retrieval request per turn.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
 from search_r1.reward.qa_em import compute_score
 from search_r1.reward.terms import TermsReward
 from search_r1.search.client import RetrievalClient
+from search_r1.search.identity import record_retrieval, warn_if_demo_corpus
 from verl.config import Config
 from verl.protocol import Batch
 from verl.trainer.recipe import Recipe
+from verl.utils import checkpoint
 from verl.workers.rollout.base import Generator
 
 
@@ -32,13 +36,34 @@ def search_row_metrics(texts: list[str], batch: Batch, normalize: str) -> dict[s
             "turns": np.asarray(batch["num_turns"], dtype=float)}
 
 
+def _data_sources(files: str) -> set[str]:
+    """The data_source values of the training parquet files (the column alone is read)."""
+    sources: set[str] = set()
+    for name in (f.strip() for f in files.split(",") if f.strip()):
+        if "data_source" in pq.read_schema(name).names:
+            sources.update(pq.read_table(name, columns=["data_source"]).column(0).to_pylist())
+    return sources or {"unknown"}
+
+
+def check_retrieval_identity(cfg: Config, health: dict) -> None:
+    """Record what the service serves in the run directory (checked against the record when resuming), and warn
+    when it serves the demo's corpus for other data (search_r1/search/identity.py)."""
+    warn_if_demo_corpus(health, cfg.retriever.url, _data_sources(cfg.data.train_files))
+    if cfg.trainer.val_only:
+        return
+    out = Path(cfg.trainer.default_local_dir)
+    resuming = cfg.trainer.resume_mode != "disable" and checkpoint.find_latest(out) is not None
+    record_retrieval(out, cfg.retriever.url, health, resuming)
+
+
 def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Generator) -> Recipe:
     """The search agent as the generation function, exact match (``reward.*``, normalised by
     ``reward.normalize``) as the score."""
     client = None
     if cfg.do_search:
         client = RetrievalClient.from_config(cfg.retriever)
-        client.check_health(wait_s=10)
+        health = client.check_health(wait_s=10)
+        check_retrieval_identity(cfg, health)
     agent = LLMGenerationManager(tokenizer, generator, client, AgentConfig.from_config(cfg))
     score = functools.partial(compute_score, default_scorer=cfg.reward.default_scorer,
                               format_score=cfg.reward.format_score, normalize=cfg.reward.normalize)

@@ -204,13 +204,13 @@ def test_unreachable_retrieval_service_at_start(ws, tmp_path, capsys):
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_lengths_longer_than_the_models_positions(ws, tmp_path, engine):
-    """Guards against lengths beyond the policy's max_position_embeddings (1024 for the tiny model) reaching the
-    engine: vLLM's validation traceback, or the HF engine running past the trained positions silently. Search-R1's
-    lengths allow 4096 + 500 tokens."""
-    search_r1 = ["data.max_prompt_length=4096", "data.max_response_length=500", "data.max_start_length=2048",
-                 "data.max_trajectory_length=4096"]
+    """Guards against lengths beyond the policy's max_position_embeddings (8192 for the tiny model) reaching the
+    engine: vLLM's validation traceback, or the HF engine running past the trained positions silently."""
+    lengths = ["data.max_prompt_length=16384", "data.max_response_length=500", "data.max_start_length=2048",
+               "data.max_trajectory_length=16384"]
     out = tmp_path / "run"
-    done = run("verl.trainer.main_ppo", *train_args(ws, out, f"actor_rollout_ref.rollout.name={engine}", *search_r1))
-    assert_refused(done, "the lengths allow sequences of 4596 tokens, more than the model's max_position_embeddings="
-                         "1024", "data.max_prompt_length + data.max_response_length = 4096 + 500")
+    done = run("verl.trainer.main_ppo", *train_args(ws, out, f"actor_rollout_ref.rollout.name={engine}", *lengths))
+    assert_refused(done, "the lengths allow sequences of 16884 tokens, more than the model's "
+                         "max_position_embeddings=8192", "data.max_prompt_length + data.max_response_length = "
+                         "16384 + 500")
     assert not out.exists()

@@ -233,7 +233,7 @@ class AlgorithmConfig:
 
 @dataclass
 class RetrieverConfig:
-    url: str = "http://127.0.0.1:8000"
+    url: str | None = None  # required with do_search (no silent default: configs/demo.yaml sets the demo's)
     topk: int = 3
     timeout: float = 30
     outage_timeout_s: float = 300
@@ -469,8 +469,8 @@ def validate(cfg: Config) -> Config:
         _require(value >= 0, key, value, "a number >= 0")
     gpu = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
     _require(0.0 < gpu <= 1.0, "actor_rollout_ref.rollout.gpu_memory_utilization", gpu, "a fraction in (0, 1]")
-    _require(all(re.match(r"(https?://[^/\s]+|ray://[^/,\s]+/?$)", url.strip())
-                 for url in cfg.retriever.url.split(",")),
+    _require(cfg.retriever.url is None or all(re.match(r"(https?://[^/\s]+|ray://[^/,\s]+/?$)", url.strip())
+                                              for url in cfg.retriever.url.split(",")),
              "retriever.url", cfg.retriever.url, "an http:// or https:// URL of the retrieval service, e.g. "
              "http://127.0.0.1:8000, several (shards, replicas) separated by commas, or ray://NAME for the "
              "deployment NAME started by python -m retrieval_server.ray_service up")
@@ -576,6 +576,11 @@ def check_paths(cfg: Config) -> None:
     """The files the run reads exist: model directories and parquet files (ConfigError naming the key).
     Checked when a run starts, not in ``validate``, so configs can be built and checked anywhere."""
     _check_model_dir("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
+    if cfg.do_search and cfg.retriever.url is None:
+        raise ConfigError("config key retriever.url is not set: name your retrieval service (e.g. "
+                          "retriever.url=http://127.0.0.1:8000; retrieval_launch.sh serves on its PORT), required with "
+                          "do_search=true; there is no default, so a run never searches another user's service by "
+                          "accident (the embedded demo sets it with --config configs/demo.yaml)")
     if cfg.critic.model.path is not None and uses_critic(cfg):
         _check_model_dir("critic.model.path", cfg.critic.model.path)
     for key in ("data.train_files", "data.val_files"):
