@@ -72,7 +72,7 @@ from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.memory import report_memory
 from verl.utils.plots import plot_curves
 from verl.utils.rollout_log import write_rollouts
-from verl.utils.tracking import Tracker
+from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.model_utils import check_models, check_positions
@@ -123,6 +123,7 @@ class PPOTrainer:
         self.step = 0
         self.initial_validation: dict[str, float] = {}  # validation before the first step of this run
         self.last_validation: dict[str, float] = {}
+        self.already_complete = False  # fit() found every step of the run done (a rerun of a finished run)
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         report_memory(cfg)
@@ -167,6 +168,10 @@ class PPOTrainer:
     def fit(self) -> dict[str, float]:
         """Train for ``total_steps`` steps (continuing a checkpoint if one is resumed); returns the last validation."""
         self.resume()
+        if self.step >= self.total_steps and not self.cfg.trainer.val_only:
+            self.already_complete = True  # a rerun of a finished run: nothing to train, nothing to rewrite
+            self.tracker.close()
+            return self.last_validation
         if self.cfg.trainer.val_only or (self.cfg.trainer.val_before_train and self.step == 0):
             self.last_validation = self.initial_validation = self.validate()
             self.tracker.log(self.last_validation, step=self.step)
@@ -462,8 +467,19 @@ class PPOTrainer:
         self.loader_state = self.loader.state_dict()
         self.kl_ctrl.value = state["kl_coef"]
         self.tracker.truncate_after(self.step)
+        self.initial_validation, self.last_validation = self._logged_validations()
         with self.rollout.weights_update(version=self.step):
             self.sync_weights()
+
+    def _logged_validations(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(the validation before the first step, the latest validation) of this run's metrics.jsonl ({} if none)."""
+        if not self.tracker.jsonl_path.exists():
+            return {}, {}
+        validations = [(r.get("step", 0), {k: v for k, v in r.items() if k.startswith("val/")})
+                       for r in read_metrics(self.tracker.jsonl_path)]
+        validations = [(step, val) for step, val in validations if val]
+        before = next((val for step, val in validations if step == 0), {})
+        return before, (validations[-1][1] if validations else {})
 
     # ------------------------------------------------------------------ helpers
     def _batch_stream(self) -> Iterator[Batch]:
