@@ -42,7 +42,9 @@ def searching(tmp_path_factory, long_service_url) -> Path:
     return root
 
 
-@pytest.mark.parametrize("script", ["grpo", "ppo"])
+# grpo only in the suite (7-8 minutes on 2 CPU cores); train_ppo.sh's overrides ran in issue 37's acceptance
+# (docs/results.md); pass "ppo" here to run them too.
+@pytest.mark.parametrize("script", ["grpo"])
 def test_search_r1_overrides_train_on_trajectories_with_passages(searching, long_service_url, tmp_path, script):
     """One step of each script's overrides (sizes scaled: 2 prompts, mini-batches that divide them, the HF engine on
     one CPU rank; trainer.logger=['wandb'] in offline mode): exit 0, about two searches per trajectory, their
