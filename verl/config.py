@@ -576,11 +576,6 @@ def check_paths(cfg: Config) -> None:
     """The files the run reads exist: model directories and parquet files (ConfigError naming the key).
     Checked when a run starts, not in ``validate``, so configs can be built and checked anywhere."""
     _check_model_dir("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
-    if cfg.do_search and cfg.retriever.url is None:
-        raise ConfigError("config key retriever.url is not set: name your retrieval service (e.g. "
-                          "retriever.url=http://127.0.0.1:8000; retrieval_launch.sh serves on its PORT), required with "
-                          "do_search=true; there is no default, so a run never searches another user's service by "
-                          "accident (the embedded demo sets it with --config configs/demo.yaml)")
     if cfg.critic.model.path is not None and uses_critic(cfg):
         _check_model_dir("critic.model.path", cfg.critic.model.path)
     for key in ("data.train_files", "data.val_files"):
@@ -593,6 +588,11 @@ def check_paths(cfg: Config) -> None:
             if not Path(name).is_file():
                 raise ConfigError(f"config key {key}={value!r} is invalid: {name!r} does not exist (allowed: "
                                   "comma-separated parquet files in the Search-R1 schema, e.g. from data_prep)")
+    if cfg.do_search and cfg.retriever.url is None:
+        raise ConfigError("config key retriever.url is not set: name your retrieval service (e.g. "
+                          "retriever.url=http://127.0.0.1:8000; retrieval_launch.sh serves on its PORT), required with "
+                          "do_search=true; there is no default, so a run never searches another user's service by "
+                          "accident (the embedded demo sets it with --config configs/demo.yaml)")
 
 
 def world_size(cfg: Config) -> int:
