@@ -31,6 +31,10 @@
 # --log-interval 30: seconds between summary lines of the requests served, 0 for none).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # this header, before anything is prepared
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+    exit 0
+fi
 
 DEFAULT_CORPUS=data/demo/corpus.jsonl
 if [[ -z "${CORPUS:-}" && -z "${INDEX_DIR:-}" ]]; then DEMO=1; else DEMO=0; fi  # the user named no data

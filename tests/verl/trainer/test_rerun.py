@@ -44,3 +44,13 @@ def test_resume_summary_and_a_finished_run(workspace, tmp_path):
     assert again.returncode == 0 and "run already complete: 2 of 2 steps" in again.stdout, again.stdout[-2000:]
     val_only = main_ppo(*overrides(workspace, out, 2, "+trainer.val_only=true"))
     assert val_only.returncode == 0 and "validation only" in val_only.stdout and " steps ->" not in val_only.stdout
+
+
+@pytest.mark.parametrize("script", ["train_ppo.sh", "train_grpo.sh", "retrieval_launch.sh"])
+def test_launchers_have_help_and_prepare_nothing(script):
+    """`bash train_ppo.sh --help` went to the demo path (it names no data), preparing the demo before any help."""
+    demo_before = (ROOT / "data" / "demo").exists()
+    done = subprocess.run(["bash", str(ROOT / script), "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and ("usage: bash" in done.stdout or "retrieval service" in done.stdout), done.stderr
+    assert (ROOT / "data" / "demo").exists() == demo_before
