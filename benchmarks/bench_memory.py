@@ -138,8 +138,9 @@ def main() -> None:
             f"data.train_batch_size={args.rows}", f"actor_rollout_ref.actor.ppo_mini_batch_size={2 * args.rows}",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-            "data.max_prompt_length=256", "data.max_start_length=256",
-            f"data.max_response_length={args.response_length}", "data.max_obs_length=64", "max_turns=1", *overrides]
+            f"data.max_prompt_length={256 + args.response_length}", "data.max_start_length=256",
+            f"data.max_response_length={args.response_length}", f"data.max_trajectory_length={args.response_length}",
+            "data.max_obs_length=64", "max_turns=1", *overrides]
     with tempfile.TemporaryDirectory() as tmp:
         model = args.keep or Path(tmp) / "model"
         if not (model / "config.json").exists():

@@ -44,9 +44,10 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, hidden_size: int = 128, num_layers: int = 2,
-                num_heads: int = 2, intermediate_size: int = 512, max_positions: int = 1024,
+                num_heads: int = 2, intermediate_size: int = 512, max_positions: int = 8192,
                 seed: int = 0) -> Qwen2ForCausalLM:
-    """A randomly initialised Qwen2 model sized for ``tokenizer`` (head_dim = hidden / heads = 64)."""
+    """A randomly initialised Qwen2 model sized for ``tokenizer`` (head_dim = hidden / heads = 64). Positions are
+    rotary (no weights), so ``max_positions`` costs nothing; 8192 fits Search-R1's lengths (4096 + 500)."""
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,

@@ -70,7 +70,7 @@ class RequestStats:
         latency = (f"p50 {_percentile_ms(latencies, 50):.1f} ms, p99 {_percentile_ms(latencies, 99):.1f} ms"
                    if latencies else "p50 -, p99 -")
         line = (f"retrieval: {requests:,} requests, {self.queries:,} queries in {round(elapsed, 1):g} s "
-                f"({self.queries / elapsed:,.0f} q/s), {latency}, "
+                f"({_rate(self.queries / elapsed)} q/s), {latency}, "
                 f"{errors:,} errors (4xx {self.errors_4xx:,}, 5xx {self.errors_5xx:,})")
         self._reset()
         return line
@@ -88,3 +88,8 @@ async def log_summaries(stats: RequestStats, interval_s: float) -> None:
         line = stats.summary()
         if line is not None:
             logger.info("%s", line)
+
+
+def _rate(per_s: float) -> str:
+    """A rate with the digits that matter: 329, 12.5, 0.25 (a rounded 0 would hide a slow trickle)."""
+    return f"{per_s:,.0f}" if per_s >= 100 else f"{per_s:.3g}"

@@ -24,6 +24,7 @@ import errno
 import logging
 import socket
 import sys
+from pathlib import Path
 
 import uvicorn
 
@@ -38,8 +39,60 @@ from retrieval_server.slow_clients import request_head_protocol
 logger = logging.getLogger("retrieval_server.serve")
 
 
+# Search-R1's retrieval_server.py flags -> ours (same meaning unless a notice says how ours differs).
+SEARCH_R1_FLAGS = {"--index_path": "--index", "--corpus_path": "--corpus", "--retriever_model": "--model",
+                   "--retriever_name": None, "--faiss_gpu": "--faiss-gpu"}
+
+
+def _refuse(message: str) -> None:
+    print(f"python -m retrieval_server.serve: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def translate_search_r1_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Search-R1's flags in ``argv`` rewritten as ours -> (argv, notices where ours differ). ``--index_path`` may name
+    the index directory or the FAISS file inside one (Search-R1 names its e5_Flat.index file); ``--faiss_gpu`` is
+    Search-R1's sharding over all GPUs; ``--retriever_name`` is read from the index's manifest instead."""
+    out, notices, rest = [], [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        flag, eq, value = arg.partition("=")
+        if flag not in SEARCH_R1_FLAGS:
+            out.append(arg)
+            continue
+        if flag == "--faiss_gpu":
+            out += ["--faiss-gpu", "shard"]
+            notices.append("--faiss_gpu means --faiss-gpu shard here (Search-R1 shards the index over all GPUs)")
+            continue
+        if not eq:
+            if not rest:
+                _refuse(f"{flag} needs a value")
+            value = rest.pop(0)
+        if flag == "--retriever_name":
+            notices.append(f"--retriever_name {value} is not needed here: the kind (bm25 or dense, and the encoder's "
+                           "query prefixes) comes from the index's manifest.json")
+            continue
+        if flag == "--index_path":
+            path = Path(value)
+            if path.is_file() and (path.parent / "manifest.json").is_file():
+                notices.append(f"--index_path {value}: serving its directory {path.parent} (ours is the index "
+                               "directory with its manifest.json)")
+                value = str(path.parent)
+            elif path.is_file():
+                _refuse(f"--index_path {value} is a FAISS file without our manifest.json beside it: import it once "
+                        f"with `python -m retrieval_server.import_index --faiss {value} --corpus CORPUS "
+                        "--model ENCODER --out DIR` (Search-R1's e5 index: add --e5-prefixes), then serve --index DIR")
+        out += [SEARCH_R1_FLAGS[flag], value]
+    return out, notices
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m retrieval_server.serve", description=__doc__.split("\n")[0])
+    argv, notices = translate_search_r1_flags(sys.argv[1:] if argv is None else list(argv))
+    for notice in notices:
+        print(f"notice: {notice}", file=sys.stderr)
+    p = argparse.ArgumentParser(prog="python -m retrieval_server.serve", description=__doc__.split("\n")[0],
+                                epilog="Search-R1's flags are accepted: --index_path, --corpus_path, --topk, "
+                                       "--retriever_name, --retriever_model, --faiss_gpu.")
     p.add_argument("--index", required=True, help="index directory written by retrieval_server.build_index")
     p.add_argument("--corpus", required=True, help="the JSONL corpus the index was built from")
     p.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")

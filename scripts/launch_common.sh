@@ -29,6 +29,15 @@ health_ok() { curl -sf "$1/health" >/dev/null 2>&1; }
 run_trainer() {
   local demo_name=$1 own=() ; [ -z "$2" ] || own=(--config "$2"); shift 2
   local args=() configs=() wait_s="" url="" do_search=true user_points=""
+  for arg in "$@"; do  # help before anything is prepared
+    if [ "$arg" = "-h" ] || [ "$arg" = "--help" ]; then
+      echo "usage: bash $(basename "$0") [--wait-for-retriever SECONDS] [--config FILE ...] key=value ..."
+      echo "  no argument naming data, a model, a service or a config file: the embedded demo (prepared here)"
+      echo "  otherwise: python -m verl.trainer.main_ppo with the arguments unchanged, whose help follows"
+      echo
+      exec "$PYTHON" -m verl.trainer.main_ppo --help
+    fi
+  done
   while [ $# -gt 0 ]; do
     case $1 in
       --wait-for-retriever) [ $# -ge 2 ] || { echo "[launcher] error: --wait-for-retriever needs SECONDS" >&2; exit 2; }
@@ -49,10 +58,11 @@ run_trainer() {
   if ! [[ -z $wait_s || $wait_s =~ ^[0-9]+$ ]]; then
     echo "[launcher] error: --wait-for-retriever $wait_s: a whole number of seconds is allowed" >&2; exit 2
   fi
+  local user_url=$url  # user mode: no default (the trainer refuses a search run without retriever.url)
   url=${url:-http://127.0.0.1:${DEMO_PORT:-8000}}; url=${url%/}; url=${url%/retrieve}  # Search-R1 writes /retrieve
 
   if [ -n "$user_points" ]; then
-    if [ "$do_search" != false ] && ! health_ok "$url"; then
+    if [ "$do_search" != false ] && [ -n "$user_url" ] && ! health_ok "$url"; then
       if [ -n "$wait_s" ]; then
         echo "[launcher] waiting up to ${wait_s} s for the retrieval service at $url"
         local waited=0

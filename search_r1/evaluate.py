@@ -71,7 +71,13 @@ def agent_config(model: str, engine: str, retriever_url: str, seed: int, overrid
 def build_agent(cfg: Config, tokenizer) -> LLMGenerationManager:
     """The training loop over this process's engine and the retrieval service (health-checked first: EvalInputError
     if it does not answer)."""
+    from verl.workers.model_utils import check_positions
     from verl.workers.rollout import build_rollout  # heavy import (torch, transformers), once inputs are checked
+
+    try:
+        check_positions(cfg)
+    except ConfigError as err:
+        raise EvalInputError(str(err)) from None
 
     client = None
     if cfg.do_search:

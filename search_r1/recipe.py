@@ -9,17 +9,21 @@ call and one batched retrieval request per turn.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
 from search_r1.reward.qa_em import compute_score
 from search_r1.reward.terms import TermsReward
 from search_r1.search.client import RetrievalClient, RetrievalError, RetrievalUnavailable
+from search_r1.search.identity import record_retrieval, warn_if_demo_corpus
 from verl.config import Config, ConfigError
 from verl.protocol import Batch
 from verl.trainer.recipe import Recipe
+from verl.utils import checkpoint
 from verl.workers.rollout.base import Generator
 
 
@@ -32,21 +36,41 @@ def search_row_metrics(texts: list[str], batch: Batch, normalize: str) -> dict[s
             "turns": np.asarray(batch["num_turns"], dtype=float)}
 
 
-def connect_retriever(cfg: Config, wait_s: float = 10.0) -> RetrievalClient:
-    """The client of ``retriever.url``, health-checked. A service that does not answer stays
-    ``RetrievalUnavailable`` (an environment that is down); endpoints that answer but cannot serve this run (a shard
-    alone, shards of different corpora or builds, an endpoint that is not a retrieval service) are a ``ConfigError``
-    naming ``retriever.url``: the user's setting is wrong, and the trainer exits 2 with the message."""
+def connect_retriever(cfg: Config, wait_s: float = 10.0) -> tuple[RetrievalClient, dict]:
+    """The client of ``retriever.url``, health-checked, and the service's ``/health`` answer. A service that does not
+    answer stays ``RetrievalUnavailable`` (an environment that is down); endpoints that answer but cannot serve this
+    run (a shard alone, shards of different corpora or builds, an endpoint that is not a retrieval service) are a
+    ``ConfigError`` naming ``retriever.url``: the user's setting is wrong, and the trainer exits 2 with the message."""
     client = RetrievalClient.from_config(cfg.retriever, cfg.trainer.ray_timeout_s)
     try:
-        client.check_health(wait_s=wait_s)
+        health = client.check_health(wait_s=wait_s)
     except RetrievalUnavailable:
         client.close()
         raise
     except RetrievalError as err:
         client.close()
         raise ConfigError(f"config key retriever.url is invalid: {err}") from None
-    return client
+    return client, health
+
+
+def _data_sources(files: str) -> set[str]:
+    """The data_source values of the training parquet files (the column alone is read)."""
+    sources: set[str] = set()
+    for name in (f.strip() for f in files.split(",") if f.strip()):
+        if "data_source" in pq.read_schema(name).names:
+            sources.update(pq.read_table(name, columns=["data_source"]).column(0).to_pylist())
+    return sources or {"unknown"}
+
+
+def check_retrieval_identity(cfg: Config, health: dict) -> None:
+    """Record what the service serves in the run directory (checked against the record when resuming), and warn
+    when it serves the demo's corpus for other data (search_r1/search/identity.py)."""
+    warn_if_demo_corpus(health, cfg.retriever.url, _data_sources(cfg.data.train_files))
+    if cfg.trainer.val_only:
+        return
+    out = Path(cfg.trainer.default_local_dir)
+    resuming = cfg.trainer.resume_mode != "disable" and checkpoint.find_latest(out) is not None
+    record_retrieval(out, cfg.retriever.url, health, resuming)
 
 
 def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Generator) -> Recipe:
@@ -54,7 +78,8 @@ def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Gen
     ``reward.normalize``) as the score."""
     client = None
     if cfg.do_search:
-        client = connect_retriever(cfg)
+        client, health = connect_retriever(cfg)
+        check_retrieval_identity(cfg, health)
     agent = LLMGenerationManager(tokenizer, generator, client, AgentConfig.from_config(cfg))
     score = functools.partial(compute_score, default_scorer=cfg.reward.default_scorer,
                               format_score=cfg.reward.format_score, normalize=cfg.reward.normalize)

@@ -87,7 +87,7 @@ def test_readme_real_data_steps(tmp_path):
         train = sh(f"bash train_ppo.sh data.train_files={tmp_path}/data/nq/train.parquet "
                    f"data.val_files={tmp_path}/data/nq/test.parquet actor_rollout_ref.model.path={tmp_path}/model "
                    f"retriever.url={url} data.train_batch_size=6 actor_rollout_ref.actor.ppo_mini_batch_size=6 "
-                   "critic.ppo_mini_batch_size=6 data.max_response_length=48 trainer.total_training_steps=2 "
+                   "critic.ppo_mini_batch_size=6 data.max_trajectory_length=48 trainer.total_training_steps=2 "
                    f"trainer.save_freq=1 trainer.default_local_dir={run_dir}", PYTHON=py)
         assert "demo" not in train.stdout.lower() and "starting" not in train.stdout  # nothing of the demo's
         assert all((run_dir / name).exists() for name in ("config.yaml", "metrics.jsonl", "global_step_2",
@@ -96,6 +96,6 @@ def test_readme_real_data_steps(tmp_path):
 
         # 5. evaluate
         sh(f"{py} -m search_r1.evaluate --model {run_dir}/hf_model --data {tmp_path}/data/nq/test.parquet "
-           f"--retriever-url {url} --out {tmp_path}/eval/nq data.max_response_length=48")
+           f"--retriever-url {url} --out {tmp_path}/eval/nq data.max_trajectory_length=48")
         report = json.loads((tmp_path / "eval" / "nq" / "results.json").read_text())
         assert report["by_source"]["nq"]["n"] == len(FACTS)

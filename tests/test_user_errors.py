@@ -78,7 +78,7 @@ def train_args(ws: Path, out: Path, *extra: str) -> list[str]:
     """A 1-step run of the tiny policy without search, saving a checkpoint after the step."""
     return ["--config", DEMO_CONFIG, f"data.train_files={ws / 'train.parquet'}",
             f"data.val_files={ws / 'test.parquet'}", f"actor_rollout_ref.model.path={ws / 'model'}",
-            "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4", "data.max_response_length=16",
+            "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4", "data.max_trajectory_length=16",
             "data.max_obs_length=16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_mini_batch_size=4",
             "critic.ppo_micro_batch_size_per_gpu=2", "do_search=false", "trainer.total_training_steps=1",
@@ -205,3 +205,17 @@ def test_unreachable_retrieval_service_at_start(ws, tmp_path, capsys):
     assert_refused(done, f"retrieval service not answering at {url}", "start it with retrieval_launch.sh")
     assert_main_refused(evaluate.main(eval_argv(ws, tmp_path / "eval", "--retriever-url", url)), capsys,
                         f"retrieval service not answering at {url}", "retrieval_launch.sh")
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_lengths_longer_than_the_models_positions(ws, tmp_path, engine):
+    """Guards against lengths beyond the policy's max_position_embeddings (8192 for the tiny model) reaching the
+    engine: vLLM's validation traceback, or the HF engine running past the trained positions silently."""
+    lengths = ["data.max_prompt_length=16384", "data.max_response_length=500", "data.max_start_length=2048",
+               "data.max_trajectory_length=16384"]
+    out = tmp_path / "run"
+    done = run("verl.trainer.main_ppo", *train_args(ws, out, f"actor_rollout_ref.rollout.name={engine}", *lengths))
+    assert_refused(done, "the lengths allow sequences of 16884 tokens, more than the model's "
+                         "max_position_embeddings=8192", "data.max_prompt_length + data.max_response_length = "
+                         "16384 + 500")
+    assert not out.exists()

@@ -96,7 +96,7 @@ def test_console_commands_build_serve_and_train_one_step(installed, tmp_path):
         assert hits[0][0]["id"] == "3"
         done = run([str(installed / "search-r1-train"), "data.train_files=train.parquet",
                     "data.val_files=train.parquet", "actor_rollout_ref.model.path=model", f"retriever.url={url}",
-                    "data.train_batch_size=4", "data.max_response_length=24", "data.max_obs_length=64",
+                    "data.train_batch_size=4", "data.max_trajectory_length=24", "data.max_obs_length=64",
                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
                     "trainer.total_training_steps=1", "trainer.val_before_train=false",
                     "trainer.test_freq=-1", "trainer.logger=[jsonl]", "trainer.default_local_dir=run"], cwd=tmp_path)

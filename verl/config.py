@@ -53,10 +53,11 @@ class DataConfig:
     train_files: str | None = None
     val_files: str | None = None
     prompt_key: str = "prompt"
-    max_prompt_length: int = 4096
-    max_response_length: int = 500
-    max_start_length: int = 2048
-    max_obs_length: int = 500
+    max_prompt_length: int = 4096  # the context a turn conditions on (prompt + response so far)
+    max_response_length: int = 500  # tokens one turn may sample
+    max_start_length: int = 2048  # the initial prompt, cut to its last tokens
+    max_obs_length: int = 500  # one inserted <information> block
+    max_trajectory_length: int = 4096  # the whole response: every turn's sampled + inserted tokens
     train_batch_size: int = 32
     val_batch_size: int | None = None
     shuffle: bool = True
@@ -233,7 +234,7 @@ class AlgorithmConfig:
 
 @dataclass
 class RetrieverConfig:
-    url: str = "http://127.0.0.1:8000"
+    url: str | None = None  # required with do_search (no silent default: configs/demo.yaml sets the demo's)
     topk: int = 3
     timeout: float = 30
     outage_timeout_s: float = 300
@@ -398,6 +399,15 @@ def trajectories_per_step(cfg: Config) -> int:
     return cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
 
 
+def max_sequence_length(data: DataConfig) -> int:
+    """The most tokens any sequence holds, in an engine request or a trained row (docs/design.md, "Lengths").
+
+    A turn starts from a context of at most ``max_prompt_length`` and samples at most ``max_response_length``;
+    a trained row is a prompt of at most ``max_start_length`` plus at most ``max_trajectory_length`` response tokens.
+    """
+    return min(data.max_prompt_length + data.max_response_length, data.max_start_length + data.max_trajectory_length)
+
+
 def _get(cfg: Config, dotted: str):
     obj = cfg
     for part in dotted.split("."):
@@ -420,7 +430,8 @@ def validate(cfg: Config) -> Config:
         _require(name in LOGGERS, "trainer.logger", name, "a list of " + ", ".join(LOGGERS))
     positive = [
         "data.max_prompt_length", "data.max_response_length", "data.max_start_length",
-        "data.max_obs_length", "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "data.max_obs_length", "data.max_trajectory_length", "data.train_batch_size",
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_epochs",
         "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.micro_batch_size",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
@@ -462,7 +473,8 @@ def validate(cfg: Config) -> Config:
         _require(value >= 0, key, value, "a number >= 0")
     gpu = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
     _require(0.0 < gpu <= 1.0, "actor_rollout_ref.rollout.gpu_memory_utilization", gpu, "a fraction in (0, 1]")
-    config_checks.check_retriever_url(cfg.retriever.url, ConfigError)
+    if cfg.retriever.url is not None:
+        config_checks.check_retriever_url(cfg.retriever.url, ConfigError)
     _require(cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup", cfg.trainer.critic_warmup, "an integer >= 0")
     _check_pipeline(cfg)
     _check_overlong(cfg)
@@ -537,11 +549,11 @@ def _check_pipeline(cfg: Config) -> None:
 
 def _check_overlong(cfg: Config) -> None:
     """algorithm.overlong.* (verl/trainer/overlong.py); the buffer must fit in the budget it is a part of."""
-    o, budget = cfg.algorithm.overlong, cfg.data.max_response_length
+    o, budget = cfg.algorithm.overlong, cfg.data.max_trajectory_length
     _require(o.penalty_factor >= 0, "algorithm.overlong.penalty_factor", o.penalty_factor, "a number >= 0")
     _require(o.buffer_len >= 1, "algorithm.overlong.buffer_len", o.buffer_len, "an integer >= 1 (tokens)")
     _require(o.mode != "soft_penalty" or o.buffer_len <= budget, "algorithm.overlong.buffer_len", o.buffer_len,
-             f"at most data.max_response_length={budget} with algorithm.overlong.mode=soft_penalty (the penalty "
+             f"at most data.max_trajectory_length={budget} with algorithm.overlong.mode=soft_penalty (the penalty "
              "grows over the last buffer_len tokens of the budget)")
 
 
@@ -578,6 +590,11 @@ def check_paths(cfg: Config) -> None:
             if not Path(name).is_file():
                 raise ConfigError(f"config key {key}={value!r} is invalid: {name!r} does not exist (allowed: "
                                   "comma-separated parquet files in the Search-R1 schema, e.g. from data_prep)")
+    if cfg.do_search and cfg.retriever.url is None:
+        raise ConfigError("config key retriever.url is not set: name your retrieval service (e.g. "
+                          "retriever.url=http://127.0.0.1:8000; retrieval_launch.sh serves on its PORT), required with "
+                          "do_search=true; there is no default, so a run never searches another user's service by "
+                          "accident (the embedded demo sets it with --config configs/demo.yaml)")
 
 
 def world_size(cfg: Config) -> int:

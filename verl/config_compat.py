@@ -133,8 +133,8 @@ RULES: dict[str, Alias | GlobalCount | NoEffect] = {
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": NoEffect("follows actor_rollout_ref.actor.use_dynamic_bsz"),
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": NoEffect(
         "follows actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
-    "actor_rollout_ref.rollout.prompt_length": NoEffect("the engine's prompt budget is data.max_prompt_length"),
-    "actor_rollout_ref.rollout.response_length": NoEffect("the engine's budget is data.max_response_length"),
+    "actor_rollout_ref.rollout.prompt_length": NoEffect("a turn's context budget is data.max_prompt_length"),
+    "actor_rollout_ref.rollout.response_length": NoEffect("a turn's budget is data.max_response_length"),
     "actor_rollout_ref.rollout.ignore_eos": NoEffect("generation stops at EOS and at </search> / </answer>", (False,)),
     "actor_rollout_ref.rollout.enforce_eager": NoEffect("the vLLM engine's CUDA-graph setting is its own default"),
     "actor_rollout_ref.rollout.load_format": NoEffect("engines load the policy directory, then receive the trainer's "

@@ -26,18 +26,27 @@ Choices, and where they differ from Search-R1:
 - ``info_mask`` is built while the response grows: 1 = sampled by the policy (trained),
   0 = inserted by the environment (context only). The trainer's ``loss_mask`` is
   ``response_mask * info_mask`` (docs/design.md, "Masks").
-- The rolling context is never cut. The engine always continues ``prompt + response so far``, the
-  exact sequence the actor later scores; the prompt is capped once, at the start, to its last
-  ``max_start_length`` tokens (counted), and the response to ``max_response_length`` tokens.
-  (Search-R1 left-cuts the rolling context to ``max_prompt_length``, so the engine samples under a
-  context the actor never sees.) A prompt longer than ``max_prompt_length`` is an error: the
-  dataset drops such rows.
-- Length budget. A row's turn may sample its remaining budget; a call for several rows asks for the
-  largest and cuts each row's output to its own (that row then ends with ``MAX_LENGTH``). An
-  observation is the tokenisation of the whole block when it fits in ``max_obs_length`` tokens,
-  else truncated by cutting the passages and then closing the block (counted;
-  ``formatting.observation_ids``); an inserted block that would leave the policy no
-  token of budget ends the row with ``MAX_LENGTH`` instead of being appended.
+- Lengths mean what they mean in Search-R1 (docs/design.md, "Lengths"): ``max_start_length`` caps the
+  initial prompt (its last tokens are kept, counted), ``max_response_length`` is what ONE turn may sample,
+  ``max_obs_length`` one ``<information>`` block, ``max_prompt_length`` the context a turn conditions on
+  (prompt + response so far), and ``max_trajectory_length`` the whole response (every turn's sampled and
+  inserted tokens; Search-R1 cuts its response to ``max_prompt_length``). A turn cut at
+  ``max_response_length`` before any action is an invalid action, as in Search-R1: it gets the feedback
+  text and the row goes on (counted in ``agent/cut/max_response_length``); in the final turn it ends the
+  row with ``MAX_LENGTH``.
+- The rolling context is never cut. The engine always continues ``prompt + response so far``, the exact
+  sequence the actor later scores. Where Search-R1 left-cuts the context to ``max_prompt_length`` (so its
+  engine samples under a context the actor never sees), an insertion that would take the context past
+  ``max_prompt_length`` ends the row with ``MAX_LENGTH`` instead. A prompt longer than
+  ``max_prompt_length`` is an error: the dataset drops such rows.
+- Every cut is counted under the key of the budget that made it (``Trajectory.cut_by``,
+  ``agent/cut/<key>``), and a budget that costs more than ``LENGTH_WARN_FRAC`` of a call's rows a search
+  or an answer is named in a warning. A call for several rows asks for the largest per-row budget and
+  cuts each row's output to its own. An observation is the tokenisation of the whole block when it fits
+  in ``max_obs_length`` tokens, else truncated by cutting the passages and then closing the block
+  (counted; ``formatting.observation_ids``); an inserted block that would leave the policy no token of
+  trajectory budget, or the next turn more context than ``max_prompt_length``, is not appended and ends
+  the row with ``MAX_LENGTH`` (the search is lost, counted under that budget).
 - Forced prefixes (``run(..., turn_prefix=fn)``, evaluation only): before a turn, ``fn`` may insert
   ids at the start of a row's turn (e.g. the first words of a search decision) to measure the policy
   with a behaviour forced; they are inserted ids (info_mask 0) and count towards the budget. The
@@ -58,10 +67,21 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, INVALID_ACTION_FEEDBACK, observation_ids
+from search_r1.llm_agent.trajectory import (
+    CONTEXT_BUDGET,
+    LENGTH_WARN_FRAC,
+    TRAJECTORY_BUDGET,
+    TRUNCATED_OBS_WARN_FRAC,
+    TURN_BUDGET,
+    AgentResult,
+    StopReason,
+    Trajectory,
+    length_losses,
+)
 from verl.config import Config
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
@@ -75,25 +95,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Share of a call's searches whose passages were cut to max_obs_length above which the loop warns (once).
-TRUNCATED_OBS_WARN_FRAC = 0.5
 
 STOP_STRINGS = ["</search>", "</answer>"]
 
-
-class StopReason(enum.Enum):
-    """Why a trajectory ended."""
-
-    ANSWERED = "answered"
-    """The last turn ended with a well-formed ``<answer> ... </answer>``."""
-    MAX_TURNS = "max_turns"
-    """The final turn (after ``max_turns`` search turns) ended without an answer: it searched
-    (not executed) or wrote no well-formed action."""
-    MAX_LENGTH = "max_length"
-    """The response budget ran out: a turn reached the row's remaining ``max_response_length``
-    tokens, or the next inserted block would have left the policy no token of budget."""
-    EOS_WITHOUT_ANSWER = "eos_without_answer"
-    """The policy emitted its end-of-sequence token without having answered."""
 
 
 @dataclass
@@ -102,11 +106,12 @@ class AgentConfig:
 
     max_turns: int  # turns whose searches are executed; one final answer turn follows
     max_start_length: int  # prompts are cut to their last max_start_length tokens
-    max_prompt_length: int  # a longer prompt is an error (the dataset drops such rows)
-    max_response_length: int  # all turns of a response: sampled + inserted tokens
+    max_prompt_length: int  # the context of a turn (prompt + response so far); a longer prompt is an error
+    max_response_length: int  # tokens one turn may sample
     max_obs_length: int  # one inserted <information> block, tags included
     do_search: bool  # false = every search gets an empty <information> block, no request
     topk: int  # passages per search; must equal the client's topk
+    max_trajectory_length: int  # the whole response: every turn's sampled + inserted tokens
     mode: str = "sync"  # sync | async (module docstring)
     chunk_tokens: int = 0  # async: tokens per request per engine round (0 = the whole turn)
     coalesce_ms: float = 5.0  # async: searches arriving within this of the first waiting one share a request
@@ -119,74 +124,10 @@ class AgentConfig:
         return cls(max_turns=cfg.max_turns, max_start_length=cfg.data.max_start_length,
                    max_prompt_length=cfg.data.max_prompt_length, max_response_length=cfg.data.max_response_length,
                    max_obs_length=cfg.data.max_obs_length, do_search=cfg.do_search, topk=r.topk,
+                   max_trajectory_length=cfg.data.max_trajectory_length,
                    mode=rollout.mode, chunk_tokens=rollout.async_chunk_tokens,
                    coalesce_ms=r.coalesce_ms, coalesce_max=r.coalesce_max, max_inflight_searches=r.max_inflight)
 
-
-@dataclass
-class Trajectory:
-    """One row's rollout. ``stop_reason`` is None only while the loop is running."""
-
-    prompt_ids: list[int]  # the prompt the engine saw (after the max_start_length cap)
-    response_ids: list[int] = field(default_factory=list)  # sampled + inserted ids, in order
-    # 1 = sampled by the policy (trained), 0 = inserted by the environment (context only)
-    info_mask: list[int] = field(default_factory=list)
-    # the engine's log-prob of each sampled id (0.0 on inserted ids); filled when the call asks for log-probs
-    rollout_log_probs: list[float] = field(default_factory=list)
-    # the policy version (trainer step) of the weights that sampled each id; -1 on inserted ids and where the
-    # engine reports none (an engine outside the trainer)
-    versions: list[int] = field(default_factory=list)
-    stop_reason: StopReason | None = None
-    num_turns: int = 0  # generation turns (engine calls that included this row)
-    num_searches: int = 0  # searches answered with an <information> block
-    num_invalid: int = 0  # turns that ended in no well-formed action (feedback or EOS)
-    truncated_obs: int = 0  # <information> blocks cut to max_obs_length
-    prompt_truncated: bool = False  # the prompt was cut to max_start_length
-    retrieval_wait_s: float = 0.0  # seconds this row waited for its searches' passages
-
-    def append(self, ids: list[int], sampled: bool, log_probs: list[float] | None = None,
-               versions: list[int] | None = None) -> None:
-        self.response_ids.extend(ids)
-        self.info_mask.extend([1 if sampled else 0] * len(ids))
-        self.rollout_log_probs.extend(log_probs if log_probs is not None else [0.0] * len(ids))
-        self.versions.extend(versions if versions is not None else [-1] * len(ids))
-
-    def version_range(self) -> tuple[int, int]:
-        """(oldest, newest) policy version among the sampled ids; (-1, -1) when none is known."""
-        known = [v for v in self.versions if v >= 0]
-        return (min(known), max(known)) if known else (-1, -1)
-
-
-@dataclass
-class AgentResult:
-    trajectories: list[Trajectory]
-    wall_s: float = 0.0  # the whole run
-    schedule: dict[str, float] = field(default_factory=dict)  # the schedule's counters (async: engine calls ...)
-
-    def metrics(self) -> dict[str, float]:
-        """Per-step rollout metrics, computed from the trajectories' typed fields."""
-        trajs = self.trajectories
-        rows = max(len(trajs), 1)
-        turns = sum(t.num_turns for t in trajs)
-        tokens = sum(len(t.response_ids) for t in trajs)
-        inserted = sum(len(t.info_mask) - sum(t.info_mask) for t in trajs)
-        metrics = {
-            "agent/mean_turns": turns / rows,
-            "agent/searches_per_traj": sum(t.num_searches for t in trajs) / rows,
-            # turns that ended in a well-formed search or answer (or were cut by the length budget)
-            "agent/valid_action_ratio": 1.0 - sum(t.num_invalid for t in trajs) / max(turns, 1),
-            "agent/finish_ratio": sum(t.stop_reason is StopReason.ANSWERED for t in trajs) / rows,
-            "agent/truncated_obs": float(sum(t.truncated_obs for t in trajs)),
-            "agent/truncated_prompts": float(sum(t.prompt_truncated for t in trajs)),
-            "agent/inserted_token_frac": inserted / max(tokens, 1),
-            "agent/mean_response_len": tokens / rows,
-            "agent/retrieval_wait_s": sum(t.retrieval_wait_s for t in trajs) / rows,  # per trajectory
-            "perf/trajectories_per_s": len(trajs) / max(self.wall_s, 1e-9),
-            **self.schedule,
-        }
-        for reason in StopReason:
-            metrics[f"agent/stop/{reason.value}"] = float(sum(t.stop_reason is reason for t in trajs))
-        return metrics
 
 
 # (row index, turn index, the row's trajectory so far) -> ids inserted at the start of that row's turn ([] = none)
@@ -277,6 +218,7 @@ class LLMGenerationManager:
         self._feedback_ids = self._encode([INVALID_ACTION_FEEDBACK])[0]
         observation_ids(tokenizer, [], cfg.max_obs_length)  # fails now if max_obs_length leaves no passage room
         self._warned_obs = False
+        self._warned_budgets: set[str] = set()  # length budgets already named in a warning
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -301,6 +243,7 @@ class LLMGenerationManager:
             logger.warning("%d of %d prompts were cut to data.max_start_length=%d tokens", truncated, len(rows),
                            self.cfg.max_start_length)
         self._warn_truncated_obs(rows)
+        self._warn_length_losses(rows)
         return AgentResult(rows, wall_s=time.perf_counter() - start, schedule=stats)
 
     async def _run_all(self, rows: list[Trajectory], params: SamplingParams,
@@ -386,7 +329,8 @@ class LLMGenerationManager:
                 if forced and not self._insert(row, list(forced)):
                     break
                 final = turn == self.cfg.max_turns
-                budget = self.cfg.max_response_length - len(row.response_ids)
+                left = self.cfg.max_trajectory_length - len(row.response_ids)
+                budget = min(self.cfg.max_response_length, left)
                 out = await io.generate(index, turn, row.prompt_ids + row.response_ids, budget)
                 ids = out.token_ids[:budget]
                 row.num_turns += 1
@@ -395,10 +339,13 @@ class LLMGenerationManager:
                 kind, content = parse_action(self._decode(ids), out.finish_reason, out.stop_str,
                                              cut=len(ids) < len(out.token_ids))
                 if kind is ActionKind.SEARCH and not final:
-                    if not self._insert_fits(row, len(self._open_ids) + len(self._close_ids)):
-                        row.stop_reason = StopReason.MAX_LENGTH  # not even an empty block fits: no request
+                    lacking = self._lacking(row, len(self._open_ids) + len(self._close_ids))
+                    if lacking is not None:  # not even an empty block fits: no request
+                        self._cut(row, lacking)
                         break
                     await self._answer_search(index, row, content, io)
+                elif kind is ActionKind.LENGTH:
+                    self._settle_cut_turn(row, len(ids) >= left, final)
                 else:
                     self._settle(row, kind, final)
                 if row.stop_reason is not None:
@@ -429,6 +376,19 @@ class LLMGenerationManager:
                        "(agent/truncated_obs): raise data.max_obs_length (Search-R1 uses 500 for 3 passages) or "
                        "lower retriever.topk", cut, searches, self.cfg.max_obs_length)
 
+    def _warn_length_losses(self, rows: list[Trajectory]) -> None:
+        """Warn (once per budget and manager) when one length budget cost more than LENGTH_WARN_FRAC of a call's
+        rows a search or an answer: the policy would be trained on trajectories that cannot search or answer."""
+        for key, lost in length_losses(rows).items():
+            if key in self._warned_budgets or lost <= LENGTH_WARN_FRAC * len(rows):
+                continue
+            self._warned_budgets.add(key)
+            value = {TURN_BUDGET: self.cfg.max_response_length, TRAJECTORY_BUDGET: self.cfg.max_trajectory_length,
+                     CONTEXT_BUDGET: self.cfg.max_prompt_length}[key]
+            logger.warning("%d of %d trajectories lost a search or an answer to %s=%d tokens (agent/cut/%s): raise "
+                           "it, or lower data.max_obs_length / retriever.topk; see docs/design.md, Lengths",
+                           lost, len(rows), key, value, key.split(".")[-1])
+
     def _start(self, prompt: list[int], index: int) -> Trajectory:
         if len(prompt) > self.cfg.max_prompt_length:
             raise ValueError(f"prompt {index} has {len(prompt)} tokens > data.max_prompt_length="
@@ -444,8 +404,6 @@ class LLMGenerationManager:
             row.num_invalid += 1
         if kind is ActionKind.ANSWER:
             row.stop_reason = StopReason.ANSWERED
-        elif kind is ActionKind.LENGTH:
-            row.stop_reason = StopReason.MAX_LENGTH
         elif kind is ActionKind.EOS:
             row.stop_reason = StopReason.EOS_WITHOUT_ANSWER
         elif final:  # a search or an invalid action in the final turn
@@ -453,14 +411,37 @@ class LLMGenerationManager:
         else:
             self._insert(row, self._feedback_ids)
 
-    def _insert_fits(self, row: Trajectory, num_ids: int) -> bool:
-        """Whether ``num_ids`` inserted ids leave the policy at least one token of budget."""
-        return len(row.response_ids) + num_ids < self.cfg.max_response_length
+    def _settle_cut_turn(self, row: Trajectory, trajectory_full: bool, final: bool) -> None:
+        """A turn that ended at a length budget before any action. At the trajectory's budget the row ends;
+        at the per-turn budget it is Search-R1's invalid action (feedback, next turn), or the end in the final turn."""
+        if trajectory_full:
+            self._cut(row, TRAJECTORY_BUDGET)
+            return
+        row.turns_cut += 1
+        row.num_invalid += 1
+        if final:
+            self._cut(row, TURN_BUDGET)
+        else:
+            self._insert(row, self._feedback_ids)
+
+    def _cut(self, row: Trajectory, budget: str) -> None:
+        row.stop_reason = StopReason.MAX_LENGTH
+        row.cut_by = budget
+
+    def _lacking(self, row: Trajectory, num_ids: int) -> str | None:
+        """The budget that ``num_ids`` more inserted ids would break (None = they fit): the trajectory must keep
+        the policy at least one token, and the next turn's context must stay within max_prompt_length."""
+        if len(row.response_ids) + num_ids >= self.cfg.max_trajectory_length:
+            return TRAJECTORY_BUDGET
+        if len(row.prompt_ids) + len(row.response_ids) + num_ids > self.cfg.max_prompt_length:
+            return CONTEXT_BUDGET
+        return None
 
     def _insert(self, row: Trajectory, ids: list[int]) -> bool:
-        """Append environment ids if the policy keeps at least one token of budget; else end the row."""
-        if not self._insert_fits(row, len(ids)):
-            row.stop_reason = StopReason.MAX_LENGTH
+        """Append environment ids if they fit the trajectory and context budgets; else end the row."""
+        lacking = self._lacking(row, len(ids))
+        if lacking is not None:
+            self._cut(row, lacking)
             return False
         row.append(ids, sampled=False)
         return True

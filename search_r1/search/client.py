@@ -296,14 +296,17 @@ class RetrievalClient:
                                  f"of {n_queries}")
         return result
 
-    def check_health(self, wait_s: float = 0.0) -> None:
-        """GET /health, polling up to wait_s seconds; raise RetrievalUnavailable('... not answering at URL; start it
-        with retrieval_launch.sh', or '... still loading its index') if it never answers 200. Several endpoints:
-        all must answer and form one index (RetrievalError naming the mismatch otherwise)."""
+    def check_health(self, wait_s: float = 0.0) -> dict:
+        """GET /health, polling up to wait_s seconds -> the /health answer (of the first endpoint when there are
+        several: they serve one index); raise RetrievalUnavailable('... not answering at URL; start it with
+        retrieval_launch.sh', or '... still loading its index') if it never answers 200. Several endpoints: all
+        must answer and form one index (RetrievalError naming the mismatch otherwise)."""
         if self.several:
             with self._shards_lock:
-                self._set_layout(self._discover(wait_s, require_all=True))
-            return
+                shards = self._discover(wait_s, require_all=True)
+                self._set_layout(shards)
+            body, _ = self._health(shards[0].urls[0])
+            return body or {}
         deadline = time.monotonic() + wait_s
         last = "no answer"
         while True:
@@ -314,7 +317,7 @@ class RetrievalClient:
                     what = Served.from_health(self.url, body).what()
                     raise RetrievalError(f"retrieval service at {self.url} serves only {what}; give the URLs of all "
                                          "shards (comma-separated) in retriever.url")
-                return
+                return body
             if time.monotonic() >= deadline:
                 break
             time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))

@@ -93,3 +93,36 @@ def test_launch_refuses_a_missing_custom_corpus(tmp_path):
     env = _env(CORPUS=str(tmp_path / "nope.jsonl"))
     done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "nope.jsonl not found" in done.stderr
+
+
+def test_an_index_named_without_corpus_serves_its_own_corpus_and_prepares_no_demo(corpus_path, tmp_path):
+    """Guards against issue 37: INDEX_DIR without CORPUS generated the demo knowledge base into data/demo, then the
+    service refused with a corpus mismatch and suggested rebuilding the user's index over the demo corpus. (A copy
+    of the script in a scratch root, so data/demo is the scratch root's.)"""
+    shutil.copy(SCRIPT, tmp_path / "retrieval_launch.sh")
+    index_dir = tmp_path / "mine" / "dense_or_bm25"
+    subprocess.run([sys.executable, "-m", "retrieval_server.build_index", "--corpus", str(corpus_path), "--out",
+                    str(index_dir), "--retriever", "bm25"], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    env = _env(INDEX_DIR=str(index_dir), PORT=str(free_port()), PYTHONPATH=str(ROOT))
+    with _launched(tmp_path / "retrieval_launch.sh", env, ["--threads", "1"], tmp_path / "launch.log") as health:
+        manifest = json.loads((index_dir / "manifest.json").read_text())
+        assert health["corpus_sha256"] == manifest["corpus_sha256"]
+    assert not (tmp_path / "data").exists(), "nothing of the demo is prepared for a user's index"
+    moved = tmp_path / "moved"
+    index_dir.rename(moved)  # its manifest names a corpus path; make that path missing instead
+    (moved / "manifest.json").write_text(json.dumps({**manifest, "corpus_path": str(tmp_path / "gone.jsonl")}))
+    done = subprocess.run(["bash", str(tmp_path / "retrieval_launch.sh")], env={**env, "INDEX_DIR": str(moved)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "set CORPUS to that JSONL file" in done.stderr, done.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_hints_name_the_users_retriever_kind(tmp_path):
+    """Guards against the rebuild hint for a mistyped dense index saying --retriever bm25 (the demo's kind)."""
+    for name, kind in (("e5_flta", "dense"), ("wiki_bm25x", "bm25")):
+        env = _env(INDEX_DIR=str(tmp_path / name), PORT=str(free_port()))
+        done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and f"--retriever {kind}" in done.stderr and f"RETRIEVER={kind}" in done.stderr
+    done = subprocess.run(["bash", str(SCRIPT)], env=_env(CORPUS=str(tmp_path / "c.jsonl")), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2

@@ -14,7 +14,7 @@ from retrieval_server.launcher import ServerProcess
 from retrieval_server.logs import RequestStats
 
 SUMMARY = re.compile(r"retrieval: (?P<requests>[\d,]+) requests, (?P<queries>[\d,]+) queries in [\d.]+ s "
-                     r"\([\d,]+ q/s\), p50 (?P<p50>[\d.]+|-)(?: ms)?, p99 (?P<p99>[\d.]+|-)(?: ms)?, "
+                     r"\([\d.,]+ q/s\), p50 (?P<p50>[\d.]+|-)(?: ms)?, p99 (?P<p99>[\d.]+|-)(?: ms)?, "
                      r"(?P<errors>[\d,]+) errors \(4xx (?P<e4xx>[\d,]+), 5xx (?P<e5xx>[\d,]+)\)")
 
 
@@ -86,3 +86,10 @@ def test_library_chatter_is_below_info_but_errors_show():
     assert "a real FAISS failure" in done.stderr and "still at INFO" in done.stderr
     assert "Could not load library" not in done.stderr and "Loading faiss" not in done.stderr
     assert "HTTP Request" not in done.stderr
+
+
+def test_a_slow_rate_is_not_rounded_to_zero():
+    """Guards against the summary line printing 0 q/s for a few queries over a long interval (issue 37)."""
+    from retrieval_server.logs import _rate
+
+    assert (_rate(0.25), _rate(12.5), _rate(329.4), _rate(12345.6)) == ("0.25", "12.5", "329", "12,346")

@@ -28,7 +28,7 @@ from tests.search_workspace import build_search_workspace
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["data.train_batch_size=4", "data.max_response_length=24", "data.max_obs_length=32",
+SMALL = ["data.train_batch_size=4", "data.max_trajectory_length=24", "data.max_obs_length=32",
          "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
          "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=2", "trainer.save_freq=-1",
          "trainer.test_freq=-1", "trainer.val_before_train=false"]

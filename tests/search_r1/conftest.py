@@ -89,3 +89,18 @@ def policy(tmp_path_factory, service_url, corpus_texts):
     -> (model dir, tokenizer, prompts, expected responses, expected info masks)."""
     tokenizer = train_tokenizer(corpus_texts + [INSTRUCTION] * 3 + list(QUESTIONS) * 3, vocab_size=700)
     return memorised_policy(tokenizer, tmp_path_factory.mktemp("policy"), service_url)
+
+
+@pytest.fixture(scope="session")
+def long_service_url(tmp_path_factory):
+    """A BM25 service over real-sized passages (``long_passages``: three make a 430-520 token block in Qwen2.5)."""
+    from tests.search_r1.long_passages import write_corpus
+
+    root = tmp_path_factory.mktemp("long")
+    corpus = write_corpus(root / "corpus.jsonl")
+    index = root / "index"
+    subprocess.run([sys.executable, "-m", "retrieval_server.build_index", "--corpus", str(corpus), "--out",
+                    str(index), "--retriever", "bm25"], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    with ServerProcess(index, corpus) as server:
+        server.wait_ready()
+        yield server.url

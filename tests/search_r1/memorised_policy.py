@@ -66,7 +66,7 @@ def memorised_policy(tokenizer, out, service_url):
         labels = [-100] * len(prompt) + search + [-100] * len(info) + final
         examples.append((ids, labels))
     torch.manual_seed(0)
-    model = build_model(tokenizer, max_positions=512)
+    model = build_model(tokenizer)
     memorise(model, examples)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out)

@@ -28,9 +28,29 @@ from verl.utils.checkpoint import CheckpointError
 from verl.utils.dataset import DataError
 from verl.utils.logs import setup_logging
 from verl.utils.run_dir import RunDirError
+from verl.utils.tracking import check_loggers
 from verl.workers.train_utils import optimizer_steps_per_training_step
 
 logger = logging.getLogger("verl.trainer.main_ppo")
+
+
+HELP = """usage: python -m verl.trainer.main_ppo [--config FILE ...] key=value ...
+       (also: search-r1-train, bash train_ppo.sh, bash train_grpo.sh)
+
+Train a policy with PPO/GRPO to search (Search-R1). Every key of configs/ppo_trainer.yaml can be set as key=value
+(OmegaConf dotlist; Search-R1's and verl's spellings are accepted, docs/config.md lists them all). Each --config
+FILE is a YAML of keys layered over configs/ppo_trainer.yaml, in order; key=value overrides come last.
+
+  data.train_files, data.val_files   parquet in the Search-R1 schema (python -m data_prep.qa_search)
+  actor_rollout_ref.model.path       the policy, a Hugging Face model directory
+  retriever.url                      the retrieval service (bash retrieval_launch.sh); required with search
+  data.max_response_length, ...      lengths as Search-R1 means them (docs/design.md, Lengths)
+
+Exit status: 0 done, 2 unusable input (the message names the key), 3 stopped on purpose (see docs/design.md)."""
+
+
+class HelpRequested(Exception):
+    """-h / --help on the command line."""
 
 
 def build_trainer(cfg: Config) -> PPOTrainer:
@@ -50,6 +70,8 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
             files.append(rest.pop(0))
         elif arg.startswith("--config="):
             files.append(arg.split("=", 1)[1])
+        elif arg in ("-h", "--help"):
+            raise HelpRequested
         elif arg.startswith("-"):
             raise ConfigError(f"unknown option {arg!r}: the trainer takes --config FILE and key=value overrides")
         else:
@@ -69,7 +91,8 @@ def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
     search = f"{cfg.retriever.url}, top-{cfg.retriever.topk}, up to {cfg.max_turns} search turns" if cfg.do_search \
         else "off (do_search=false: every search gets an empty block)"
     lines = [
-        f"run      {cfg.algorithm.adv_estimator}, {trainer.total_steps} steps -> {trainer.out_dir}"
+        (f"run      validation only -> {trainer.out_dir}" if t.val_only else
+         f"run      {cfg.algorithm.adv_estimator}, {trainer.total_steps} steps -> {trainer.out_dir}")
         + (f" (continuing {latest.name})" if latest else ""),
         f"model    {cfg.actor_rollout_ref.model.path} ({r.name} engine in {r.dtype}, training in "
         f"{a.fsdp_config.dtype}, {world_size(cfg)} rank(s)"
@@ -89,7 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         files, overrides = split_args(sys.argv[1:] if argv is None else argv)
+    except HelpRequested:
+        print(HELP)
+        return 0
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
         cfg = load_config(overrides, files)
+        check_loggers(cfg.trainer.logger)  # before any model loads
         trainer = build_trainer(cfg)
     except (ConfigError, DataError, RunDirError, EnvironmentUnavailable) as err:  # unusable input or service
         print(f"error: {err}", file=sys.stderr)
@@ -103,11 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingStopped, EnvironmentUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 3
+    if trainer.already_complete:
+        print(f"run already complete: {trainer.step} of {trainer.total_steps} steps in {trainer.out_dir}; nothing to "
+              "train (raise trainer.total_training_steps to continue it, or name another trainer.experiment_name)")
     for key in sorted(k for k in final if k.startswith(trainer.recipe.summary_prefixes)):
-        if cfg.trainer.val_only:
+        before = trainer.initial_validation.get(key)
+        if cfg.trainer.val_only or before is None:
             print(f"{key}: {final[key]:.3f}")
         else:
-            print(f"{key}: before {trainer.initial_validation.get(key, float('nan')):.3f} -> after {final[key]:.3f}")
+            print(f"{key}: before {before:.3f} -> after {final[key]:.3f}")
     print(f"metrics: {trainer.tracker.jsonl_path}  curves: {trainer.out_dir / 'curves.png'}")
     return 0
 

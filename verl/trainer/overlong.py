@@ -2,8 +2,8 @@
 "Overlong Filtering" and "Soft Overlong Punishment").
 
 A row is *cut* when the recipe's generation says so, in the per-row ``truncated`` column of the generation contract
-(``recipe.GENERATED_NON_TENSORS``; the search recipe sets it for ``StopReason.MAX_LENGTH``: a turn used up the
-remaining ``data.max_response_length`` tokens, or the next inserted block would have left the policy none). Where
+(``recipe.GENERATED_NON_TENSORS``; the search recipe sets it for ``StopReason.MAX_LENGTH``: a length budget ended
+the trajectory, ``data.max_trajectory_length`` most often; docs/design.md, "Lengths"). Where
 such a row stops is where the budget stopped it, not where the policy chose to, so training on its outcome as if
 the policy had ended there teaches the wrong lesson. The trainer step applies the mode right after the reward,
 before log-probs, values and advantages (``PPOTrainer.run_step``), so every later phase sees its effect.
@@ -14,7 +14,7 @@ before log-probs, values and advantages (``PPOTrainer.run_step``), so every late
   metric. Its score still counts in its group's baseline (GRPO, RLOO): the baseline estimates the expected score
   of the prompt's samples, cut ones included; only the row's own gradient is removed.
 * ``soft_penalty`` (DAPO's soft overlong punishment; verl's ``reward_model.overlong_buffer``): with
-  L_max = ``data.max_response_length`` and L_cache = ``buffer_len``, a row of |y| response tokens (sampled and
+  L_max = ``data.max_trajectory_length`` and L_cache = ``buffer_len``, a row of |y| response tokens (sampled and
   inserted: the unit of the budget) gets ``penalty_factor * clip(((L_max - L_cache) - |y|) / L_cache, -1, 0)``:
   0 up to L_max - L_cache, then falling linearly to ``-penalty_factor`` at L_max (and beyond). Every row gets it by
   its length, cut or not, as in DAPO; it is added to the outcome score on the token that holds it (the last
@@ -55,7 +55,7 @@ def mask_rows(loss_mask: Tensor, rows: Tensor) -> Tensor:
     return loss_mask * (~rows).to(loss_mask.dtype)[:, None]
 
 
-def apply_overlong(batch: Batch, cfg: OverlongConfig, max_response_length: int) -> tuple[Batch, dict[str, float]]:
+def apply_overlong(batch: Batch, cfg: OverlongConfig, max_trajectory_length: int) -> tuple[Batch, dict[str, float]]:
     """Apply ``cfg.mode`` to a scored batch (``truncated``, ``loss_mask`` [B, R], ``response_mask`` [B, R],
     ``token_level_scores`` [B, R]) -> the batch with ``loss_mask`` or ``token_level_scores`` replaced, and the
     step's ``train/overlong_*`` metrics."""
@@ -66,7 +66,7 @@ def apply_overlong(batch: Batch, cfg: OverlongConfig, max_response_length: int) 
         metrics["train/overlong_masked"] = float(cut.sum())
     elif cfg.mode == "soft_penalty":
         lengths = batch["response_mask"].sum(dim=-1)  # [B]
-        penalty = soft_overlong_penalty(lengths, max_response_length, cfg.buffer_len, cfg.penalty_factor)  # [B]
+        penalty = soft_overlong_penalty(lengths, max_trajectory_length, cfg.buffer_len, cfg.penalty_factor)  # [B]
         scores = batch["token_level_scores"].clone()  # [B, R]
         scores[torch.arange(len(batch)), last_token_index(batch["loss_mask"])] += penalty.to(scores.dtype)
         batch.tensors["token_level_scores"] = scores

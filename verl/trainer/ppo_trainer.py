@@ -72,10 +72,10 @@ from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.memory import report_memory
 from verl.utils.plots import plot_curves
 from verl.utils.rollout_log import write_rollouts
-from verl.utils.tracking import Tracker
+from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
-from verl.workers.model_utils import check_models
+from verl.workers.model_utils import check_models, check_positions
 from verl.workers.reference import RefWorker
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout_worker import RolloutWorker
@@ -107,6 +107,7 @@ class PPOTrainer:
         self.cfg = cfg
         check_paths(cfg)
         check_models(cfg)
+        check_positions(cfg)
         self.out_dir = Path(cfg.trainer.default_local_dir)
         run_dir.claim(self.out_dir, to_yaml(cfg), cfg.trainer.resume_mode, cfg.trainer.val_only)
         model = cfg.actor_rollout_ref.model
@@ -122,6 +123,7 @@ class PPOTrainer:
         self.step = 0
         self.initial_validation: dict[str, float] = {}  # validation before the first step of this run
         self.last_validation: dict[str, float] = {}
+        self.already_complete = False  # fit() found every step of the run done (a rerun of a finished run)
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         report_memory(cfg)
@@ -166,6 +168,10 @@ class PPOTrainer:
     def fit(self) -> dict[str, float]:
         """Train for ``total_steps`` steps (continuing a checkpoint if one is resumed); returns the last validation."""
         self.resume()
+        if self.step >= self.total_steps and not self.cfg.trainer.val_only:
+            self.already_complete = True  # a rerun of a finished run: nothing to train, nothing to rewrite
+            self.tracker.close()
+            return self.last_validation
         if self.cfg.trainer.val_only or (self.cfg.trainer.val_before_train and self.step == 0):
             self.last_validation = self.initial_validation = self.validate()
             self.tracker.log(self.last_validation, step=self.step)
@@ -210,7 +216,8 @@ class PPOTrainer:
         timing["timing/gen"] = generated.ended - generated.started  # generation and reward, every round
         metrics.update(batch.meta.get("filter_metrics", {}))
         # cut rows: masked out of the loss, or a length penalty on the reward (algorithm.overlong); before log-probs
-        batch, overlong_metrics = apply_overlong(batch, self.cfg.algorithm.overlong, self.cfg.data.max_response_length)
+        batch, overlong_metrics = apply_overlong(batch, self.cfg.algorithm.overlong,
+                                                 self.cfg.data.max_trajectory_length)
         metrics.update(overlong_metrics)
         train_metrics, updated = self.train_on(batch, timing)
         metrics.update(train_metrics)
@@ -471,8 +478,19 @@ class PPOTrainer:
         self.loader_state = self.loader.state_dict()
         self.kl_ctrl.value = state["kl_coef"]
         self.tracker.truncate_after(self.step)
+        self.initial_validation, self.last_validation = self._logged_validations()
         with self.rollout.weights_update(version=self.step):
             self.sync_weights()
+
+    def _logged_validations(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(the validation before the first step, the latest validation) of this run's metrics.jsonl ({} if none)."""
+        if not self.tracker.jsonl_path.exists():
+            return {}, {}
+        validations = [(r.get("step", 0), {k: v for k, v in r.items() if k.startswith("val/")})
+                       for r in read_metrics(self.tracker.jsonl_path)]
+        validations = [(step, val) for step, val in validations if val]
+        before = next((val for step, val in validations if step == 0), {})
+        return before, (validations[-1][1] if validations else {})
 
     # ------------------------------------------------------------------ helpers
     def _batch_stream(self) -> Iterator[Batch]:

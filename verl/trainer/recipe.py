@@ -44,7 +44,7 @@ GENERATED_TENSORS: dict[str, tuple[str, str]] = {
 # Optional, checked when present: the engine's log-prob of each sampled token (0 elsewhere), for TIS and rollout/*.
 OPTIONAL_TENSORS: dict[str, tuple[str, str]] = {"rollout_log_probs": ("B, R", "engine log-probs of sampled tokens")}
 # Per-row columns the trainer reads: group ids (uid: equal for the samples of one prompt), the reward's inputs, and
-# ``truncated`` (bool: the length budget, data.max_response_length, cut the trajectory; algorithm.overlong).
+# ``truncated`` (bool: a length budget cut the trajectory; algorithm.overlong).
 GENERATED_NON_TENSORS = ("uid", "data_source", "ground_truth", "extra_info", "truncated")
 # Extra per-row validation metrics: (response texts, generated batch) -> {name: per-row values}.
 RowMetricsFn = Callable[[list[str], Batch], dict[str, np.ndarray]]

@@ -4,8 +4,9 @@
 WARNING, so a run's console holds the start-up summary, one line per step, the trainer's own events (resumed,
 checkpoint saved), warnings and errors; not the per-request HTTP lines of the retrieval client (httpx),
 transformers' load reports (a critic's new value head reads as "score.weight MISSING") and progress bars (loading
-weights, writing shards), or FAISS's probes for optional CPU builds. Set before Ray starts, so Ray's worker
-processes inherit the transformers settings through the environment.
+weights, writing shards), FAISS's probes for optional CPU builds, or vLLM's engine start-up reports
+(``VLLM_LOGGING_LEVEL``). Set before Ray starts, so Ray's worker processes inherit these settings through the
+environment.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def setup_logging() -> None:
     if level is None:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bars too
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's ~50 start-up lines (read at its import)
         for name in NOISY:
             logging.getLogger(name).setLevel(logging.WARNING)
         logging.getLogger("verl.trainer").setLevel(logging.INFO)  # the run's own events: resumed, checkpoint saved

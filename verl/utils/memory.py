@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from verl.config import Config, uses_critic, uses_lora, uses_reference, world_size
+from verl.config import Config, max_sequence_length, uses_critic, uses_lora, uses_reference, world_size
 from verl.workers.model_utils import DTYPES, GRADIENT_CHECKPOINTING_ABOVE
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def estimate_memory(cfg: Config) -> MemoryEstimate:
         optimizer += (8 + 4) * total / world  # the critic trains every weight in float32
 
     layers, hidden = hf.num_hidden_layers, hf.hidden_size
-    tokens = cfg.data.max_prompt_length + cfg.data.max_response_length
+    tokens = max_sequence_length(cfg.data)
     rows = max(1, actor.ppo_max_token_len_per_gpu // tokens) if actor.use_dynamic_bsz \
         else actor.ppo_micro_batch_size_per_gpu
     checkpointing = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
@@ -112,7 +112,7 @@ def estimate_memory(cfg: Config) -> MemoryEstimate:
     precision = compute / 2  # the 34-byte figure is for 2-byte activations
     per_token_layer = (2 * hidden * layers + 34 * hidden) if checkpointing else 34 * hidden * layers
     activations = rows * tokens * per_token_layer * precision
-    activations += rows * cfg.data.max_response_length * hf.vocab_size * compute  # logits, once
+    activations += rows * cfg.data.max_trajectory_length * hf.vocab_size * compute  # logits, once
     activations += 2 * 4 * total / max(layers, 1)  # one gathered layer and its gradient, float32
 
     head_dim = getattr(hf, "head_dim", None) or hidden // hf.num_attention_heads

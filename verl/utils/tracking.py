@@ -1,15 +1,21 @@
 """One logging path for metrics: console table, JSONL file, W&B and TensorBoard when asked for.
 
 Choices: JSONL is the source of truth (one object per step, appended and flushed, so nothing is
-lost on a crash and a resumed run continues the same file); the console shows a compact table of
-the metrics people watch; W&B / TensorBoard are optional and fail with a clear message when asked
-for but not installed.
+lost on a crash and a resumed run continues the same file). The run directory's ``metrics.jsonl`` is
+therefore written whatever ``trainer.logger`` says (resume, the curves and the final summary read it);
+``jsonl`` in the list is accepted and changes nothing. The console shows a compact table of the
+metrics people watch; W&B / TensorBoard are optional. ``check_loggers`` runs before any model loads:
+a logger that cannot start (package missing; W&B with no API key and not offline) is a ConfigError
+there, never a traceback after start-up. W&B writes under the run directory, so ``WANDB_MODE=offline``
+needs no network (``wandb sync <run dir>/wandb/offline-run-*`` uploads it later).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import netrc
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -23,6 +29,39 @@ CONSOLE_KEYS = {"critic/score/mean": "score", "val/em": "val/em", "actor/pg_loss
                 "agent/searches_per_traj": "searches", "agent/mean_turns": "turns", "timing/step": "s/step"}
 
 
+def _wandb_has_key() -> bool:
+    """An API key in the environment or in ~/.netrc (where `wandb login` writes it)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check_loggers(loggers: list[str]) -> None:
+    """Fail now, before any model loads, if a logger of ``trainer.logger`` cannot start (ConfigError -> exit 2)."""
+    from verl.config import ConfigError
+
+    if "wandb" in loggers:
+        try:
+            import wandb  # noqa: F401
+        except ImportError as err:
+            raise ConfigError("trainer.logger includes wandb but wandb is not installed: pip install wandb (or the "
+                              "[trackers] extra), or drop wandb from trainer.logger") from err
+        mode = os.environ.get("WANDB_MODE", "online")
+        if mode not in ("offline", "disabled", "dryrun") and not _wandb_has_key():
+            raise ConfigError("trainer.logger includes wandb but W&B has no API key: set WANDB_API_KEY or run "
+                              "`wandb login`, or set WANDB_MODE=offline to log into the run directory with no network "
+                              "(upload later with `wandb sync`)")
+    if "tensorboard" in loggers:
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        except ImportError as err:
+            raise ConfigError("trainer.logger includes tensorboard but tensorboard is not installed: pip install "
+                              "tensorboard (or the [trackers] extra), or drop tensorboard from trainer.logger") from err
+
+
 class Tracker:
     def __init__(self, loggers: list[str], out_dir: str | Path, project: str, experiment: str, config_dict: dict):
         self.loggers = loggers
@@ -31,18 +70,15 @@ class Tracker:
         self.jsonl_path = self.out_dir / "metrics.jsonl"
         self.console = Console(stderr=True)
         self._wandb = self._tb = None
+        check_loggers(loggers)
         if "wandb" in loggers:
-            try:
-                import wandb
-            except ImportError as err:
-                raise RuntimeError("trainer.logger includes wandb but wandb is not installed "
-                                   "(pip install wandb)") from err
-            self._wandb = wandb.init(project=project, name=experiment, config=config_dict, resume="allow")
+            import wandb
+
+            self._wandb = wandb.init(project=project, name=experiment, config=config_dict, resume="allow",
+                                     dir=str(self.out_dir))
         if "tensorboard" in loggers:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as err:
-                raise RuntimeError("trainer.logger includes tensorboard but tensorboard is not installed") from err
+            from torch.utils.tensorboard import SummaryWriter
+
             self._tb = SummaryWriter(str(self.out_dir / "tensorboard"))
 
     def truncate_after(self, step: int) -> None:
@@ -65,9 +101,8 @@ class Tracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         metrics = {k: float(v) for k, v in metrics.items()}
-        if "jsonl" in self.loggers:
-            with self.jsonl_path.open("a") as f:
-                f.write(json.dumps({"step": step, **metrics}) + "\n")
+        with self.jsonl_path.open("a") as f:  # always: the run's record (module docstring)
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
         if "console" in self.loggers:
             self._console_line(metrics, step)
         if self._wandb is not None:

@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
-from verl.config import Config, ConfigError, uses_critic
+from verl.config import Config, ConfigError, max_sequence_length, uses_critic
 from verl.protocol import Batch
 from verl.trainer.logprobs import logprobs_and_entropy
 from verl.workers.lora import LoraSpec, add_lora
@@ -229,6 +229,29 @@ def check_models(cfg: Config) -> None:
         except ValueError as err:
             raise ConfigError(f"config key {key}={path!r} is invalid: {err} (allowed: a Hugging Face model directory "
                               "whose config.json, tokenizer and weights load)") from None
+
+
+def check_positions(cfg: Config) -> None:
+    """The longest sequence the lengths allow (``verl.config.max_sequence_length``) fits the policy's (and a critic's)
+    ``max_position_embeddings``; else ConfigError naming the keys and the limit, for either engine (vLLM refuses such
+    a request with a traceback; the HF engine would run past the trained positions silently)."""
+    from transformers import AutoConfig  # heavy import
+
+    d = cfg.data
+    need = max_sequence_length(d)
+    paths = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)]
+    if cfg.critic.model.path is not None and uses_critic(cfg):
+        paths.append(("critic.model.path", cfg.critic.model.path))
+    for key, path in paths:
+        hf = AutoConfig.from_pretrained(path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+        limit = getattr(hf, "max_position_embeddings", None)
+        if limit is not None and need > limit:
+            raise ConfigError(
+                f"the lengths allow sequences of {need} tokens, more than the model's max_position_embeddings={limit} "
+                f"({key}={path!r}): min(data.max_prompt_length + data.max_response_length = "
+                f"{d.max_prompt_length} + {d.max_response_length}, data.max_start_length + data.max_trajectory_length "
+                f"= {d.max_start_length} + {d.max_trajectory_length}) must be at most {limit}; lower these keys "
+                "(docs/design.md, Lengths)")
 
 
 def init_single_process_group(device: torch.device) -> None:

@@ -34,7 +34,7 @@ SCENARIOS = {
         "<|im_start|>user\nlong<|im_end|>\n": ["<search> Marie Curie Nobel radium </search>", "<think>" + " w" * 60],
         "<|im_start|>user\nshort<|im_end|>\n": ["<search>x</search>", "<answer> y </answer>"],
         "<|im_start|>user\neos<|im_end|>\n": ["<think> no idea </think><|im_end|>"],
-    }, {"max_response_length": 60, "max_obs_length": 24}),
+    }, {"max_response_length": 60, "max_trajectory_length": 60, "max_obs_length": 24}),
 }
 
 

@@ -47,7 +47,8 @@ def test_hf_engine_reproduces_the_memorised_search_trajectories(request, which, 
     (async) a turn is continued over several engine calls and ``</search>`` (three Qwen tokens) spans two of them."""
     model_dir, tokenizer, prompts, responses, masks = request.getfixturevalue(which)
     engine = HFRollout(str(model_dir), dtype="float32", device="cpu", micro_batch_size=64, seed=0)
-    cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=256, max_response_length=320,
+    cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
+                      max_trajectory_length=320,
                       max_obs_length=96, do_search=True, topk=TOPK, mode=mode, chunk_tokens=chunk)
     agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, TOPK), cfg)
     result = agent.run(prompts, SamplingParams(max_tokens=1, temperature=0.0))
@@ -70,7 +71,8 @@ def test_search_loop_through_a_two_rank_group(policy, service_url, mode):
     group = create_worker_group(ActorRolloutWorker, cfg, "ray", 2, total_steps=1)
     try:
         rollout = GroupRollout(group, tensor_parallel_size=1)
-        agent_cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=256, max_response_length=320,
+        agent_cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
+                      max_trajectory_length=320,
                                 max_obs_length=96, do_search=True, topk=TOPK, mode=mode)
         agent = LLMGenerationManager(tokenizer, rollout, RetrievalClient(service_url, TOPK), agent_cfg)
         order = [1, 0, 1]  # 3 rows over 2 ranks
@@ -117,7 +119,8 @@ def test_vllm_engine_continuous_batching_reproduces_the_memorised_search_traject
     model_dir, tokenizer, prompts, responses, masks = policy
     engine = VLLMRollout(str(model_dir), max_model_len=512, cpu_kv_cache_gb=0.25)
     for mode in ("sync", "async"):
-        cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=256, max_response_length=320,
+        cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
+                      max_trajectory_length=320,
                           max_obs_length=96, do_search=True, topk=TOPK, mode=mode)
         agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, TOPK), cfg)
         result = agent.run(prompts * 3, SamplingParams(max_tokens=1, temperature=0.0))

@@ -45,8 +45,8 @@ class CountingClient(RetrievalClient):
 
 
 def agent_cfg(**overrides) -> AgentConfig:
-    cfg = dict(max_turns=3, max_start_length=64, max_prompt_length=64, max_response_length=400,
-               max_obs_length=300, do_search=True, topk=TOPK)
+    cfg = dict(max_turns=3, max_start_length=64, max_prompt_length=464, max_response_length=400,
+               max_trajectory_length=400, max_obs_length=300, do_search=True, topk=TOPK)
     return AgentConfig(**{**cfg, **overrides})
 
 
@@ -239,7 +239,7 @@ def test_observation_that_does_not_fit_ends_the_row(tokenizer, make_engine, serv
                                    "<|im_start|>user\nB<|im_end|>\n": [search_full]})
     budget = len(encode(tokenizer, search_full)) + 3  # less than an empty <information> block
     client = CountingClient(service_url, TOPK)
-    cfg = agent_cfg(max_response_length=budget, max_obs_length=60)
+    cfg = agent_cfg(max_response_length=budget, max_trajectory_length=budget, max_obs_length=60)
     result = LLMGenerationManager(tokenizer, engine, client, cfg).run(prompts, GREEDY)
     assert client.requests == [["capital of France"]]
     for prompt, traj in zip(prompts, result.trajectories, strict=True):
@@ -255,7 +255,7 @@ def test_each_row_is_cut_to_its_own_budget(tokenizer, make_engine):
         "<|im_start|>user\nshort<|im_end|>\n": ["<search>x</search>", "<answer> y </answer>"],
     })
     max_len = 40
-    cfg = agent_cfg(max_response_length=max_len, do_search=False)
+    cfg = agent_cfg(max_response_length=max_len, max_trajectory_length=max_len, do_search=False)
     result = LLMGenerationManager(tokenizer, engine, None, cfg).run(prompts, GREEDY)
     for contexts, params in engine.calls:
         budgets = [max_len - (len(c) - len(engine.row_of(c))) for c in contexts]
@@ -276,7 +276,8 @@ def test_generation_function_marks_exactly_the_rows_cut_by_the_budget(tokenizer,
         "<|im_start|>user\nlong<|im_end|>\n": ["<search> x </search>", "<think>" + " word" * 60],
         "<|im_start|>user\nshort<|im_end|>\n": ["<search>x</search>", "<answer> y </answer>"],
     })
-    agent = LLMGenerationManager(tokenizer, engine, None, agent_cfg(max_response_length=40, do_search=False))
+    agent = LLMGenerationManager(tokenizer, engine, None, agent_cfg(max_response_length=40, max_trajectory_length=40,
+                                                                          do_search=False))
     raw = np.empty(len(prompts), dtype=object)
     raw[:] = [np.array(p) for p in prompts]
     out = agent(Batch({}, {"raw_prompt_ids": raw}), GREEDY)
@@ -386,7 +387,7 @@ def test_agent_config_reads_the_typed_config():
                        "data.max_prompt_length=120", "data.max_response_length=300", "data.max_obs_length=50"])
     assert AgentConfig.from_config(cfg) == AgentConfig(max_turns=5, max_start_length=100, max_prompt_length=120,
                                                        max_response_length=300, max_obs_length=50, do_search=False,
-                                                       topk=7)
+                                                       topk=7, max_trajectory_length=4096)
 
 
 def test_turn_prefix_inserts_forced_ids_before_the_turn(tokenizer, make_engine, service_url):
@@ -418,6 +419,7 @@ def test_turn_prefix_inserts_forced_ids_before_the_turn(tokenizer, make_engine, 
     assert sorted(asked) == [(0, 0), (0, 1), (1, 0)]  # row 1 answered in turn 0: never asked again
     budget = len(forced) + 1  # the forced ids leave one token: the row ends at once when its turn is cut
     engine, prompts = make_engine({"<|im_start|>user\nforced<|im_end|>\n": ["<answer> Paris </answer>"]})
-    agent = LLMGenerationManager(tokenizer, engine, None, agent_cfg(max_response_length=budget, do_search=False))
+    cfg = agent_cfg(max_response_length=budget, max_trajectory_length=budget, do_search=False)
+    agent = LLMGenerationManager(tokenizer, engine, None, cfg)
     (row,) = agent.run(prompts, GREEDY, turn_prefix=lambda i, t, traj: forced).trajectories
     assert len(row.response_ids) == budget and row.stop_reason is StopReason.MAX_LENGTH

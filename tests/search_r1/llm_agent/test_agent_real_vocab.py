@@ -22,7 +22,8 @@ from verl.workers.rollout.base import SamplingParams
 
 TOPK = 2
 GREEDY = SamplingParams(max_tokens=1, temperature=0.0)
-CFG = AgentConfig(max_turns=2, max_start_length=64, max_prompt_length=64, max_response_length=400,
+CFG = AgentConfig(max_turns=2, max_start_length=64, max_prompt_length=464, max_response_length=400,
+                  max_trajectory_length=400,
                   max_obs_length=300, do_search=True, topk=TOPK)
 
 

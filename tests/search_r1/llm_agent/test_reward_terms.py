@@ -21,7 +21,8 @@ from verl.trainer.turn_credit import place_turn_rewards, turn_index
 from verl.utils.seq import pack_trajectories
 from verl.workers.rollout.base import SamplingParams
 
-CFG = AgentConfig(max_turns=3, max_start_length=64, max_prompt_length=64, max_response_length=500,
+CFG = AgentConfig(max_turns=3, max_start_length=64, max_prompt_length=564, max_response_length=500,
+                  max_trajectory_length=500,
                   max_obs_length=300, do_search=True, topk=2)
 SCRIPTS = {  # prompt -> the policy's turns; gold answers below
     "Question: capital of France?": ["<search> capital of France </search>", "<answer> Paris </answer>"],

@@ -53,7 +53,7 @@ def clone(batch: Batch) -> Batch:
 
 def test_mask_zeroes_exactly_the_cut_rows_and_nothing_else():
     before = scored_batch()
-    after, logged = apply_overlong(clone(before), OverlongConfig(mode="mask"), max_response_length=10)
+    after, logged = apply_overlong(clone(before), OverlongConfig(mode="mask"), max_trajectory_length=10)
     for i, cut in enumerate(CUT):
         expected = torch.zeros(10) if cut else before["loss_mask"][i]
         assert torch.equal(after["loss_mask"][i], expected), i
@@ -64,7 +64,7 @@ def test_mask_zeroes_exactly_the_cut_rows_and_nothing_else():
 
 def test_none_changes_nothing_but_counts():
     before = scored_batch()
-    after, logged = apply_overlong(clone(before), OverlongConfig(mode="none"), max_response_length=10)
+    after, logged = apply_overlong(clone(before), OverlongConfig(mode="none"), max_trajectory_length=10)
     for key in before.tensors:
         assert torch.equal(after[key], before[key]), key
     assert logged == {"train/overlong_frac": pytest.approx(3 / 7), "train/overlong_masked": 0.0}
@@ -73,7 +73,7 @@ def test_none_changes_nothing_but_counts():
 def test_masked_cut_rows_are_in_no_loss_and_no_advantage_whitening():
     """After masking, the policy and value losses and the GAE advantages of the other rows are exactly those of the
     batch without the cut rows, for every aggregation; the cut rows get no advantage and no gradient."""
-    masked, _ = apply_overlong(scored_batch(), OverlongConfig(mode="mask"), max_response_length=10)
+    masked, _ = apply_overlong(scored_batch(), OverlongConfig(mode="mask"), max_trajectory_length=10)
     kept = [i for i, cut in enumerate(CUT) if not cut]
     gen = torch.Generator().manual_seed(1)
     shape = masked["loss_mask"].shape
@@ -128,7 +128,7 @@ def test_soft_penalty_is_added_to_the_outcome_reward_on_the_last_policy_token():
     its score; the task score column and the loss mask stay as they were."""
     before = scored_batch(seed=2)
     cfg = OverlongConfig(mode="soft_penalty", buffer_len=4, penalty_factor=1.0)
-    after, logged = apply_overlong(clone(before), cfg, max_response_length=10)
+    after, logged = apply_overlong(clone(before), cfg, max_trajectory_length=10)
     lengths = before["response_mask"].sum(-1)
     penalties = []
     for i in range(len(CUT)):
@@ -149,9 +149,10 @@ def test_config_errors_name_the_bad_value_and_the_allowed_ones():
     with pytest.raises(ConfigError, match=r"algorithm\.overlong\.mode='drop' is invalid: allowed one of none, mask, "
                                           r"soft_penalty"):
         load_config(["algorithm.overlong.mode=drop"])
-    with pytest.raises(ConfigError, match=r"algorithm\.overlong\.buffer_len=600 is invalid: allowed at most "
-                                          r"data\.max_response_length=500 with algorithm\.overlong\.mode=soft_penalty"):
-        load_config(["algorithm.overlong.mode=soft_penalty", "algorithm.overlong.buffer_len=600"])
+    with pytest.raises(ConfigError, match=r"algorithm\.overlong\.buffer_len=5000 is invalid: allowed at most "
+                                          r"data\.max_trajectory_length=4096 with algorithm\.overlong\."
+                                          r"mode=soft_penalty"):
+        load_config(["algorithm.overlong.mode=soft_penalty", "algorithm.overlong.buffer_len=5000"])
     with pytest.raises(ConfigError, match=r"algorithm\.overlong\.buffer_len=0 is invalid: allowed an integer >= 1"):
         load_config(["algorithm.overlong.buffer_len=0"])
     with pytest.raises(ConfigError, match=r"algorithm\.overlong\.penalty_factor=-1\.0 is invalid: allowed a number "
@@ -182,7 +183,7 @@ def test_a_training_step_masks_exactly_the_rows_the_search_loop_cut(workspace, t
         out = tmp_path / mode
         files, args = split_args(overrides(workspace, out, 1, f"algorithm.overlong.mode={mode}",
                                            "algorithm.adv_estimator=records_mask_for_overlong_test",
-                                           "data.max_response_length=20", f"trainer.rollout_data_dir={out / 'rows'}"))
+                                           "data.max_trajectory_length=20", f"trainer.rollout_data_dir={out / 'rows'}"))
         build_trainer(load_config(args, files)).fit()
         rows = [json.loads(line) for line in (out / "rows" / "1.jsonl").read_text().splitlines()]
         stop_reasons.append([row["stop_reason"] for row in rows])

@@ -164,7 +164,7 @@ def search_setup(workspace, tmp_path_factory) -> dict:
 def search_overrides(ws: Path, setup: dict, out: Path, port: int, outage_s: float, *extra: str) -> list[str]:
     return overrides(ws, out, 4, *extra, f"actor_rollout_ref.model.path={setup['model']}",
                      f"data.train_files={setup['train']}", "do_search=true", f"retriever.url=http://127.0.0.1:{port}",
-                     f"retriever.outage_timeout_s={outage_s}", "max_turns=2", "data.max_response_length=48",
+                     f"retriever.outage_timeout_s={outage_s}", "max_turns=2", "data.max_trajectory_length=48",
                      "retriever.topk=1", "actor_rollout_ref.actor.optim.lr=1e-5")
 
 

