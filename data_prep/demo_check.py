@@ -74,7 +74,7 @@ def check(run_dir: Path, expected: dict[str, list[float]]) -> tuple[list[str], l
         low, high = expected[key]
         value = after.get(key, float("nan"))
         ok = low <= value <= high
-        lines.append(f"  {label:<31} {before.get(key, float('nan')):.3f} -> {value:.3f}   expected {low:.2f}-{high:.2f}"
+        lines.append(f"  {label:<31} {before.get(key, float('nan')):.3f} -> {value:.3f}   expected {low:g}-{high:g}"
                      f"{'' if ok else '   OUTSIDE'}")
         if not ok:
             outside.append(label)
