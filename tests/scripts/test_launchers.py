@@ -135,12 +135,17 @@ def test_demo_run_exits_zero_and_stops_its_service(demo_tree, script):
     extra = ["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=8"] \
         if script == "train_grpo.sh" else []
     port = free_port()  # DEMO_PORT: the demo's service listens there (a retriever.url would leave demo mode)
-    code, out = finish(launch(demo_tree, script, [*SMALL, "trainer.total_training_steps=1",
-                                                   "trainer.logger=[jsonl]", *extra], DEMO_PORT=str(port)))
+    # The demo's own save_freq (one save, after the last step), not SMALL's -1: a second run must find it complete.
+    args = [*SMALL, "trainer.total_training_steps=1", "trainer.logger=[jsonl]", "trainer.save_freq=1000", *extra]
+    code, out = finish(launch(demo_tree, script, args, DEMO_PORT=str(port)))
     assert code == 0, out
     assert "starting the demo's retrieval service" in out
     assert (demo_tree / "outputs" / "search_r1" / script.replace("train_", "demo_").replace(".sh", "")
             / "metrics.jsonl").exists()
+    assert not service_answers(port)
+    # `make demo` twice: the second run trains nothing, says so and exits 0 (it used to refuse the directory).
+    code, out = finish(launch(demo_tree, script, args, DEMO_PORT=str(port)))
+    assert code == 0 and "run already complete" in out, out
     assert not service_answers(port)
 
 
