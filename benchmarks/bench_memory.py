@@ -7,7 +7,7 @@ rewards, log-probs, the update and the weight sync into the rank's engine) and p
 the mean step time and phases of the measured steps and the peak memory: on a GPU the largest
 ``perf/max_memory_allocated_gb`` of a step, and everywhere the process's peak resident set
 (``perf/max_rss_gb``; ``process_max_rss_gb`` is the same read by this script from the finished process,
-so it works for any checkout given by ``--code``), next to the start-up estimate (``verl.utils.memory``).
+so it works for any checkout given by ``--code``), next to the start-up estimate (``verl.workers.memory``).
 
     python benchmarks/bench_memory.py --shape 0.5b [--modes full,lora,offload] [--steps 1] [--rows 2]
         [--response-length 64]
@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from data_prep.qa_search import make_row, rows_to_parquet  # noqa: E402
 from verl.config import load_config  # noqa: E402
-from verl.utils.memory import GIB, estimate_memory  # noqa: E402
 from verl.utils.tracking import read_metrics  # noqa: E402
+from verl.workers.memory import GIB, estimate_memory  # noqa: E402
 
 # Qwen2.5 configs as published: hidden, intermediate, layers, attention heads, kv heads, vocab, tied.
 SHAPES = {

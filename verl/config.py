@@ -6,7 +6,7 @@ YAML and dotlist overrides in struct mode, so an unknown key fails naming the ke
 checked by OmegaConf; choices and ranges are checked once here, in ``validate``, with errors that
 name the key and the allowed values. The allowed algorithm names (advantage and KL estimators) and what
 an estimator needs (a critic, groups of rollout.n >= 2) come from the registries of
-``verl.trainer.core_algos`` (``choices``, ``adv_estimator``), never from a list of their own here.
+``verl.algorithms.core_algos`` (``choices``, ``adv_estimator``), never from a list of their own here.
 Library code receives the typed objects and never falls back to defaults of its own; the dataclass
 defaults equal the YAML's (``tests/verl/test_config_defaults.py``).
 """
@@ -25,8 +25,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from verl import config_checks
+from verl.algorithms.registry import AdvEstimator
 from verl.config_compat import CompatError, translate
-from verl.trainer.registry import AdvEstimator
+from verl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +43,6 @@ def _config_dir() -> Path:
 CONFIG_DIR = _config_dir()
 DEFAULT_CONFIG = CONFIG_DIR / "ppo_trainer.yaml"  # the defaults for real data (Search-R1's published lengths)
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"  # the embedded demo's paths and small values, layered over the defaults
-
-
-class ConfigError(ValueError):
-    """A bad key or value in the config; the message names the key and what is allowed."""
 
 
 @dataclass
@@ -326,6 +323,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "reward.default_scorer": ("em", "subem", "f1"),
     "reward.normalize": ("squad", "unicode"),
     "algorithm.filter_groups.metric": ("score",),
+    "algorithm.overlong.mode": ("none", "mask", "soft_penalty"),  # verl/trainer/overlong.py
     "trainer.backend": ("local", "ray"),
     "trainer.device": ("auto", "cpu", "cuda"),
 }
@@ -333,9 +331,9 @@ LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
 
 
 def _algos() -> ModuleType:
-    """``verl.trainer.core_algos``, imported on first use: it imports torch, and this module stays cheap to import.
-    Importing it registers the built-in estimators in its registries (``verl.trainer.registry``)."""
-    from verl.trainer import core_algos
+    """``verl.algorithms.core_algos``, imported on first use: it imports torch, and this module stays cheap to import.
+    Importing it registers the built-in estimators in its registries (``verl.algorithms.registry``)."""
+    from verl.algorithms import core_algos
 
     return core_algos
 
@@ -347,7 +345,7 @@ def _check_reward_terms(cfg: Config) -> None:
         return
     import importlib
 
-    from verl.trainer.registry import REWARD_TERMS as TERMS
+    from verl.algorithms.registry import REWARD_TERMS as TERMS
 
     try:
         importlib.import_module(cfg.recipe)  # registers the task's terms
@@ -374,8 +372,6 @@ def choices() -> dict[str, tuple[str, ...]]:
     """Every string-choice key with its allowed values: ``CHOICES`` plus the names registered in ``core_algos``
     (advantage and KL estimators, policy losses, including any registered before the config is loaded) and the
     modes of the trainer-step modules that own them."""
-    from verl.trainer import overlong
-
     algos = _algos()
     kl_estimators = algos.KL_ESTIMATORS.names()
     return {**CHOICES,
@@ -385,7 +381,7 @@ def choices() -> dict[str, tuple[str, ...]]:
             "actor_rollout_ref.actor.policy_loss.loss_mode": algos.POLICY_LOSSES.names(),
             "actor_rollout_ref.actor.loss_agg_mode": algos.AGG_MODES,
             "algorithm.kl_ctrl.type": algos.KL_CONTROLLERS,
-            "algorithm.overlong.mode": overlong.MODES}
+}
 
 
 def adv_estimator(cfg: Config) -> AdvEstimator:

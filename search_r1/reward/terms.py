@@ -9,7 +9,7 @@ Choices:
 - Turns come from the token masks, not from re-parsing text: policy turn ``k`` is the ``k``-th run of policy tokens
   (``response_mask * info_mask``), ``inserted[k]`` the run of inserted tokens after it (an ``<information>``
   block, or the invalid-action feedback), each decoded on its own. So per-turn scores line up with the turns
-  ``verl.trainer.turn_credit`` places them on.
+  ``verl.algorithms.turn_credit`` places them on.
 - ``retrieval_hit``: per search turn, 1 when one of the passages it got back contains a gold answer (normalised as
   EM normalises, matched as a whole token sequence, as sub-EM matches) and no earlier turn of the trajectory had
   retrieved that passage; 0 for a search that found no such new passage; NaN (not scored) for a turn that did not
@@ -48,8 +48,8 @@ from search_r1.reward.qa_em import (
     normalize_answer,
     subem_check,
 )
+from verl.algorithms.registry import REWARD_TERMS
 from verl.protocol import Batch
-from verl.trainer.registry import REWARD_TERMS
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _DOC = re.compile(r"(?:^|\n)Doc \d+\(Title: ")

@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from verl.config import CHOICES
 from verl.protocol import Batch
 from verl.trainer.reward import last_token_index
 
 if TYPE_CHECKING:
     from verl.config import OverlongConfig
 
-MODES = ("none", "mask", "soft_penalty")  # algorithm.overlong.mode
 
 
 def soft_overlong_penalty(lengths: Tensor, max_length: int, buffer_len: int, penalty_factor: float) -> Tensor:
@@ -72,5 +72,6 @@ def apply_overlong(batch: Batch, cfg: OverlongConfig, max_trajectory_length: int
         batch.tensors["token_level_scores"] = scores
         metrics["train/overlong_penalty"] = float(penalty.mean())
     elif cfg.mode != "none":
-        raise ValueError(f"unknown algorithm.overlong.mode {cfg.mode!r}: valid are {', '.join(MODES)}")
+        modes = ", ".join(CHOICES["algorithm.overlong.mode"])
+        raise ValueError(f"unknown algorithm.overlong.mode {cfg.mode!r}: valid are {modes}")
     return batch, metrics

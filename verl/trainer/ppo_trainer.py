@@ -46,6 +46,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from verl.algorithms import core_algos, turn_credit
 from verl.config import (
     Config,
     adv_estimator,
@@ -60,7 +61,6 @@ from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic
 from verl.single_controller.rollout import GroupRollout
-from verl.trainer import core_algos, turn_credit
 from verl.trainer.dynamic_sampling import fill_batch, round_seed
 from verl.trainer.health import HealthMonitor, TrainingStopped
 from verl.trainer.overlong import apply_overlong
@@ -69,12 +69,12 @@ from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_gen
 from verl.trainer.reward import RewardManager, load_custom_score_fn
 from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
-from verl.utils.memory import report_memory
 from verl.utils.plots import plot_curves
 from verl.utils.rollout_log import write_rollouts
 from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
+from verl.workers.memory import report_memory
 from verl.workers.model_utils import check_models, check_positions
 from verl.workers.reference import RefWorker
 from verl.workers.rollout.base import SamplingParams
@@ -328,7 +328,7 @@ class PPOTrainer:
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """KL-in-reward (optional), then the configured advantage estimator over loss_mask, given what its
-        registration declares it reads (``verl.trainer.registry``)."""
+        registration declares it reads (``verl.algorithms.registry``)."""
         algo, mask, metrics = self.cfg.algorithm, batch["loss_mask"].float(), {}
         rewards = batch["token_level_scores"]
         if algo.use_kl_in_reward:

@@ -78,7 +78,7 @@ class RewardManager:
     def score_batch(self, batch: Batch) -> Batch:
         """``batch`` with its reward columns: ``token_level_scores`` [B, R] (the score on the last policy token),
         ``score`` [B], ``response_text`` [B] and, from the details, ``reward/<term>`` [B] (logged as their mean) and
-        ``turn_scores`` (per row, a list per policy turn; ``verl.trainer.turn_credit``)."""
+        ``turn_scores`` (per row, a list per policy turn; ``verl.algorithms.turn_credit``)."""
         token_scores, scores, texts, details = self(batch)
         batch.tensors["token_level_scores"] = token_scores
         batch.non_tensors["score"] = scores

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from verl.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 # Metrics shown on the console's one line per step, with their short names (all metrics go to JSONL / W&B /
@@ -41,8 +43,6 @@ def _wandb_has_key() -> bool:
 
 def check_loggers(loggers: list[str]) -> None:
     """Fail now, before any model loads, if a logger of ``trainer.logger`` cannot start (ConfigError -> exit 2)."""
-    from verl.config import ConfigError
-
     if "wandb" in loggers:
         try:
             import wandb  # noqa: F401

@@ -31,9 +31,9 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
+from verl.algorithms.core_algos import POLICY_LOSSES, agg_loss, kl_penalty, masked_mean, truncated_is_weights
 from verl.config import Config, trajectories_per_step, uses_lora
 from verl.protocol import Batch
-from verl.trainer.core_algos import POLICY_LOSSES, agg_loss, kl_penalty, masked_mean, truncated_is_weights
 from verl.workers.lora import LoraSpec
 from verl.workers.model_utils import (
     DTYPES,

@@ -26,9 +26,9 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForTokenClassification
 
+from verl.algorithms.core_algos import compute_value_loss, masked_mean
 from verl.config import Config, trajectories_per_step
 from verl.protocol import Batch
-from verl.trainer.core_algos import compute_value_loss, masked_mean
 from verl.workers.model_utils import DTYPES, load_model, resolve_device, response_outputs
 from verl.workers.train_utils import (
     GlobalCounts,

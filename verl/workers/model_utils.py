@@ -45,9 +45,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
+from verl.algorithms.logprobs import logprobs_and_entropy
 from verl.config import Config, ConfigError, max_sequence_length, uses_critic
 from verl.protocol import Batch
-from verl.trainer.logprobs import logprobs_and_entropy
 from verl.workers.lora import LoraSpec, add_lora
 
 logger = logging.getLogger(__name__)

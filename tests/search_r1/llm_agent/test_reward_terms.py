@@ -15,9 +15,9 @@ from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
 from search_r1.reward.qa_em import compute_score
 from search_r1.reward.terms import TERMS, Context, TermsReward, Trajectory, Turn, contains, trajectories
 from search_r1.search.client import RetrievalClient
+from verl.algorithms.turn_credit import place_turn_rewards, turn_index
 from verl.protocol import Batch
 from verl.trainer.reward import RewardManager
-from verl.trainer.turn_credit import place_turn_rewards, turn_index
 from verl.utils.seq import pack_trajectories
 from verl.workers.rollout.base import SamplingParams
 

@@ -22,8 +22,8 @@ from tests.verl.workers.worker_test_utils import (
     random_batch,
     real_vocab_batch,
 )
+from verl.algorithms.core_algos import rollout_mismatch, truncated_is_weights
 from verl.protocol import Batch
-from verl.trainer.core_algos import rollout_mismatch, truncated_is_weights
 from verl.utils.seq import pack_trajectories
 from verl.workers.actor import ActorWorker
 from verl.workers.reference import RefWorker

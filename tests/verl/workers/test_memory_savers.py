@@ -21,9 +21,9 @@ from tests.verl.workers.worker_test_utils import (
     parameters,
     random_batch,
 )
-from verl.utils.memory import count_parameters, estimate_memory
 from verl.workers.actor import ActorWorker
 from verl.workers.actor_rollout import ActorRolloutWorker
+from verl.workers.memory import count_parameters, estimate_memory
 from verl.workers.optim import LowPrecisionStateAdamW
 from verl.workers.reference import RefWorker
 from verl.workers.rollout.base import SamplingParams

@@ -1,4 +1,4 @@
-"""Tests of log-probs and entropy from logits (``verl.trainer.logprobs``) against plain loops written here."""
+"""Tests of log-probs and entropy from logits (``verl.algorithms.logprobs``) against plain loops written here."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from verl.trainer import logprobs as lp
+from verl.algorithms import logprobs as lp
 
 
 def test_entropy_and_logprobs_match_loop() -> None:

@@ -58,25 +58,25 @@ from torch import Tensor
 
 # Masked statistics and aggregation (``masked``) and the policy losses (``policy_losses``), re-exported so that
 # ``core_algos`` stays the one import for the algorithms.
-from verl.trainer.masked import AGG_MODES as AGG_MODES
-from verl.trainer.masked import agg_loss as agg_loss
-from verl.trainer.masked import masked_mean as masked_mean
-from verl.trainer.masked import masked_sum as masked_sum
-from verl.trainer.masked import masked_var as masked_var
-from verl.trainer.masked import masked_whiten as masked_whiten
-from verl.trainer.masked import zero_masked
-from verl.trainer.policy_losses import compute_policy_loss as compute_policy_loss
-from verl.trainer.policy_losses import compute_policy_loss_gspo as compute_policy_loss_gspo
+from verl.algorithms.masked import AGG_MODES as AGG_MODES
+from verl.algorithms.masked import agg_loss as agg_loss
+from verl.algorithms.masked import masked_mean as masked_mean
+from verl.algorithms.masked import masked_sum as masked_sum
+from verl.algorithms.masked import masked_var as masked_var
+from verl.algorithms.masked import masked_whiten as masked_whiten
+from verl.algorithms.masked import zero_masked
+from verl.algorithms.policy_losses import compute_policy_loss as compute_policy_loss
+from verl.algorithms.policy_losses import compute_policy_loss_gspo as compute_policy_loss_gspo
 
 # The registries (``registry``), re-exported: importing this module registers the built-ins below and, through
 # ``policy_losses``, the policy losses.
-from verl.trainer.registry import ADV_ESTIMATORS as ADV_ESTIMATORS
-from verl.trainer.registry import KL_ESTIMATORS as KL_ESTIMATORS
-from verl.trainer.registry import POLICY_LOSSES as POLICY_LOSSES
-from verl.trainer.registry import AdvantageInputs as AdvantageInputs
-from verl.trainer.registry import register_adv_estimator as register_adv_estimator
-from verl.trainer.registry import register_kl_estimator as register_kl_estimator
-from verl.trainer.registry import register_policy_loss as register_policy_loss
+from verl.algorithms.registry import ADV_ESTIMATORS as ADV_ESTIMATORS
+from verl.algorithms.registry import KL_ESTIMATORS as KL_ESTIMATORS
+from verl.algorithms.registry import POLICY_LOSSES as POLICY_LOSSES
+from verl.algorithms.registry import AdvantageInputs as AdvantageInputs
+from verl.algorithms.registry import register_adv_estimator as register_adv_estimator
+from verl.algorithms.registry import register_kl_estimator as register_kl_estimator
+from verl.algorithms.registry import register_policy_loss as register_policy_loss
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def compute_gae_advantage_return(inputs: AdvantageInputs) -> tuple[Tensor, Tenso
     return masked_whiten(advantages, mask), returns
 
 
-def _group_ids(index: np.ndarray, rows: int, device: torch.device) -> Tensor:
+def group_ids(index: np.ndarray, rows: int, device: torch.device) -> Tensor:
     """Dense group id per row ([B] long) from the per-row uids; rows with equal uid share a group."""
     index = np.asarray(index)
     if index.shape != (rows,):
@@ -153,7 +153,7 @@ def _group_ids(index: np.ndarray, rows: int, device: torch.device) -> Tensor:
     return torch.as_tensor(inverse.reshape(-1), dtype=torch.long, device=device)
 
 
-def _group_stats(scores: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def group_stats(scores: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-row statistics of the row's group: (size, sum, mean, unbiased std), each [B].
 
     A group of one has std 0 (Bessel divisor clamped to 1).
@@ -179,7 +179,7 @@ def compute_grpo_outcome_advantage(inputs: AdvantageInputs, eps: float = 1e-6) -
     """
     rewards = inputs.token_level_rewards
     scores = rewards.sum(dim=-1)  # [B]
-    size, _, mean, std = _group_stats(scores, _group_ids(inputs.index, scores.shape[0], scores.device))
+    size, _, mean, std = group_stats(scores, group_ids(inputs.index, scores.shape[0], scores.device))
     single = size < 2  # no baseline for a group of one: keep the raw score
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
@@ -200,7 +200,7 @@ def compute_rloo_outcome_advantage(inputs: AdvantageInputs) -> tuple[Tensor, Ten
     """
     rewards = inputs.token_level_rewards
     scores = rewards.sum(dim=-1)  # [B]
-    size, total, _, _ = _group_stats(scores, _group_ids(inputs.index, scores.shape[0], scores.device))
+    size, total, _, _ = group_stats(scores, group_ids(inputs.index, scores.shape[0], scores.device))
     baseline = torch.where(size > 1, (total - scores) / (size - 1.0).clamp(min=1.0), torch.zeros_like(scores))
     advantages = zero_masked((scores - baseline)[:, None].expand_as(rewards), inputs.mask)  # [B, T]
     return advantages, advantages
@@ -371,6 +371,3 @@ def apply_kl_penalty(token_level_scores: Tensor, log_prob: Tensor, ref_log_prob:
     current_kl = float(masked_mean(seq_kl, (mask != 0).any(dim=-1)))
     kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
     return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}
-
-
-from verl.trainer import turn_credit  # noqa: E402,F401 -- registers grpo_turn (built on the estimators above)

@@ -34,8 +34,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from verl.trainer.masked import agg_loss, mask_count, masked_mean, masked_sum, zero_masked
-from verl.trainer.registry import register_policy_loss
+from verl.algorithms.masked import agg_loss, mask_count, masked_mean, masked_sum, zero_masked
+from verl.algorithms.registry import register_policy_loss
 
 
 def _clipped_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, clip_ratio_low: float,

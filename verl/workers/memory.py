@@ -15,7 +15,7 @@ tokens of a row = max prompt + max response, ``b`` rows of a training micro-batc
   left out: PyTorch's SDPA does not keep them), x 2 with it (each layer's input) plus one layer's
   full set; twice that in float32 (the actor's training dtype, ``actor.fsdp_config.dtype``). Plus the
   logits ``b R V`` once (log-probs and entropy are
-  chunked, ``verl.trainer.logprobs``), plus one FSDP-gathered layer.
+  chunked, ``verl.algorithms.logprobs``), plus one FSDP-gathered layer.
 * **KV cache**: HF ``generate`` holds ``rows x T x L x 2 x kv_heads x head_dim`` values for a
   micro-batch of ``rollout.micro_batch_size`` rows in ``rollout.dtype``; vLLM takes ``gpu_memory_utilization`` of the
   device (GPU) or ``cpu_kv_cache_gb`` (CPU).

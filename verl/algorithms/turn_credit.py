@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from verl.trainer.core_algos import _group_ids, _group_stats, compute_grpo_outcome_advantage
-from verl.trainer.masked import zero_masked
-from verl.trainer.registry import AdvantageInputs, register_adv_estimator
+from verl.algorithms.core_algos import compute_grpo_outcome_advantage, group_ids, group_stats
+from verl.algorithms.masked import zero_masked
+from verl.algorithms.registry import AdvantageInputs, register_adv_estimator
 
 
 def turn_index(policy_mask: Tensor) -> Tensor:
@@ -85,13 +85,13 @@ def compute_grpo_turn_advantage(inputs: AdvantageInputs, eps: float = 1e-6) -> t
     B, K = scores.shape
     n_turns = (turns.max(dim=1).values + 1).clamp(max=K)  # [B]
     has_turn = (torch.arange(K)[None, :] < n_turns[:, None]) & scores.isfinite()  # [B, K]: row i has a scored turn k
-    group = _group_ids(inputs.index, B, scores.device)  # [B]
+    group = group_ids(inputs.index, B, scores.device)  # [B]
     step_group = (group[:, None] * K + torch.arange(K)[None, :])[has_turn]  # [N] one id per (prompt, turn index)
     flat = scores[has_turn]  # [N]
     step_adv = torch.zeros((B, K), dtype=torch.float32)
     if flat.numel():
         _, dense = torch.unique(step_group, return_inverse=True)
-        size, _, mean, std = _group_stats(flat, dense)
+        size, _, mean, std = group_stats(flat, dense)
         adv = flat - mean
         if inputs.config["norm_adv_by_std_in_grpo"]:
             adv = adv / (std + eps)

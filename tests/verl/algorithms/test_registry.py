@@ -14,8 +14,8 @@ from torch import Tensor
 
 from tests.verl.trainer.trainer_test_utils import metrics, overrides
 from tests.verl.workers.worker_test_utils import add_targets, make_config, random_batch
+from verl.algorithms.core_algos import AdvantageInputs, masked_mean, register_adv_estimator
 from verl.config import ConfigError, load_config, uses_critic
-from verl.trainer.core_algos import AdvantageInputs, masked_mean, register_adv_estimator
 from verl.trainer.main_ppo import build_trainer, split_args
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
@@ -79,8 +79,8 @@ def test_config_rules_come_from_the_declarations():
 def test_a_policy_loss_registered_here_is_a_config_value_and_the_actors_loss(tiny_model_dir):
     """Guards against a policy loss that needs edits beyond its one registered function: the config accepts its
     name, refuses an unknown one listing the registered ones, and the actor's update calls it."""
-    from verl.trainer.core_algos import compute_policy_loss
-    from verl.trainer.registry import POLICY_LOSSES, register_policy_loss
+    from verl.algorithms.core_algos import compute_policy_loss
+    from verl.algorithms.registry import POLICY_LOSSES, register_policy_loss
     from verl.workers.actor import ActorWorker
 
     calls = []

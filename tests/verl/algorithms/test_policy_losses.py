@@ -1,4 +1,4 @@
-"""GSPO's sequence-level policy loss (``verl/trainer/policy_losses.py``) against plain loops and its closed form.
+"""GSPO's sequence-level policy loss (``verl/algorithms/policy_losses.py``) against plain loops and its closed form.
 
 Guards against: a token-level ratio where the sequence's was meant (tokens of one sequence clipped apart), inserted
 retrieval tokens counted in |y_i| or in the log-ratio sum, a gradient that is not the GSPO objective's, clipping that
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.verl.workers.worker_test_utils import add_targets, make_config, random_batch
+from verl.algorithms import core_algos as ca
+from verl.algorithms.policy_losses import compute_policy_loss_gspo as gspo
 from verl.config import ConfigError, load_config
-from verl.trainer import core_algos as ca
-from verl.trainer.policy_losses import compute_policy_loss_gspo as gspo
 from verl.workers.actor import ActorWorker
 
 PAPER_LOW, PAPER_HIGH = 3e-4, 4e-4  # GSPO's clip range (Zheng et al. 2025)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from verl.trainer import core_algos
-from verl.trainer.registry import AdvantageInputs
-from verl.trainer.turn_credit import place_turn_rewards, scores_tensor, turn_index
+from verl.algorithms import core_algos
+from verl.algorithms.registry import AdvantageInputs
+from verl.algorithms.turn_credit import place_turn_rewards, scores_tensor, turn_index
 
 # Two rows of 12 response tokens. 1 = sampled by the policy, 0 = inserted (information, feedback) or padding.
 POLICY = torch.tensor([

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from verl.trainer import core_algos as ca
-from verl.trainer.core_algos import AdvantageInputs
-from verl.trainer.logprobs import entropy_from_logits
+from verl.algorithms import core_algos as ca
+from verl.algorithms.core_algos import AdvantageInputs
+from verl.algorithms.logprobs import entropy_from_logits
 
 SEEDS = range(8)
 

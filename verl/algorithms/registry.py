@@ -11,7 +11,7 @@ Everything that names an estimator asks these registries: the config's allowed v
 critic and group-size rules (``verl.config``), and the trainer's call (``PPOTrainer.compute_advantages``).
 Adding an estimator is therefore one decorated function and nothing else; a function registered in any
 module imported before the config is loaded (a recipe, a test) is as valid as the built-ins, which
-``verl.trainer.core_algos`` registers. (verl's ``core_algos`` keys its registry by a StrEnum that types
+``verl.algorithms.core_algos`` registers. (verl's ``core_algos`` keys its registry by a StrEnum that types
 the config field; a plain ``str`` is kept here so that registrations outside this package are valid
 config values too.)
 
@@ -90,7 +90,7 @@ class AdvEstimator:
     needs_critic: bool  # reads AdvantageInputs.values: the trainer builds a critic (and trains it on the returns)
     needs_groups: bool  # reads AdvantageInputs.index (the batch's uid): the config requires rollout.n >= 2
     config_args: tuple[str, ...]  # the algorithm.* keys it reads from AdvantageInputs.config
-    needs_turns: bool = False  # reads AdvantageInputs.turn_scores / turn_index (verl.trainer.turn_credit)
+    needs_turns: bool = False  # reads AdvantageInputs.turn_scores / turn_index (verl.algorithms.turn_credit)
 
 
 ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
