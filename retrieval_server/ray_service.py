@@ -24,7 +24,9 @@ Choices:
   or node is gone, the replica is killed and a new one started (possibly on another node, with a new URL).
 - ``endpoints()`` lists the URLs of the replicas that are up. The client (``search_r1.search.endpoints``) groups
   them into shards from their ``/health`` as for hand-listed URLs, and looks them up again when every replica of a
-  shard fails (``RetrievalClient._refresh``), which is how it follows a restart.
+  shard fails (``RetrievalClient._refresh``), which is how it follows a restart. The client does not import this
+  module: it finds the actor by ``NAME`` in ``NAMESPACE`` through Ray's API and calls ``endpoints()``, so those
+  three are a contract like ``/retrieve`` (``tests/search_r1/search/test_ray_endpoints.py`` checks they agree).
 - Ray is joined, never started, here: ``RAY_ADDRESS`` or ``--address`` (default ``auto``: the cluster that
   ``ray start`` started on this machine). A detached deployment needs a cluster that outlives this command.
 """
@@ -337,7 +339,8 @@ def connect(address: str | None = None, timeout_s: float = RAY_TIMEOUT_S) -> Non
     """Join the Ray cluster at ``address`` (default: ``RAY_ADDRESS``, else the one ``ray start`` runs here), giving up
     after ``timeout_s`` with a ``DeploymentError`` naming the address: Ray itself retries a cluster that is not there
     for ever. A ``host:port`` address is probed over TCP first; the join runs in a daemon thread, abandoned at the
-    deadline (``verl.single_controller.ray_group.join_cluster`` does the same for the trainer)."""
+    deadline. ``verl.utils.ray_cluster.join_ray_cluster`` does the same for the trainer and the retrieval client
+    (``ray://NAME``); this package imports nothing of the project, so the copy here stays."""
     import ray
 
     if ray.is_initialized():

@@ -2,8 +2,11 @@
 
 Choices:
 - ``retriever.url`` stays one string (so launch overrides still work): endpoints separated by commas,
-  ``http://h1:8001,http://h2:8001``; an entry ``ray://NAME`` stands for the endpoints that
-  ``retrieval_server.ray_service.resolve_endpoints`` finds (imported only then).
+  ``http://h1:8001,http://h2:8001``; an entry ``ray://NAME`` stands for the endpoints that the deployment ``NAME``
+  (``retrieval_server/ray_service.py``) lists now. The client reaches it through Ray's own API, as the service's
+  command line does: the detached actor named ``NAME`` in the namespace ``RAY_NAMESPACE``, its ``endpoints()``
+  method. The name, the namespace and that method are the contract, like ``/retrieve`` over HTTP; the service's
+  module is not imported (``search_r1`` imports only ``verl``: ``tests/test_import_rules.py``).
 - The client groups the endpoints itself from what each one's ``GET /health`` says it serves: equal
   shard info (``retrieval_server/shards.py``: index, of, start, end, total, set) = replicas of one shard.
   The endpoints must form one set: one corpus (checksum), one encoder (model and fingerprint hash), one
@@ -20,9 +23,15 @@ Choices:
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
+
+RAY_SCHEME = "ray://"
+RAY_NAMESPACE = "search_r1_retrieval"  # = retrieval_server.ray_service.NAMESPACE (a test checks they agree)
+RAY_ANSWER_TIMEOUT_S = 60.0  # how long the deployment may take to list its endpoints
 
 
 class EndpointSetError(ValueError):
@@ -43,16 +52,37 @@ def resolve_urls(urls: list[str], ray_timeout_s: float = 30.0) -> list[str]:
     an ``EndpointLookupError`` when it does not answer within ``ray_timeout_s``)."""
     resolved = []
     for url in urls:
-        if url.startswith("ray://"):
-            from retrieval_server.ray_service import DeploymentError, resolve_endpoints
-
-            try:
-                resolved.extend(part.rstrip("/") for part in resolve_endpoints(url, connect_timeout_s=ray_timeout_s))
-            except DeploymentError as e:
-                raise EndpointLookupError(str(e)) from None
+        if url.startswith(RAY_SCHEME):
+            resolved.extend(part.rstrip("/") for part in ray_endpoints(url, ray_timeout_s))
         else:
             resolved.append(url)
     return resolved
+
+
+def ray_endpoints(url: str, ray_timeout_s: float = 30.0) -> list[str]:
+    """The URLs of the replicas that are up in deployment ``ray://NAME``: joins the Ray cluster (``RAY_ADDRESS``,
+    else the one ``ray start`` runs here) unless Ray is initialised, then asks the deployment's named actor."""
+    import ray
+
+    from verl.utils.ray_cluster import join_ray_cluster
+
+    name = url[len(RAY_SCHEME):].strip("/")
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS") or "auto"
+        join_ray_cluster(address, ray_timeout_s, f"no Ray cluster answers at {address!r} within {ray_timeout_s:g}s "
+                         "(--ray-timeout, trainer.ray_timeout_s); start one with `ray start --head` (or set "
+                         "RAY_ADDRESS to a running cluster's address, or unset it to use the one `ray start` runs "
+                         "on this machine)", EndpointLookupError, logging_level=logging.WARNING)
+    try:
+        actor = ray.get_actor(name, namespace=RAY_NAMESPACE)
+    except ValueError:
+        raise EndpointLookupError(
+            f"{url}: no retrieval deployment named {name!r} on the Ray cluster; start it with "
+            f"python -m retrieval_server.ray_service up --name {name} --index ... --corpus ...") from None
+    try:
+        return ray.get(actor.endpoints.remote(), timeout=RAY_ANSWER_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        raise EndpointLookupError(f"{url}: the deployment did not answer within {RAY_ANSWER_TIMEOUT_S:g}s") from None
 
 
 @dataclass(frozen=True)

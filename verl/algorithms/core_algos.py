@@ -9,10 +9,10 @@ Nothing here knows about Ray, vLLM, FSDP or config objects. Advantage and KL est
 registered by name (``registry``): each advantage estimator takes one ``AdvantageInputs`` record and
 declares what it reads (critic values, group ids, ``algorithm.*`` values), and the config's choices,
 the critic and the trainer's call all come from that declaration. Policy losses are registered the
-same way (``actor.policy_loss.loss_mode``). Split out, and re-exported here so that ``core_algos`` stays the
-one import: the masked statistics and loss aggregation (``masked``) and the policy losses
-(``policy_losses``: PPO's clipped surrogate ``vanilla``, with clip-higher and dual clip, and GSPO's
-sequence-level ratio ``gspo``).
+same way (``actor.policy_loss.loss_mode``: one ``PolicyLossInputs`` record each, ``actor.*`` keys
+declared). Split out, and re-exported here so that ``core_algos`` stays the one import: the masked
+statistics and loss aggregation (``masked``) and the policy losses (``policy_losses``: PPO's clipped
+surrogate ``vanilla``, with clip-higher and dual clip, and GSPO's sequence-level ratio ``gspo``).
 
 Choices and sources:
 
@@ -74,6 +74,7 @@ from verl.algorithms.registry import ADV_ESTIMATORS as ADV_ESTIMATORS
 from verl.algorithms.registry import KL_ESTIMATORS as KL_ESTIMATORS
 from verl.algorithms.registry import POLICY_LOSSES as POLICY_LOSSES
 from verl.algorithms.registry import AdvantageInputs as AdvantageInputs
+from verl.algorithms.registry import PolicyLossInputs as PolicyLossInputs
 from verl.algorithms.registry import register_adv_estimator as register_adv_estimator
 from verl.algorithms.registry import register_kl_estimator as register_kl_estimator
 from verl.algorithms.registry import register_policy_loss as register_policy_loss

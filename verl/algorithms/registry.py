@@ -4,8 +4,9 @@ An advantage estimator is one function decorated with ``register_adv_estimator``
 whether it consumes critic values (the trainer then builds a critic), group ids (``uid``: rows of one
 prompt share it, so ``rollout.n`` must be >= 2) and which ``algorithm.*`` keys it reads. Every estimator
 takes one ``AdvantageInputs`` record, so the trainer calls them all the same way. KL estimators
-(``actor.kl_loss_type``, ``algorithm.kl_penalty``) are registered with ``register_kl_estimator``, policy
-losses (``actor.policy_loss.loss_mode``) with ``register_policy_loss``.
+(``actor.kl_loss_type``, ``algorithm.kl_penalty``) are registered with ``register_kl_estimator``. A policy
+loss (``actor.policy_loss.loss_mode``) is one function registered with ``register_policy_loss``, which declares the
+``actor.*`` keys it reads beyond the common ones; every loss takes one ``PolicyLossInputs`` record.
 
 Everything that names an estimator asks these registries: the config's allowed values and its
 critic and group-size rules (``verl.config``), and the trainer's call (``PPOTrainer.compute_advantages``).
@@ -111,18 +112,50 @@ def register_adv_estimator(name: str, *, needs_critic: bool = False, needs_group
 # Policy losses
 # ----------------------------------------------------------------------------------------------
 
-# (old_log_prob [B, T], log_prob [B, T], advantages [B, T], mask [B, T], clip_ratio_low, clip_ratio_high,
-#  clip_ratio_c, loss_agg_mode, global_tokens, global_seqs, token_weights=[B, T] | None) -> (loss, detached metrics)
-PolicyLossFn = Callable[..., tuple["Tensor", dict[str, "Tensor"]]]
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """What the actor hands a policy loss for one micro-batch (B rows, T response tokens).
 
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+    The settings every loss gets are fields; ``config`` holds exactly the ``actor_rollout_ref.actor.*`` keys the
+    loss declared in its ``config_args`` (reading another is a KeyError, so a declaration cannot fall behind its
+    function).
+    """
+
+    old_log_prob: Tensor  # [B, T] log pi_old of the sampled tokens, detached (the policy that generated them)
+    log_prob: Tensor  # [B, T] log pi of the same tokens under the current weights; carries the gradient
+    advantages: Tensor  # [B, T]
+    mask: Tensor  # [B, T] loss mask: 1 = a policy token that is trained, 0 = padding or inserted by the environment
+    clip_ratio_low: float  # actor.clip_ratio_low, else actor.clip_ratio: the ratio is kept >= 1 - clip_ratio_low
+    clip_ratio_high: float  # actor.clip_ratio_high, else actor.clip_ratio: the ratio is kept <= 1 + clip_ratio_high
+    clip_ratio_c: float | None = None  # dual-clip bound (> 1) for negative advantages; None = off
+    loss_agg_mode: str = "token-mean"  # masked.agg_loss's mode (actor.loss_agg_mode)
+    global_tokens: float | None = None  # policy tokens of the whole mini-batch (agg_loss); None = this micro-batch's
+    global_seqs: float | None = None  # non-empty rows of the whole mini-batch (agg_loss); None = this micro-batch's
+    token_weights: Tensor | None = None  # [B, T] detached per-token weights (actor.tis_cap); None = 1
+    config: Mapping[str, Any] = field(default_factory=dict)  # {actor key: value} of the declared config_args
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: register a policy loss (the signature of ``policy_losses.compute_policy_loss``) as the config value
-    ``actor_rollout_ref.actor.policy_loss.loss_mode=name``."""
+PolicyLossFn = Callable[[PolicyLossInputs], "tuple[Tensor, dict[str, Tensor]]"]  # -> (scalar loss, detached metrics)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss and what it reads beyond the fields of ``PolicyLossInputs``."""
+
+    fn: PolicyLossFn
+    config_args: tuple[str, ...]  # actor_rollout_ref.actor.* keys (dotted below it) it reads from inputs.config
+
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+
+def register_policy_loss(name: str, *, config_args: tuple[str, ...] = ()) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register ``fn(inputs: PolicyLossInputs) -> (loss, metrics)`` as the config value
+    ``actor_rollout_ref.actor.policy_loss.loss_mode=name``; ``config_args`` are the ``actor_rollout_ref.actor``
+    keys it reads from ``inputs.config`` (e.g. ``("entropy_coeff",)``, ``("policy_loss.loss_mode",)``), checked by
+    the actor when it starts."""
     def register(fn: PolicyLossFn) -> PolicyLossFn:
-        POLICY_LOSSES.add(name, fn)
+        POLICY_LOSSES.add(name, PolicyLoss(fn, tuple(config_args)))
         return fn
     return register
 

@@ -26,8 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
-import time
 from typing import Any
 
 import ray
@@ -38,6 +36,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl.config import Config, ConfigError
 from verl.single_controller.base import WorkerGroup
+from verl.utils.ray_cluster import join_ray_cluster
 
 logger = logging.getLogger(__name__)
 
@@ -62,38 +61,12 @@ def ensure_ray(min_cpus: int, timeout_s: float) -> None:
 
 
 def join_cluster(address: str, timeout_s: float) -> None:
-    """``ray.init(address=...)`` that gives up after ``timeout_s``: Ray itself retries a cluster that is not there
-    for ever ("Failed to connect to GCS" every 5 s). A ``host:port`` address is first probed over TCP (nothing
-    listening fails at once); the join then runs in a daemon thread, abandoned at the deadline."""
+    """``ray.init(address=...)`` that gives up after ``timeout_s`` with ``RayUnreachable``
+    (``verl.utils.ray_cluster.join_ray_cluster``: Ray itself retries a cluster that is not there for ever)."""
     unreachable = (f"RAY_ADDRESS={address}: no Ray cluster answers there within {timeout_s:g}s "
                    "(trainer.ray_timeout_s); start one with `ray start --head` on that machine (and `ray start "
                    "--address=HEAD:PORT` on the others), or unset RAY_ADDRESS to run on a Ray instance started here")
-    deadline = time.monotonic() + timeout_s
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if host and port.isdigit():
-        while True:
-            try:
-                with socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic())):
-                    break
-            except OSError as e:
-                if time.monotonic() >= deadline:
-                    raise RayUnreachable(f"{unreachable} ({e.strerror or e})") from None
-                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-    outcome: list[BaseException | None] = []
-
-    def join() -> None:
-        try:
-            ray.init(address=address)
-            outcome.append(None)
-        except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread
-            outcome.append(e)
-    thread = threading.Thread(target=join, name="ray-join", daemon=True)
-    thread.start()
-    thread.join(max(0.0, deadline - time.monotonic()))
-    if not outcome:
-        raise RayUnreachable(unreachable)
-    if outcome[0] is not None:
-        raise RayUnreachable(f"{unreachable} ({type(outcome[0]).__name__}: {outcome[0]})") from None
+    join_ray_cluster(address, timeout_s, unreachable, RayUnreachable)
 
 
 def resource_pool(world_size: int) -> tuple[PlacementGroup, bool]:

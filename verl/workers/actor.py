@@ -6,9 +6,11 @@ Choices:
   temperature): old, new and reference log-probs all use the same definition, so the PPO ratio
   and the KL terms are consistent whatever temperature the rollout sampled at.
 * Loss of a micro-batch = the registered policy loss of ``actor.policy_loss.loss_mode`` (``policy_losses``: by
-  default PPO's clipped surrogate with low/high and dual clip; ``gspo`` the same on the sequence ratio), given
-  ``clip_ratio_low`` / ``clip_ratio_high`` (each ``clip_ratio`` when null), - ``entropy_coeff`` x entropy
-  + ``kl_loss_coef`` x KL(actor || reference) when ``use_kl_loss`` (GRPO style, ``kl_loss_type`` estimator).
+  default PPO's clipped surrogate with low/high and dual clip; ``gspo`` the same on the sequence ratio), given one
+  ``PolicyLossInputs`` record (``clip_ratio_low`` / ``clip_ratio_high``, each ``clip_ratio`` when null, the other
+  common settings, and the actor keys the loss declared in ``config_args``, checked when the actor starts);
+  minus ``entropy_coeff`` x entropy; plus ``kl_loss_coef`` x KL(actor || reference) when ``use_kl_loss`` (GRPO
+  style, ``kl_loss_type`` estimator).
   All three aggregate with
   ``loss_agg_mode`` over ``loss_mask`` only, normalised by the mini-batch's global counts
   (``train_utils``). The entropy is computed without gradient when ``entropy_coeff`` is 0.
@@ -26,13 +28,17 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
-from verl.algorithms.core_algos import POLICY_LOSSES, agg_loss, kl_penalty, masked_mean, truncated_is_weights
-from verl.config import Config, trajectories_per_step, uses_lora
+from verl.algorithms.core_algos import agg_loss, kl_penalty, masked_mean, truncated_is_weights
+from verl.algorithms.registry import POLICY_LOSSES, PolicyLoss, PolicyLossInputs
+from verl.config import Config, ConfigError, trajectories_per_step, uses_lora
 from verl.protocol import Batch
 from verl.workers.lora import LoraSpec
 from verl.workers.model_utils import (
@@ -54,6 +60,28 @@ from verl.workers.train_utils import (
 logger = logging.getLogger(__name__)
 
 
+def policy_loss_config(loss: PolicyLoss, actor_cfg) -> Mapping[str, Any]:
+    """``{key: value}`` of the ``actor_rollout_ref.actor`` keys that ``loss`` declared (``config_args``, dotted below
+    the actor: ``policy_loss.loss_mode``), read-only; ``ConfigError`` naming the loss when one is not an actor
+    key."""
+    values, unknown = {}, []
+    for key in loss.config_args:
+        node = actor_cfg
+        for part in key.split("."):
+            if not hasattr(node, part):
+                unknown.append(key)
+                break
+            node = getattr(node, part)
+        else:
+            values[key] = node
+    if unknown:
+        mode = actor_cfg.policy_loss.loss_mode
+        raise ConfigError(f"config key actor_rollout_ref.actor.policy_loss.loss_mode={mode!r} is invalid: allowed a "
+                          f"policy loss whose config_args are actor_rollout_ref.actor keys (it declares {unknown}, "
+                          "which are not)")
+    return MappingProxyType(values)
+
+
 class ActorWorker:
     """The trained policy (HF causal LM), one per data-parallel rank."""
 
@@ -62,6 +90,9 @@ class ActorWorker:
         self.actor_cfg = cfg.actor_rollout_ref.actor
         model_cfg = cfg.actor_rollout_ref.model
         a = self.actor_cfg
+        loss = POLICY_LOSSES.get(a.policy_loss.loss_mode)  # policy_losses.compute_policy_loss by default
+        self.policy_loss = loss.fn
+        self.policy_loss_config = policy_loss_config(loss, a)  # the actor keys it declared, read-only
         self.device = resolve_device(cfg.trainer.device)
         self.dtype = DTYPES[a.fsdp_config.dtype]  # compute dtype (autocast); the weights stay float32
         self.lora = LoraSpec(model_cfg.lora_rank, model_cfg.lora_alpha, tuple(model_cfg.target_modules)) \
@@ -76,7 +107,6 @@ class ActorWorker:
         self.state = TrainState(self.model, a.optim.lr, a.optim.weight_decay, a.optim.lr_warmup_steps_ratio, steps,
                                 a.grad_clip, DTYPES[a.optim_state_dtype])
         self.max_tokens = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
-        self.policy_loss = POLICY_LOSSES.get(a.policy_loss.loss_mode)  # core_algos.compute_policy_loss by default
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         """``old_log_probs`` and ``entropy`` [B, R] of ``responses`` under the current weights (no grad)."""
@@ -132,9 +162,10 @@ class ActorWorker:
         old_log_prob = to_device("old_log_probs")
         tis = None if a.tis_cap is None else truncated_is_weights(old_log_prob, to_device("rollout_log_probs"),
                                                                   a.tis_cap)  # [b, R]
-        pg_loss, pg_metrics = self.policy_loss(old_log_prob, log_prob, to_device("advantages"),
-                                               mask, low, high, a.clip_ratio_c, a.loss_agg_mode,
-                                               counts.tokens, counts.seqs, token_weights=tis)
+        pg_loss, pg_metrics = self.policy_loss(PolicyLossInputs(
+            old_log_prob=old_log_prob, log_prob=log_prob, advantages=to_device("advantages"), mask=mask,
+            clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode,
+            global_tokens=counts.tokens, global_seqs=counts.seqs, token_weights=tis, config=self.policy_loss_config))
         share = token_weight(mask, counts)
         metrics = {"pg_loss": pg_loss.item(), "entropy": masked_mean(entropy, mask).item() * share,
                    **{name: value.item() * share for name, value in pg_metrics.items()}}

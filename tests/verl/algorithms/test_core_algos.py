@@ -341,7 +341,8 @@ def test_micro_batches_sum_to_full_batch(mode: str) -> None:
     values_old, returns = torch.randn(10, 9, generator=gen), torch.randn(10, 9, generator=gen)
 
     def losses(sl: slice, **glob: float) -> torch.Tensor:
-        pg, _ = ca.compute_policy_loss(old[sl], logp[sl], adv[sl], mask[sl], 0.2, 0.28, 3.0, mode, **glob)
+        pg, _ = ca.compute_policy_loss(ca.PolicyLossInputs(old[sl], logp[sl], adv[sl], mask[sl], 0.2, 0.28, 3.0,
+                                                           mode, **glob))
         vf, _ = ca.compute_value_loss(vpred[sl], values_old[sl], returns[sl], mask[sl], 0.5, mode, **glob)
         return pg + vf
 
@@ -369,7 +370,7 @@ def test_policy_loss_is_policy_gradient_at_ratio_one(mode: str) -> None:
     mask = random_mask(gen, 5, 7)
     logp = (-torch.rand(5, 7, generator=gen) * 4).requires_grad_()
     adv = torch.randn(5, 7, generator=gen)
-    loss, metrics = ca.compute_policy_loss(logp.detach(), logp, adv, mask, 0.2, 0.2, 3.0, mode)
+    loss, metrics = ca.compute_policy_loss(ca.PolicyLossInputs(logp.detach(), logp, adv, mask, 0.2, 0.2, 3.0, mode))
     reference = ca.agg_loss(-(adv * logp), mask, mode)
     (g_ppo,) = torch.autograd.grad(loss, logp, retain_graph=True)
     (g_ref,) = torch.autograd.grad(reference, logp)
@@ -381,8 +382,9 @@ def test_policy_loss_is_policy_gradient_at_ratio_one(mode: str) -> None:
 def one_token_policy_loss(adv: float, ratio: float, clip_c: float | None) -> tuple[float, dict, float]:
     """Loss, metrics and d loss / d log pi for a single token with the given advantage and ratio."""
     logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
-    loss, metrics = ca.compute_policy_loss(torch.zeros(1, 1), logp, torch.tensor([[adv]]), torch.ones(1, 1),
-                                           clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=clip_c)
+    loss, metrics = ca.compute_policy_loss(ca.PolicyLossInputs(torch.zeros(1, 1), logp, torch.tensor([[adv]]),
+                                                               torch.ones(1, 1), clip_ratio_low=0.2,
+                                                               clip_ratio_high=0.28, clip_ratio_c=clip_c))
     (grad,) = torch.autograd.grad(loss, logp)
     return float(loss.detach()), {k: float(v) for k, v in metrics.items()}, float(grad)
 
@@ -413,7 +415,8 @@ def test_policy_loss_clipping_hand_computed(adv, ratio, clip_c, loss, clipfrac, 
 def test_policy_loss_rejects_dual_clip_below_one() -> None:
     """Guards against a dual-clip constant <= 1 that would cap every negative-advantage token."""
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        ca.compute_policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.2, 0.9)
+        ca.compute_policy_loss(ca.PolicyLossInputs(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1),
+                                                   torch.ones(1, 1), 0.2, 0.2, 0.9))
 
 
 def masked_case(seed: int = 11) -> tuple[torch.Generator, torch.Tensor]:
@@ -435,7 +438,7 @@ def test_masked_tokens_get_exactly_zero_gradient(mode: str) -> None:
     vpred = torch.where(masked, garbage, torch.randn(mask.shape, generator=gen)).requires_grad_()
     logits = (torch.randn(*mask.shape, 5, generator=gen) * 3).requires_grad_()
 
-    pg, _ = ca.compute_policy_loss(old, logp, adv, mask, 0.2, 0.28, 3.0, mode)
+    pg, _ = ca.compute_policy_loss(ca.PolicyLossInputs(old, logp, adv, mask, 0.2, 0.28, 3.0, mode))
     vf, _ = ca.compute_value_loss(vpred, torch.zeros_like(adv), adv, mask, 0.5, mode)
     kl = sum(ca.agg_loss(ca.kl_penalty(logp, ref, kind), mask, mode) for kind in ca.KL_ESTIMATORS.names())
     ent = ca.agg_loss(entropy_from_logits(logits), mask, mode)
@@ -559,8 +562,8 @@ def test_tis_weighted_policy_loss_gradient_matches_a_plain_loop(seed):
     cap, eps = 1.5, 0.2
     weights = ca.truncated_is_weights(old, rollout, cap)
     assert not weights.requires_grad
-    loss, _ = ca.compute_policy_loss(old, log_prob, adv, mask, eps, eps, None, "token-mean",
-                                     token_weights=weights)
+    loss, _ = ca.compute_policy_loss(ca.PolicyLossInputs(old, log_prob, adv, mask, eps, eps, None, "token-mean",
+                                                         token_weights=weights))
     loss.backward()
     count = max(float(mask.sum()), 1.0)
     for i in range(rows):

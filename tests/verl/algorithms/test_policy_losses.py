@@ -16,6 +16,7 @@ import torch
 from tests.verl.workers.worker_test_utils import add_targets, make_config, random_batch
 from verl.algorithms import core_algos as ca
 from verl.algorithms.policy_losses import compute_policy_loss_gspo as gspo
+from verl.algorithms.registry import POLICY_LOSSES, PolicyLossInputs, register_policy_loss
 from verl.config import ConfigError, load_config
 from verl.workers.actor import ActorWorker
 
@@ -73,7 +74,7 @@ def loop_gspo(old, new, adv, mask, low: float, high: float, c: float | None, mod
 @pytest.mark.parametrize("clip_c", [None, 3.0])
 def test_gspo_equals_its_formula_on_seeded_cases(seed, mode, clip_c):
     old, new, adv, mask = seeded_case(seed)
-    loss, metrics = gspo(old, new, adv, mask, 0.01, 0.02, clip_c, mode)
+    loss, metrics = gspo(PolicyLossInputs(old, new, adv, mask, 0.01, 0.02, clip_c, mode))
     expected, clipfrac = loop_gspo(old, new, adv, mask, 0.01, 0.02, clip_c, mode)
     assert float(loss) == pytest.approx(expected, rel=1e-10)
     assert float(metrics["pg_clipfrac"]) == pytest.approx(clipfrac)
@@ -93,7 +94,8 @@ def test_inserted_tokens_are_not_in_the_sequence_ratio_or_its_length():
     new = torch.tensor([[0.3, 0.3, 5.0, 0.0]], dtype=torch.float64, requires_grad=True)
     old = torch.zeros(1, 4, dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0, 0.0, 1.0]], dtype=torch.float64)  # 0 = inserted by the environment
-    loss, _ = gspo(old, new, torch.ones(1, 4, dtype=torch.float64), mask, 0.5, 0.5, None, "seq-mean-token-mean")
+    adv = torch.ones(1, 4, dtype=torch.float64)
+    loss, _ = gspo(PolicyLossInputs(old, new, adv, mask, 0.5, 0.5, None, "seq-mean-token-mean"))
     s = math.exp(0.6 / 3)
     assert loss.item() == pytest.approx(-s)
     (grad,) = torch.autograd.grad(loss, new)
@@ -122,7 +124,7 @@ def test_gspo_gradient_is_the_gradient_of_the_sequence_objective(seed, mode):
     adv_per_row = torch.randn(mask.shape[0], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     adv = adv_per_row[:, None].expand_as(mask).contiguous()  # [B, T]
     new = new.requires_grad_()
-    loss, metrics = gspo(old, new, adv, mask, PAPER_LOW, PAPER_HIGH, None, mode)
+    loss, metrics = gspo(PolicyLossInputs(old, new, adv, mask, PAPER_LOW, PAPER_HIGH, None, mode))
     reference = closed_form(old, new, adv_per_row, mask, PAPER_LOW, PAPER_HIGH, mode)
     (g_loss,) = torch.autograd.grad(loss, new)
     (g_ref,) = torch.autograd.grad(reference, new)
@@ -144,7 +146,7 @@ def test_masked_tokens_change_neither_the_loss_nor_the_gradient(mode):
 
     def run(old, new, adv):
         new = new.clone().requires_grad_()
-        loss, metrics = gspo(old, new, adv, mask, 0.01, 0.02, 3.0, mode)
+        loss, metrics = gspo(PolicyLossInputs(old, new, adv, mask, 0.01, 0.02, 3.0, mode))
         (grad,) = torch.autograd.grad(loss, new)
         return loss, metrics, grad
 
@@ -164,7 +166,8 @@ def one_row(adv: float, token_log_ratios: list[float], clip_c: float | None = No
     new = torch.tensor([token_log_ratios], dtype=torch.float64, requires_grad=True)
     old = torch.zeros_like(new)
     ones = torch.ones_like(old)
-    loss, metrics = gspo(old, new, adv * ones, ones, PAPER_LOW, PAPER_HIGH, clip_c, "seq-mean-token-mean")
+    loss, metrics = gspo(PolicyLossInputs(old, new, adv * ones, ones, PAPER_LOW, PAPER_HIGH, clip_c,
+                                          "seq-mean-token-mean"))
     (grad,) = torch.autograd.grad(loss, new)
     return loss.item(), float(metrics["pg_clipfrac"]), grad[0].tolist()
 
@@ -199,13 +202,14 @@ def test_gspo_dual_clip_bounds_negative_advantages_and_rejects_c_below_one():
     loss, _, grad = one_row(-1.0, [2.0, 2.0], clip_c=3.0)  # s = e^2 > c = 3: the loss is bounded at -A c
     assert loss == pytest.approx(3.0) and grad == [0.0, 0.0]
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        gspo(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.2, 0.9)
+        gspo(PolicyLossInputs(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.2,
+                              0.9))
 
 
 def test_gspo_is_a_config_value_through_the_registry():
     """The config accepts loss_mode=gspo (its choices come from the registry), lists it for a bad name, and checks
     the clip epsilons GSPO users set to small values."""
-    assert ca.POLICY_LOSSES.get("gspo") is ca.compute_policy_loss_gspo
+    assert ca.POLICY_LOSSES.get("gspo").fn is ca.compute_policy_loss_gspo
     cfg = load_config(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
                        "actor_rollout_ref.actor.clip_ratio_low=3e-4", "actor_rollout_ref.actor.clip_ratio_high=4e-4",
                        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"])
@@ -230,11 +234,66 @@ def test_the_actor_hands_gspo_the_clip_higher_range(tiny_model_dir):
     assert worker.policy_loss is gspo
     calls = []
 
-    def recording(*args, **kwargs):
-        calls.append(args[4:8])  # clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode
-        return gspo(*args, **kwargs)
+    def recording(inputs: PolicyLossInputs):
+        calls.append((inputs.clip_ratio_low, inputs.clip_ratio_high, inputs.clip_ratio_c, inputs.loss_agg_mode))
+        return gspo(inputs)
 
     worker.policy_loss = recording
     metrics = worker.update_actor(add_targets(random_batch(seed=5), seed=5))
     assert calls and all(call == (PAPER_LOW, PAPER_HIGH, 3.0, "seq-mean-token-mean") for call in calls)
     assert 0.0 <= metrics["actor/pg_clipfrac"] <= 1.0 and math.isfinite(metrics["actor/pg_loss"])
+
+
+RECORDS: list[PolicyLossInputs] = []  # what the actor handed the loss registered below
+
+
+@register_policy_loss("recorded_vanilla_for_test", config_args=("entropy_coeff", "policy_loss.loss_mode"))
+def recorded_vanilla(inputs: PolicyLossInputs):
+    """PPO's loss, recording its input; registered here, outside verl, with two actor keys declared."""
+    RECORDS.append(inputs)
+    return ca.compute_policy_loss(inputs)
+
+
+@register_policy_loss("reads_no_such_key_for_test", config_args=("clip_ratio", "policy_loss.no_such_key"))
+def reads_a_missing_key(inputs: PolicyLossInputs):
+    return ca.compute_policy_loss(inputs)
+
+
+def test_a_policy_loss_registered_outside_verl_gets_the_record_and_trains_the_actor(tiny_model_dir):
+    """Guards against a loss registered outside the package that the config or the actor does not reach, gets
+    positional arguments instead of the record, or sees actor keys it did not declare: the config accepts its name,
+    the actor calls it with one PolicyLossInputs per micro-batch ([B, T] tensors, the configured settings, exactly
+    the declared keys, read-only), and the loss it returns is vanilla's on that record, bit for bit."""
+    cfg = make_config(tiny_model_dir, "actor_rollout_ref.actor.policy_loss.loss_mode=recorded_vanilla_for_test",
+                      "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.entropy_coeff=0.01")
+    assert POLICY_LOSSES.get("recorded_vanilla_for_test").config_args == ("entropy_coeff", "policy_loss.loss_mode")
+    worker = ActorWorker(cfg, total_steps=1)
+    RECORDS.clear()
+    metrics = worker.update_actor(add_targets(random_batch(seed=7), seed=7))
+    assert RECORDS and all(type(inputs) is PolicyLossInputs for inputs in RECORDS)
+    inputs = RECORDS[0]
+    shape = inputs.mask.shape
+    assert len(shape) == 2 and all(t.shape == shape for t in (inputs.old_log_prob, inputs.log_prob,
+                                                              inputs.advantages))
+    assert inputs.log_prob.requires_grad and not inputs.old_log_prob.requires_grad and inputs.token_weights is None
+    assert (inputs.clip_ratio_low, inputs.clip_ratio_high, inputs.clip_ratio_c, inputs.loss_agg_mode) == \
+        (0.2, 0.28, 3.0, "token-mean")
+    assert inputs.global_tokens is not None and inputs.global_seqs is not None
+    assert dict(inputs.config) == {"entropy_coeff": 0.01, "policy_loss.loss_mode": "recorded_vanilla_for_test"}
+    with pytest.raises(KeyError):
+        inputs.config["clip_ratio"]  # not declared
+    with pytest.raises(TypeError):
+        inputs.config["entropy_coeff"] = 0.0  # read-only
+    loss, _ = recorded_vanilla(inputs)
+    reference, _ = ca.compute_policy_loss(PolicyLossInputs(
+        inputs.old_log_prob, inputs.log_prob, inputs.advantages, inputs.mask, 0.2, 0.28, 3.0, "token-mean",
+        inputs.global_tokens, inputs.global_seqs))
+    assert torch.equal(loss, reference)
+    assert math.isfinite(metrics["actor/pg_loss"]) and 0.0 <= metrics["actor/pg_clipfrac"] <= 1.0
+
+
+def test_a_policy_loss_declaring_a_key_the_actor_lacks_is_refused_at_start(tiny_model_dir):
+    cfg = make_config(tiny_model_dir, "actor_rollout_ref.actor.policy_loss.loss_mode=reads_no_such_key_for_test")
+    with pytest.raises(ConfigError, match=r"loss_mode='reads_no_such_key_for_test' is invalid: .*"
+                                          r"\['policy_loss\.no_such_key'\]"):
+        ActorWorker(cfg, total_steps=1)

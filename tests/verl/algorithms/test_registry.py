@@ -80,18 +80,19 @@ def test_a_policy_loss_registered_here_is_a_config_value_and_the_actors_loss(tin
     """Guards against a policy loss that needs edits beyond its one registered function: the config accepts its
     name, refuses an unknown one listing the registered ones, and the actor's update calls it."""
     from verl.algorithms.core_algos import compute_policy_loss
-    from verl.algorithms.registry import POLICY_LOSSES, register_policy_loss
+    from verl.algorithms.registry import POLICY_LOSSES, PolicyLossInputs, register_policy_loss
     from verl.workers.actor import ActorWorker
 
     calls = []
     if "halved_vanilla" not in POLICY_LOSSES:
         @register_policy_loss("halved_vanilla")
-        def halved(*args, **kwargs):
-            calls.append(1)
-            loss, metrics = compute_policy_loss(*args, **kwargs)
+        def halved(inputs: PolicyLossInputs):
+            calls.append(inputs)
+            loss, metrics = compute_policy_loss(inputs)
             return 0.5 * loss, metrics
     with pytest.raises(ConfigError, match=r"policy_loss.loss_mode='nope'.*vanilla, gspo, halved_vanilla"):
         load_config(["actor_rollout_ref.actor.policy_loss.loss_mode=nope"])
     cfg = make_config(tiny_model_dir, "actor_rollout_ref.actor.policy_loss.loss_mode=halved_vanilla")
     ActorWorker(cfg, total_steps=1).update_actor(add_targets(random_batch(seed=3), seed=3))
-    assert calls  # every micro-batch's loss came from the registered function
+    assert calls and all(isinstance(inputs, PolicyLossInputs) for inputs in calls)  # every micro-batch's loss
+    assert all(dict(inputs.config) == {} for inputs in calls)  # declared no actor key: none handed over

@@ -82,7 +82,8 @@ def test_masked_cut_rows_are_in_no_loss_and_no_advantage_whitening():
     vpred = torch.randn(shape, generator=gen).requires_grad_()
 
     def losses(rows, mask: Tensor, mode: str) -> Tensor:
-        pg, _ = ca.compute_policy_loss(old[rows], new[rows], adv[rows], mask, 0.2, 0.28, 3.0, mode)
+        pg, _ = ca.compute_policy_loss(ca.PolicyLossInputs(old[rows], new[rows], adv[rows], mask, 0.2, 0.28, 3.0,
+                                                           mode))
         vf, _ = ca.compute_value_loss(vpred[rows], values[rows], adv[rows], mask, 0.5, mode)
         return pg + vf
 
