@@ -211,8 +211,9 @@ _watchers: list[Callable[[str, str, Batch], None]] = []
 
 @contextlib.contextmanager
 def watch() -> Iterator[list[tuple[str, str, frozenset[str]]]]:
-    """Inside, every ``require`` (event "reads", before the phase) and every write (event "writes", after it) and
-    every checked generation ("generate", "writes") is recorded as (event, phase, the batch's column names)."""
+    """Inside, every ``require`` (event "reads", before the phase), every write (event "writes", after it) and every
+    checked generation (``recipe.check_generated``: "writes" of phase "generate") is recorded as (event, phase, the
+    batch's column names), from any thread."""
     events: list[tuple[str, str, frozenset[str]]] = []
     watcher = lambda event, name, batch: events.append((event, name, frozenset(batch.keys())))  # noqa: E731
     _watchers.append(watcher)
@@ -239,9 +240,11 @@ def require(batch: Batch, name: str) -> Batch:
 
 def write(batch: Batch, name: str, **new: Any) -> Batch:
     """Write the columns ``new`` into ``batch`` (in place; returned) as phase ``name``: each must be one the phase
-    adds (and the batch lacks) or replaces (and the batch has), in the table's shape; else ColumnError."""
+    adds (and the batch lacks) or replaces (and the batch has), in the table's shape; else ColumnError, and nothing
+    is written."""
     p = phase(name)
     known = sizes(batch)
+    checked = []
     for column, value in new.items():
         declared = p.column(column)
         if declared is not None:
@@ -262,7 +265,9 @@ def write(batch: Batch, name: str, **new: Any) -> Batch:
             problem = f"{column!r} has shape {list(value.shape)}, the column it replaces {list(batch[column].shape)}"
         if problem is not None:
             raise ColumnError(f"phase {name!r} writes a column whose {problem}")
-        if declared.is_tensor:
+        checked.append((column, value, declared.is_tensor))
+    for column, value, is_tensor in checked:
+        if is_tensor:
             batch.tensors[column] = value
         else:
             batch.non_tensors[column] = as_row_array(value)

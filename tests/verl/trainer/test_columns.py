@@ -80,9 +80,10 @@ def scored() -> Batch:
 
 def test_a_phase_writing_a_column_it_does_not_declare_fails_naming_both():
     batch = scored()
-    with pytest.raises(ColumnError, match="phase 'reward' writes column 'advantages', which the column table does "
+    with pytest.raises(ColumnError, match="phase 'advantages' writes column 'values', which the column table does "
                                           "not let it write"):
-        columns.write(batch, "reward", advantages=torch.zeros_like(batch["loss_mask"]))
+        columns.write(batch, "advantages", returns=batch["token_level_scores"], values=batch["token_level_scores"])
+    assert "returns" not in batch  # a refused write writes nothing
     with pytest.raises(ColumnError, match="phase 'old_log_prob' writes column 'token_level_scores'"):
         columns.merge(batch, "old_log_prob", Batch({"token_level_scores": batch["token_level_scores"]}))
     with pytest.raises(ColumnError, match="no phase 'rewards' in the column table"):
