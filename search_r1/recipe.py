@@ -22,9 +22,17 @@ from search_r1.search.client import RetrievalClient, RetrievalError, RetrievalUn
 from search_r1.search.identity import record_retrieval, warn_if_demo_corpus
 from verl.config import Config, ConfigError
 from verl.protocol import Batch
+from verl.trainer.columns import Column
 from verl.trainer.recipe import Recipe
 from verl.utils import checkpoint
 from verl.workers.rollout.base import Generator
+
+# The search loop's own per-row columns of its generated batch (LLMGenerationManager.__call__).
+SEARCH_COLUMNS = {
+    "stop_reason": Column("B", "why the trajectory ended (StopReason value: answered, max_turns, max_length, ...)"),
+    "num_turns": Column("B", "policy turns of the trajectory"),
+    "num_searches": Column("B", "searches the trajectory made"),
+}
 
 
 def search_row_metrics(texts: list[str], batch: Batch, normalize: str) -> dict[str, np.ndarray]:
@@ -86,4 +94,4 @@ def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Gen
     row_metrics = functools.partial(search_row_metrics, normalize=cfg.reward.normalize)
     terms = TermsReward(cfg.reward.terms, cfg.reward.turn_term, cfg.reward.normalize, cfg.reward.judge)
     return Recipe(generate=agent, score=score, row_metrics=row_metrics,
-                  summary_prefixes=("val/em", "val/searches"), reward_details=terms)
+                  summary_prefixes=("val/em", "val/searches"), reward_details=terms, columns=SEARCH_COLUMNS)

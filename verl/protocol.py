@@ -25,7 +25,7 @@ class Batch:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.non_tensors = {k: _as_object_array(v) for k, v in self.non_tensors.items()}
+        self.non_tensors = {k: as_row_array(v) for k, v in self.non_tensors.items()}
         lengths = {k: len(v) for k, v in {**self.tensors, **self.non_tensors}.items()}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"Batch columns differ in length: {lengths}")
@@ -118,7 +118,7 @@ class Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.non_tensors), dict(self.meta))
 
 
-def _as_object_array(values: Any) -> np.ndarray:
+def as_row_array(values: Any) -> np.ndarray:
     """Per-row values as a 1-D numpy array (dtype object unless already an array)."""
     if isinstance(values, np.ndarray):
         return values

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from verl.protocol import Batch
+from verl.trainer import columns
 
 PROMPT_COLUMNS = ("prompts",)  # [B, P], left-padded
 FULL_COLUMNS = ("input_ids", "attention_mask", "position_ids")  # [B, P + R]: prompt then response
@@ -119,10 +120,10 @@ def fill_batch(first: Batch, draw: Callable[[], Batch], generate: Callable[[Batc
     prompts = first
     meta = None
     while True:
-        out = generate(prompts, rounds)
+        out = columns.require(generate(prompts, rounds), "dynamic_sampling")
         meta = dict(out.meta) if meta is None else meta  # the first round's generation metrics
         if rounds:
-            out.non_tensors["uid"] = np.array([f"{u}#{rounds}" for u in out["uid"]], dtype=object)
+            columns.write(out, "dynamic_sampling", uid=np.array([f"{u}#{rounds}" for u in out["uid"]], dtype=object))
         rounds += 1
         constant = constant_groups(out["uid"], out["score"])
         for rows in group_starts(out["uid"]):

@@ -2,8 +2,8 @@
 "Overlong Filtering" and "Soft Overlong Punishment").
 
 A row is *cut* when the recipe's generation says so, in the per-row ``truncated`` column of the generation contract
-(``recipe.GENERATED_NON_TENSORS``; the search recipe sets it for ``StopReason.MAX_LENGTH``: a length budget ended
-the trajectory, ``data.max_trajectory_length`` most often; docs/design.md, "Lengths"). Where
+(the generate phase of ``verl.trainer.columns.STEP``; the search recipe sets it for ``StopReason.MAX_LENGTH``: a
+length budget ended the trajectory, ``data.max_trajectory_length`` most often; docs/design.md, "Lengths"). Where
 such a row stops is where the budget stopped it, not where the policy chose to, so training on its outcome as if
 the policy had ended there teaches the wrong lesson. The trainer step applies the mode right after the reward,
 before log-probs, values and advantages (``PPOTrainer.run_step``), so every later phase sees its effect.
@@ -36,6 +36,7 @@ from torch import Tensor
 
 from verl.config import CHOICES
 from verl.protocol import Batch
+from verl.trainer import columns
 from verl.trainer.reward import last_token_index
 
 if TYPE_CHECKING:
@@ -57,19 +58,19 @@ def mask_rows(loss_mask: Tensor, rows: Tensor) -> Tensor:
 
 def apply_overlong(batch: Batch, cfg: OverlongConfig, max_trajectory_length: int) -> tuple[Batch, dict[str, float]]:
     """Apply ``cfg.mode`` to a scored batch (``truncated``, ``loss_mask`` [B, R], ``response_mask`` [B, R],
-    ``token_level_scores`` [B, R]) -> the batch with ``loss_mask`` or ``token_level_scores`` replaced, and the
-    step's ``train/overlong_*`` metrics."""
-    cut = torch.as_tensor(np.asarray(batch["truncated"], dtype=bool))  # [B]
+    ``token_level_scores`` [B, R]) -> the batch with ``loss_mask`` or ``token_level_scores`` replaced (in place: the
+    overlong phase of ``verl.trainer.columns``), and the step's ``train/overlong_*`` metrics."""
+    cut = torch.as_tensor(np.asarray(columns.require(batch, "overlong")["truncated"], dtype=bool))  # [B]
     metrics = {"train/overlong_frac": float(cut.float().mean()) if len(cut) else 0.0, "train/overlong_masked": 0.0}
     if cfg.mode == "mask":
-        batch.tensors["loss_mask"] = mask_rows(batch["loss_mask"], cut)
+        columns.write(batch, "overlong", loss_mask=mask_rows(batch["loss_mask"], cut))
         metrics["train/overlong_masked"] = float(cut.sum())
     elif cfg.mode == "soft_penalty":
         lengths = batch["response_mask"].sum(dim=-1)  # [B]
         penalty = soft_overlong_penalty(lengths, max_trajectory_length, cfg.buffer_len, cfg.penalty_factor)  # [B]
         scores = batch["token_level_scores"].clone()  # [B, R]
         scores[torch.arange(len(batch)), last_token_index(batch["loss_mask"])] += penalty.to(scores.dtype)
-        batch.tensors["token_level_scores"] = scores
+        columns.write(batch, "overlong", token_level_scores=scores)
         metrics["train/overlong_penalty"] = float(penalty.mean())
     elif cfg.mode != "none":
         modes = ", ".join(CHOICES["algorithm.overlong.mode"])

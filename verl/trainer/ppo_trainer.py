@@ -8,8 +8,10 @@ recipe's loop; the actor (with its engine), critic and reference live in worker 
 (in-process or Ray actors, see ``verl.single_controller``). The trainer imports no task: the config
 key ``recipe`` names the module that provides generation, reward and metrics (``recipe.py``).
 
-The recipe's generated batch is checked at the seam (``recipe.check_generated``); the advantage
-estimator is called with what its registration declares (``registry.AdvantageInputs``). The driver's
+Every phase reads, adds and replaces the batch's columns as the column table says (``columns.py``: one
+checked ``write`` for every column; the recipe's generated batch is checked at the seam against the generate
+phase, ``recipe.check_generated``); the advantage estimator is called with what its registration declares
+(``advantages.py``, ``registry.AdvantageInputs``). The driver's
 traffic is metered by the worker groups: each step logs ``perf/driver_bytes_to_workers`` and
 ``perf/driver_bytes_from_workers`` (every call's arguments and results) and ``perf/sync_bytes_driver``
 (those of the weight sync alone).
@@ -46,10 +48,9 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from verl.algorithms import core_algos, turn_credit
+from verl.algorithms import core_algos
 from verl.config import (
     Config,
-    adv_estimator,
     check_paths,
     to_yaml,
     uses_critic,
@@ -61,6 +62,8 @@ from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic
 from verl.single_controller.rollout import GroupRollout
+from verl.trainer import columns
+from verl.trainer.advantages import compute_advantages
 from verl.trainer.dynamic_sampling import fill_batch, round_seed
 from verl.trainer.health import HealthMonitor, TrainingStopped
 from verl.trainer.overlong import apply_overlong
@@ -283,15 +286,15 @@ class PPOTrainer:
         A NaN/Inf advantage or return skips both updates: nothing changes.
         """
         with _timed("old_log_prob", timing):
-            batch = batch.union(self.actor.execute_split("compute_log_prob", batch))
+            batch = columns.run(batch, "old_log_prob", lambda b: self.actor.execute_split("compute_log_prob", b))
         if self.ref is not None:
             with _timed("ref", timing):
-                batch = batch.union(self.ref.execute_split("compute_ref_log_prob", batch))
+                batch = columns.run(batch, "ref", lambda b: self.ref.execute_split("compute_ref_log_prob", b))
         if self.critic is not None:
             with _timed("values", timing):
-                batch = batch.union(self.critic.execute_split("compute_values", batch))
+                batch = columns.run(batch, "values", lambda b: self.critic.execute_split("compute_values", b))
         with _timed("adv", timing):
-            batch, metrics = self.compute_advantages(batch)
+            batch, metrics = compute_advantages(batch, self.cfg, self.kl_ctrl)
         metrics.update(self._mismatch_metrics(batch))
         if not self._finite_targets(batch):
             updates = self.cfg.actor_rollout_ref.actor.ppo_epochs * (len(batch) //
@@ -300,12 +303,12 @@ class PPOTrainer:
                     "actor/nonfinite_advantages": 1.0}, False
         if self.critic is not None:
             with _timed("update_critic", timing):
-                metrics.update(self.critic.execute_split("update_critic", batch))
+                metrics.update(self.critic.execute_split("update_critic", columns.require(batch, "update_critic")))
         # verl's rule: the first critic_warmup - 1 steps train the critic only
         updated = self.step >= self.cfg.trainer.critic_warmup
         if updated:
             with _timed("update_actor", timing):
-                metrics.update(self.actor.execute_split("update_actor", batch))
+                metrics.update(self.actor.execute_split("update_actor", columns.require(batch, "update_actor")))
         per_rank = self.actor.execute_all("peak_memory")  # the largest rank's peak of this step
         metrics.update({key: max(rank[key] for rank in per_rank) for key in per_rank[0]})
         return {**metrics, **self._data_metrics(batch)}, updated
@@ -315,43 +318,16 @@ class PPOTrainer:
         """Repeat each prompt n times (consecutive rows share a uid), run the recipe's generation, add loss_mask."""
         n = self.cfg.actor_rollout_ref.rollout.n if n is None else n
         self.rollout.take_metrics()  # reset: count only this generation's engines
-        out = check_generated(self.recipe.generate(batch.repeat(n), params), rows=len(batch) * n)
+        prompts = columns.require(batch.repeat(n), "generate")
+        out = check_generated(self.recipe.generate(prompts, params), len(prompts), self.recipe.columns)
         out.meta["gen_metrics"] = {**out.meta.get("gen_metrics", {}), **self.rollout.take_metrics()}
         # 1 = the token counts in every loss/advantage/metric; inserted tokens are excluded under state masking.
         loss_mask = out["response_mask"] * out["info_mask"] if self.cfg.actor_rollout_ref.actor.state_masking \
             else out["response_mask"]
-        out.tensors["loss_mask"] = loss_mask  # [B, R]
-        return out
+        return columns.write(out, "loss_mask", loss_mask=loss_mask)  # [B, R]
 
     def score(self, batch: Batch) -> Batch:
         return self.reward.score_batch(batch)
-
-    def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """KL-in-reward (optional), then the configured advantage estimator over loss_mask, given what its
-        registration declares it reads (``verl.algorithms.registry``)."""
-        algo, mask, metrics = self.cfg.algorithm, batch["loss_mask"].float(), {}
-        rewards = batch["token_level_scores"]
-        if algo.use_kl_in_reward:
-            rewards, metrics = core_algos.apply_kl_penalty(rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
-                                                           self.kl_ctrl, algo.kl_penalty)
-        policy = batch["response_mask"] * batch["info_mask"]  # [B, R] 1 = sampled by the policy: turns are its runs
-        turn_scores = batch["turn_scores"] if "turn_scores" in batch else [[]] * len(batch)  # per row, per turn
-        if algo.turn_reward_coef:
-            rewards = rewards + algo.turn_reward_coef * turn_credit.place_turn_rewards(turn_scores, policy)
-        estimator = adv_estimator(self.cfg)
-        turns = turn_credit.turn_index(policy) if estimator.needs_turns else None  # [B, R]
-        inputs = core_algos.AdvantageInputs(
-            token_level_rewards=rewards, mask=mask,  # [B, R] each
-            values=batch["values"] if estimator.needs_critic else None,  # [B, R]
-            index=batch["uid"] if estimator.needs_groups else None,  # [B]
-            config={name: getattr(algo, name) for name in estimator.config_args},
-            turn_scores=turn_credit.scores_tensor(turn_scores, turns) if turns is not None else None,  # [B, K]
-            turn_index=turns)
-        advantages, returns = estimator.fn(inputs)
-        batch.tensors["token_level_rewards"] = rewards
-        batch.tensors["advantages"] = advantages  # [B, R]
-        batch.tensors["returns"] = returns  # [B, R]
-        return batch, metrics
 
     def _mismatch_metrics(self, batch: Batch) -> dict[str, float]:
         """``rollout/*``: the engines' log-probs against the trainer's old log-probs over the policy tokens

@@ -7,45 +7,30 @@ The trainer imports the module by name, so dependencies point one way: a recipe 
 ``verl`` never imports a recipe. The search agent is ``search_r1.recipe`` (the config's default).
 
 The generation function's output is checked at the seam: the trainer calls ``check_generated`` right
-after every generation, so a recipe that leaves out or mis-shapes a field (``GENERATED_TENSORS``,
-``GENERATED_NON_TENSORS``) fails there, naming the field, instead of deep inside a worker.
+after every generation, so a recipe that leaves out or mis-shapes a column (the generate phase of the column
+table, ``verl.trainer.columns``) or returns one nobody declares fails there, naming it, instead of deep inside
+a worker.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from verl.config import Config, ConfigError
 from verl.protocol import Batch
+from verl.trainer.columns import PHASES, Column, ColumnError, made_by, notify, shape_problem, sizes, undeclared
 from verl.trainer.reward import ScoreFn
 from verl.workers.rollout.base import Generator, SamplingParams
 
-# Prompts (``raw_prompt_ids`` and the dataset's columns, each row repeated rollout.n times) + sampling ->
-# trajectories: GENERATED_TENSORS (``verl.utils.seq.pack_trajectories`` makes them), the input non-tensor
-# columns (GENERATED_NON_TENSORS among them) and, optionally, ``meta["gen_metrics"]``.
+# Prompts (the dataset's columns, each row repeated rollout.n times) + sampling -> trajectories: a new batch holding
+# the prompts' columns and those the generate phase of the column table adds (``verl.trainer.columns.STEP``;
+# ``verl.utils.seq.pack_trajectories`` makes its tensors), the recipe's own (``Recipe.columns``) and, optionally,
+# ``meta["gen_metrics"]``.
 GenerateFn = Callable[[Batch, SamplingParams], Batch]
-
-# The tensors a generated batch must hold: name -> (shape, meaning). B rows (prompts x n), P prompt columns
-# (left-padded), R response columns (right-padded).
-GENERATED_TENSORS: dict[str, tuple[str, str]] = {
-    "prompts": ("B, P", "prompt token ids, left-padded"),
-    "responses": ("B, R", "response token ids (sampled + inserted), right-padded"),
-    "input_ids": ("B, P+R", "prompts then responses"),
-    "attention_mask": ("B, P+R", "1 = a real token, 0 = padding"),
-    "position_ids": ("B, P+R", "positions counting real tokens only"),
-    "response_mask": ("B, R", "1 = a real response token, 0 = padding"),
-    "info_mask": ("B, R", "1 = sampled by the policy (trained), 0 = inserted by the environment or padding"),
-}
-# Optional, checked when present: the engine's log-prob of each sampled token (0 elsewhere), for TIS and rollout/*.
-OPTIONAL_TENSORS: dict[str, tuple[str, str]] = {"rollout_log_probs": ("B, R", "engine log-probs of sampled tokens")}
-# Per-row columns the trainer reads: group ids (uid: equal for the samples of one prompt), the reward's inputs, and
-# ``truncated`` (bool: a length budget cut the trajectory; algorithm.overlong).
-GENERATED_NON_TENSORS = ("uid", "data_source", "ground_truth", "extra_info", "truncated")
 # Extra per-row validation metrics: (response texts, generated batch) -> {name: per-row values}.
 RowMetricsFn = Callable[[list[str], Batch], dict[str, np.ndarray]]
 
@@ -62,37 +47,46 @@ class Recipe:
     # ``scores`` ([B] or None: use ``score``), ``row_terms`` ({"reward/<term>": [B]}, logged) and ``turn_scores``
     # (per row, per policy turn, or None) -- search_r1.reward.terms.RewardDetails.
     reward_details: Callable | None = None
+    # The recipe's own per-row columns in its generated batch (e.g. the search's stop_reason), name -> shape and
+    # meaning; a column the table does not declare and the recipe does not either fails at generation.
+    columns: dict[str, Column] = field(default_factory=dict)
 
 
-class RecipeOutputError(ValueError):
-    """A recipe's generation returned a batch without a field the trainer needs, or with a wrong shape."""
+class RecipeOutputError(ColumnError):
+    """A recipe's generation returned a batch without a column the trainer needs, with a wrong shape, or with a
+    column nobody declared."""
 
 
-def check_generated(batch: Batch, rows: int) -> Batch:
-    """``batch`` unchanged if it holds every field of the generation contract with its shape for ``rows`` rows;
-    else RecipeOutputError naming the first missing or mis-shaped field (see GENERATED_TENSORS)."""
+def check_generated(batch: Batch, rows: int, own: dict[str, Column] | None = None) -> Batch:
+    """``batch`` unchanged if it fits the generate phase's row of the column table for ``rows`` rows: every column
+    the phase adds or keeps, each in its shape, and no column that neither the table nor the recipe (``own``:
+    ``Recipe.columns``) declares; else RecipeOutputError naming the first bad column."""
+    own, generate = own or {}, PHASES["generate"]
+
     def fail(problem: str) -> RecipeOutputError:
-        return RecipeOutputError(f"the recipe's generate returned a batch {problem} (the contract: "
-                                 "verl.trainer.recipe.GENERATED_TENSORS and GENERATED_NON_TENSORS)")
+        return RecipeOutputError(f"the recipe's generate returned a batch {problem} (the contract: the 'generate' "
+                                 "phase of verl.trainer.columns.STEP, and the recipe's Recipe.columns)")
 
-    for name in (*GENERATED_TENSORS, *GENERATED_NON_TENSORS):
+    needed = [*generate.adds, *generate.keeps]
+    for name in needed:
         if name not in batch:
-            raise fail(f"without {name!r}: it needs every one of {[*GENERATED_TENSORS, *GENERATED_NON_TENSORS]}")
-    fields = {**GENERATED_TENSORS, **{k: v for k, v in OPTIONAL_TENSORS.items() if k in batch}}
-    for name in fields:
-        if not isinstance(batch[name], torch.Tensor) or batch[name].dim() != 2:
-            raise fail(f"whose {name!r} is not a 2-D tensor ({fields[name][0]}: {fields[name][1]})")
-    sizes = {"B": rows, "P": batch["prompts"].shape[1], "R": batch["responses"].shape[1]}
-    sizes["P+R"] = sizes["P"] + sizes["R"]
-    for name, (dims, meaning) in fields.items():
-        expected = tuple(sizes[d] for d in dims.split(", "))
-        if tuple(batch[name].shape) != expected:
-            raise fail(f"whose {name!r} has shape {list(batch[name].shape)}, expected [{dims}] = {list(expected)} "
-                       f"({meaning}; B = {rows} prompts x n)")
+            raise fail(f"without {name!r}: it needs every one of {needed}")
+    taken = [name for name in own if made_by(name) != "the recipe"]
+    if taken:
+        raise fail(f"declaring its own column {taken[0]!r}, which phase {made_by(taken[0])!r} of the table adds")
+    extra = undeclared(set(batch.keys()), "generate", own)
+    if extra:
+        raise fail(f"with column {extra[0]!r}, which no phase declares (a recipe declares its own in Recipe.columns)")
+    known = sizes(batch, rows)
+    for name, column in {**generate.adds, **generate.may_add, **own}.items():
+        problem = shape_problem(name, batch[name], column, known) if name in batch else None
+        if problem is not None:
+            raise fail(f"whose {problem}; B = {rows} prompts x n")
     if ((batch["info_mask"] != 0) & (batch["response_mask"] == 0)).any():
         raise fail("whose 'info_mask' marks padding as sampled by the policy (it must be 0 where response_mask is 0)")
     if not all(isinstance(cut, bool | np.bool_) for cut in batch["truncated"]):
         raise fail("whose 'truncated' is not one bool per row (True = the length budget cut the trajectory)")
+    notify("writes", "generate", batch)
     return batch
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from verl.protocol import Batch
+from verl.trainer import columns
 
 ScoreFn = Callable[..., float]
 
@@ -78,16 +79,12 @@ class RewardManager:
     def score_batch(self, batch: Batch) -> Batch:
         """``batch`` with its reward columns: ``token_level_scores`` [B, R] (the score on the last policy token),
         ``score`` [B], ``response_text`` [B] and, from the details, ``reward/<term>`` [B] (logged as their mean) and
-        ``turn_scores`` (per row, a list per policy turn; ``verl.algorithms.turn_credit``)."""
-        token_scores, scores, texts, details = self(batch)
-        batch.tensors["token_level_scores"] = token_scores
-        batch.non_tensors["score"] = scores
+        ``turn_scores`` (per row, a list per policy turn; ``verl.algorithms.turn_credit``): the reward phase of the
+        column table (``verl.trainer.columns``), written in place."""
+        token_scores, scores, texts, details = self(columns.require(batch, "reward"))
+        new = {"token_level_scores": token_scores, "score": scores, "response_text": np.array(texts, dtype=object)}
         if details is not None:
-            for name, values in details.row_terms.items():
-                batch.non_tensors[name] = np.asarray(values, dtype=np.float64)
+            new.update({name: np.asarray(values, dtype=np.float64) for name, values in details.row_terms.items()})
             if details.turn_scores is not None:
-                turn_scores = np.empty(len(batch), dtype=object)
-                turn_scores[:] = [list(row) for row in details.turn_scores]
-                batch.non_tensors["turn_scores"] = turn_scores
-        batch.non_tensors["response_text"] = np.array(texts, dtype=object)
-        return batch
+                new["turn_scores"] = [list(row) for row in details.turn_scores]
+        return columns.write(batch, "reward", **new)

@@ -15,9 +15,10 @@ from search_r1.recipe import build_recipe
 from tests.verl.trainer.trainer_test_utils import overrides
 from verl.config import load_config
 from verl.protocol import Batch
+from verl.trainer.columns import PHASES
 from verl.trainer.main_ppo import split_args
 from verl.trainer.ppo_trainer import PPOTrainer
-from verl.trainer.recipe import GENERATED_TENSORS, RecipeOutputError, check_generated
+from verl.trainer.recipe import RecipeOutputError, check_generated
 from verl.utils.seq import pack_trajectories
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
@@ -42,7 +43,7 @@ def without(batch: Batch, name: str) -> Batch:
 def test_a_well_formed_batch_passes_and_every_field_is_required():
     batch = generated()
     assert check_generated(batch, rows=4) is batch
-    for name in [*GENERATED_TENSORS, "uid", "data_source", "ground_truth", "extra_info", "truncated"]:
+    for name in [*PHASES["generate"].adds, "uid", "data_source", "ground_truth", "extra_info", "truncated"]:
         with pytest.raises(RecipeOutputError, match=f"without '{name}'"):
             check_generated(without(batch, name), rows=4)
 
