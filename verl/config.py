@@ -287,7 +287,7 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
     Keys spelled as Search-R1 or verl spell them are translated first (``config_compat``); each foreign key
     that changes nothing here is logged once as a notice.
     """
-    recipe, schema, base = None, Config, None
+    recipe, schema, base, items = None, Config, None, []
     try:
         given = [_yaml_pairs(f) for f in files]
         given.append([parse_override(item) for item in overrides or []])
@@ -298,6 +298,7 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
         merged, global_counts, notices = OmegaConf.structured(schema), {}, []
         for pairs in ([_yaml_pairs(base)] if base else []) + given:  # each layer overrides the ones before it
             layer, tree = translate(pairs, table), {}
+            items = layer.items
             for key, value in layer.items:
                 _put(tree, key, value)
                 global_counts.pop(key, None)
@@ -312,9 +313,10 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
             merged.trainer.experiment_name = run_name(cfg)
         OmegaConf.resolve(merged)
         cfg = OmegaConf.to_object(merged)
-    except ConfigKeyError as err:
+    except ConfigKeyError as err:  # OmegaConf names the first unknown part ('retriever' of 'retriever.url')
+        given = next((k for k, _ in items if k == err.full_key or k.startswith(f"{err.full_key}.")), err.full_key)
         keys = base.name if base else f"{schema.__module__}.{schema.__name__}"
-        raise ConfigError(f"unknown config key {err.full_key!r} (recipe={recipe} takes the keys of {keys}; "
+        raise ConfigError(f"unknown config key {given!r} (recipe={recipe} takes the keys of {keys}; "
                           "docs/config.md lists them and the Search-R1 and verl spellings accepted)") from err
     except OmegaConfBaseException as err:
         raise ConfigError(f"config key {err.full_key!r}: {err.msg.splitlines()[0]}") from err
