@@ -2,7 +2,7 @@
 # `make test`: install (idempotent) and run the test suite (the 25 slowest tests listed at the end, to keep an eye
 # on the suite's time); `make test-fast`: the tests not marked slow (pure
 # functions, config, API, masks: a few minutes), for use while editing. `make lint`: ruff. `make docs`: regenerate
-# docs/config.md from the config's declarations (a test checks it is current).
+# configs/ppo_trainer.yaml and docs/config.md from the config's declarations (a test checks both are current).
 # Everything goes into the project's own virtual environment, .venv/.
 PYTHON_SYS ?= python3
 VENV := .venv
@@ -79,7 +79,7 @@ lint: install
 	$(PY) -m ruff check .
 
 docs: install
-	$(PY) -m verl.config_doc > docs/config.md
+	$(PY) -m verl.config_doc
 
 bench: install
 	$(PY) benchmarks/bench_ppo_step.py

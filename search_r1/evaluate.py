@@ -40,11 +40,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from search_r1.config import SearchConfig
 from search_r1.eval_report import to_markdown, write_reports
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, Trajectory
 from search_r1.reward.qa_em import em_check, extract_answer, f1_score, ground_truth_answers, subem_check
 from search_r1.search.client import RetrievalClient, RetrievalError
-from verl.config import Config, ConfigError, load_config
+from verl.config import ConfigError, load_config
 from verl.utils.dataset import DataError
 from verl.utils.progress import progress
 from verl.workers.rollout.base import SamplingParams
@@ -61,14 +62,14 @@ class EvalInputError(ValueError):
 
 
 def agent_config(model: str, engine: str, retriever_url: str, seed: int, overrides: Sequence[str] = (),
-                 files: Sequence[str] = ()) -> Config:
+                 files: Sequence[str] = ()) -> SearchConfig:
     """The training config for evaluating ``model``: the YAML defaults, the ``files`` layered on them (e.g.
     configs/demo.yaml), these settings, then ``overrides``."""
     return load_config([f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.rollout.name={engine}",
                         f"retriever.url={retriever_url}", f"trainer.seed={seed}", *overrides], list(files))
 
 
-def build_agent(cfg: Config, tokenizer) -> LLMGenerationManager:
+def build_agent(cfg: SearchConfig, tokenizer) -> LLMGenerationManager:
     """The training loop over this process's engine and the retrieval service (health-checked first: EvalInputError
     if it does not answer)."""
     from verl.workers.model_utils import check_positions

@@ -1,5 +1,11 @@
 """The search recipe: the Search-R1 loop, the exact-match reward and the search metrics, plugged into
-the generic trainer (``recipe: search_r1.recipe`` in ``configs/ppo_trainer.yaml``).
+the generic trainer (``recipe: search_r1.recipe``, the config's default).
+
+What the trainer reads of this module (``verl.trainer.recipe``): ``CONFIG_CLASS`` (the keys: the trainer's
+plus ``retriever.*``, ``max_turns``, ``do_search``, ``reward.*``; ``search_r1.config``), ``BASE_CONFIG`` (its
+documented defaults, ``configs/ppo_trainer.yaml``), ``HELP`` and ``describe`` (the entry point's help and
+start-up lines) and ``build_recipe``. Importing it registers the reward terms (``search_r1.reward.terms``), so
+``reward.terms`` is checked against them.
 
 ``build_recipe`` is called by ``verl.trainer.ppo_trainer.PPOTrainer`` with the driver's generator
 (the rollout engines of all actor ranks); the agent loop runs in the driver and sends one engine
@@ -15,12 +21,13 @@ import numpy as np
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
+from search_r1.config import SearchConfig
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
 from search_r1.reward.qa_em import compute_score
 from search_r1.reward.terms import TermsReward
 from search_r1.search.client import RetrievalClient, RetrievalError, RetrievalUnavailable
 from search_r1.search.identity import record_retrieval, warn_if_demo_corpus
-from verl.config import Config, ConfigError
+from verl.config import DEFAULT_CONFIG, ConfigError
 from verl.protocol import Batch
 from verl.trainer.columns import Column
 from verl.trainer.recipe import Recipe
@@ -34,6 +41,20 @@ SEARCH_COLUMNS = {
     "num_searches": Column("B", "searches the trajectory made"),
 }
 
+CONFIG_CLASS = SearchConfig
+BASE_CONFIG = DEFAULT_CONFIG  # configs/ppo_trainer.yaml, generated from SearchConfig's declarations
+HELP = """The search recipe (Search-R1; also: search-r1-train, bash train_ppo.sh, bash train_grpo.sh):
+  data.train_files, data.val_files   parquet in the Search-R1 schema (python -m data_prep.qa_search)
+  retriever.url                      the retrieval service (bash retrieval_launch.sh); required with search
+  data.max_response_length, ...      lengths as Search-R1 means them (docs/design.md, Lengths)"""
+
+
+def describe(cfg: SearchConfig) -> list[str]:
+    """The start-up summary's line about the search (verl.trainer.main_ppo prints it)."""
+    search = f"{cfg.retriever.url}, top-{cfg.retriever.topk}, up to {cfg.max_turns} search turns" if cfg.do_search \
+        else "off (do_search=false: every search gets an empty block)"
+    return [f"search   {search}"]
+
 
 def search_row_metrics(texts: list[str], batch: Batch, normalize: str) -> dict[str, np.ndarray]:
     """Validation metrics per row: exact match of the response's answer (``normalize``: reward.normalize),
@@ -44,7 +65,7 @@ def search_row_metrics(texts: list[str], batch: Batch, normalize: str) -> dict[s
             "turns": np.asarray(batch["num_turns"], dtype=float)}
 
 
-def connect_retriever(cfg: Config, wait_s: float = 10.0) -> tuple[RetrievalClient, dict]:
+def connect_retriever(cfg: SearchConfig, wait_s: float = 10.0) -> tuple[RetrievalClient, dict]:
     """The client of ``retriever.url``, health-checked, and the service's ``/health`` answer. A service that does not
     answer stays ``RetrievalUnavailable`` (an environment that is down); endpoints that answer but cannot serve this
     run (a shard alone, shards of different corpora or builds, an endpoint that is not a retrieval service) are a
@@ -70,7 +91,7 @@ def _data_sources(files: str) -> set[str]:
     return sources or {"unknown"}
 
 
-def check_retrieval_identity(cfg: Config, health: dict) -> None:
+def check_retrieval_identity(cfg: SearchConfig, health: dict) -> None:
     """Record what the service serves in the run directory (checked against the record when resuming), and warn
     when it serves the demo's corpus for other data (search_r1/search/identity.py)."""
     warn_if_demo_corpus(health, cfg.retriever.url, _data_sources(cfg.data.train_files))
@@ -81,7 +102,7 @@ def check_retrieval_identity(cfg: Config, health: dict) -> None:
     record_retrieval(out, cfg.retriever.url, health, resuming)
 
 
-def build_recipe(cfg: Config, tokenizer: PreTrainedTokenizerBase, generator: Generator) -> Recipe:
+def build_recipe(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, generator: Generator) -> Recipe:
     """The search agent as the generation function, exact match (``reward.*``, normalised by
     ``reward.normalize``) as the score."""
     client = None

@@ -105,7 +105,8 @@ def test_values_outside_what_a_key_or_flag_allows(ws, tmp_path):
     another port without a word) or one already in use (a uvicorn exit 3 after the index had loaded)."""
     negative = train_args(ws, tmp_path / "run", "actor_rollout_ref.rollout.temperature=-1")
     assert_refused(run("verl.trainer.main_ppo", *negative),
-                   "actor_rollout_ref.rollout.temperature=-1.0 is invalid: allowed a number >= 0")
+                   "actor_rollout_ref.rollout.temperature=-1.0 is invalid: allowed a sampling temperature "
+                   "(0 = greedy), a number in [0, 10]")
     assert_refused(run("search_r1.evaluate", *eval_argv(ws, tmp_path / "eval", "--n", "2", "--temperature", "-1")),
                    "--temperature must be in [0, 10] (0 = greedy), got -1.0")
     corpus = tmp_path / "corpus.jsonl"

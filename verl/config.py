@@ -1,22 +1,30 @@
-"""Typed, validated configuration: the flat YAML + ``key=value`` overrides -> ``Config``.
+"""Typed, validated configuration: the recipe's YAML of defaults + ``--config`` files + ``key=value`` -> a ``Config``.
 
-Choices: the schema is a tree of dataclasses mirrored one-to-one by ``configs/ppo_trainer.yaml``
-(the YAML holds the defaults and the comments; the dataclasses hold the types). OmegaConf merges
-YAML and dotlist overrides in struct mode, so an unknown key fails naming the key; types are
-checked by OmegaConf; choices and ranges are checked once here, in ``validate``, with errors that
-name the key and the allowed values. The allowed algorithm names (advantage and KL estimators) and what
-an estimator needs (a critic, groups of rollout.n >= 2) come from the registries of
-``verl.algorithms.core_algos`` (``choices``, ``adv_estimator``), never from a list of their own here.
-Library code receives the typed objects and never falls back to defaults of its own; the dataclass
-defaults equal the YAML's (``tests/verl/test_config_defaults.py``).
+Choices:
+- **The trainer knows no task.** ``Config`` holds the trainer's sections (data, actor_rollout_ref, critic,
+  algorithm, custom_reward_function, trainer; ``verl.config_sections``) and two keys that choose code:
+  ``recipe`` (a module name: the task) and ``plugins`` (modules imported first). The recipe module declares its
+  config class (``CONFIG_CLASS``, a subclass of ``Config`` adding the task's sections; default ``Config``) and its
+  YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults). The search recipe's are
+  ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``.
+- **Code before keys.** ``load_config`` first reads ``recipe`` and ``plugins`` from the files and overrides, imports
+  each plug-in and then the recipe module, and only then merges and checks the config against the recipe's class:
+  whatever those modules register (an advantage estimator, a policy loss, a reward term) is then a valid value.
+- **One declaration per setting** (``verl.config_schema``): default, doc, allowed values and other spellings are
+  the field's; ``validate`` is one walk of those declarations (``check_settings``) and then the config class's
+  ``check`` (rules between keys; a subclass calls ``super().check()``).
+- OmegaConf merges the layers in struct mode, so an unknown key fails naming the key; types are checked by
+  OmegaConf. Other trainers' spellings are translated first (``verl.config_compat``). Library code receives the
+  typed objects and never falls back to defaults of its own.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.resources
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,11 +33,55 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from verl import config_checks
-from verl.algorithms.registry import AdvEstimator
-from verl.config_compat import CompatError, translate
+from verl.config_checks import (
+    adv_estimator,
+    max_sequence_length,
+    rollout_world_size,
+    trajectories_per_step,
+    uses_critic,
+    uses_lora,
+    uses_reference,
+    world_size,
+)
+from verl.config_compat import CompatError, rules, translate
+from verl.config_schema import check_settings, section, setting
+from verl.config_sections import (
+    DTYPE_NAMES,
+    LOGGERS,
+    ActorConfig,
+    ActorRolloutRefConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    CriticModelConfig,
+    CustomRewardConfig,
+    DataConfig,
+    FilterGroupsConfig,
+    FSDPConfig,
+    KLControlConfig,
+    ModelConfig,
+    OptimConfig,
+    OverlongConfig,
+    PolicyLossConfig,
+    RefConfig,
+    RefFSDPConfig,
+    RolloutConfig,
+    TrainerConfig,
+    ValKwargs,
+)
 from verl.errors import ConfigError
 
+__all__ = [  # the sections and helpers are re-exported: callers import them from here
+    "DTYPE_NAMES", "LOGGERS", "ActorConfig", "ActorRolloutRefConfig", "AlgorithmConfig", "Config", "ConfigError",
+    "CriticConfig", "CriticModelConfig", "CustomRewardConfig", "DataConfig", "FSDPConfig", "FilterGroupsConfig",
+    "KLControlConfig", "ModelConfig", "OptimConfig", "OverlongConfig", "PolicyLossConfig", "RefConfig",
+    "RefFSDPConfig", "RolloutConfig", "TrainerConfig", "ValKwargs", "adv_estimator", "check_paths",
+    "import_plugins", "load_config", "max_sequence_length", "recipe_config", "recipe_module", "rollout_world_size",
+    "run_name", "to_yaml", "trajectories_per_step", "uses_critic", "uses_lora", "uses_reference", "validate",
+    "world_size",
+]
+
 logger = logging.getLogger(__name__)
+
 
 def _config_dir() -> Path:
     """``configs/`` of a checkout (editable installs included), else the copy an installed wheel ships as the
@@ -41,602 +93,119 @@ def _config_dir() -> Path:
 
 
 CONFIG_DIR = _config_dir()
-DEFAULT_CONFIG = CONFIG_DIR / "ppo_trainer.yaml"  # the defaults for real data (Search-R1's published lengths)
+DEFAULT_CONFIG = CONFIG_DIR / "ppo_trainer.yaml"  # the search recipe's defaults (its BASE_CONFIG), generated
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"  # the embedded demo's paths and small values, layered over the defaults
 
 
 @dataclass
-class DataConfig:
-    train_files: str | None = None
-    val_files: str | None = None
-    prompt_key: str = "prompt"
-    max_prompt_length: int = 4096  # the context a turn conditions on (prompt + response so far)
-    max_response_length: int = 500  # tokens one turn may sample
-    max_start_length: int = 2048  # the initial prompt, cut to its last tokens
-    max_obs_length: int = 500  # one inserted <information> block
-    max_trajectory_length: int = 4096  # the whole response: every turn's sampled + inserted tokens
-    train_batch_size: int = 32
-    val_batch_size: int | None = None
-    shuffle: bool = True
-    seed: int = 1
-    train_max_samples: int | None = None
-    val_max_samples: int | None = None
-
-
-@dataclass
-class ModelConfig:
-    path: str | None = None
-    enable_gradient_checkpointing: bool | None = None  # None = on for models above 1B parameters
-    trust_remote_code: bool = False
-    lora_rank: int = 0  # 0 = full fine-tuning
-    lora_alpha: float = 16.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                                "up_proj", "down_proj"])
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 1e-6
-    lr_warmup_steps_ratio: float = 0.0
-    weight_decay: float = 0.0
-
-
-@dataclass
-class FSDPConfig:
-    param_offload: bool = False
-    grad_offload: bool = False
-    optimizer_offload: bool = False
-    dtype: str = "float32"  # training compute dtype (autocast); weights stay float32
-
-    @property
-    def offload(self) -> bool:
-        """FSDP2's CPUOffloadPolicy moves parameters, gradients and optimiser state together: any one asks for all."""
-        return self.param_offload or self.grad_offload or self.optimizer_offload
-
-
-@dataclass
-class PolicyLossConfig:
-    loss_mode: str = "vanilla"
-
-
-@dataclass
-class ActorConfig:
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_mini_batch_size: int = 32
-    ppo_micro_batch_size_per_gpu: int = 8
-    ppo_epochs: int = 1
-    grad_clip: float | None = 1.0
-    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    clip_ratio: float = 0.2
-    clip_ratio_low: float | None = None
-    clip_ratio_high: float | None = None
-    clip_ratio_c: float | None = 3.0
-    loss_agg_mode: str = "token-mean"
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    state_masking: bool = True
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 8192
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-    optim_state_dtype: str = "float32"
-    tis_cap: float | None = None  # truncated importance sampling cap C; None = off
-
-
-@dataclass
-class ValKwargs:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    n: int = 1
-
-
-@dataclass
-class RolloutConfig:
-    name: str = "hf"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    n: int = 1
-    dtype: str = "float32"
-    gpu_memory_utilization: float = 0.5
-    cpu_kv_cache_gb: float = 1
-    max_num_seqs: int = 256
-    free_cache_engine: bool = False
-    micro_batch_size: int = 64
-    log_prob_micro_batch_size_per_gpu: int = 16
-    tensor_model_parallel_size: int = 1
-    mode: str = "sync"
-    async_chunk_tokens: int = 0
-    partial: bool = False
-    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
-
-
-@dataclass
-class RefFSDPConfig:
-    param_offload: bool = False
-    dtype: str = "${actor_rollout_ref.actor.fsdp_config.dtype}"  # the frozen weights' dtype; default = the actor's
-
-
-@dataclass
-class RefConfig:
-    log_prob_micro_batch_size_per_gpu: int = 16
-    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
-
-
-@dataclass
-class ActorRolloutRefConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    actor: ActorConfig = field(default_factory=ActorConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    ref: RefConfig = field(default_factory=RefConfig)
-
-
-@dataclass
-class CriticModelConfig:
-    path: str | None = None  # None = actor_rollout_ref.model.path
-    enable_gradient_checkpointing: bool | None = None  # None = on for models above 1B parameters
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-
-
-@dataclass
-class CriticConfig:
-    model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    ppo_mini_batch_size: int = 32
-    ppo_micro_batch_size_per_gpu: int = 8
-    ppo_epochs: int = 1
-    grad_clip: float | None = 1.0
-    cliprange_value: float = 0.5
-    value_loss_coef: float = 0.5
-
-
-@dataclass
-class KLControlConfig:
-    type: str = "fixed"
-    kl_coef: float = 0.001
-    target_kl: float = 0.1
-    horizon: int = 10000
-
-
-@dataclass
-class FilterGroupsConfig:
-    enable: bool = False
-    metric: str = "score"
-    max_num_gen_batches: int = 10
-
-
-@dataclass
-class OverlongConfig:
-    mode: str = "none"  # none | mask | soft_penalty (verl/trainer/overlong.py)
-    buffer_len: int = 100  # soft_penalty: tokens before data.max_response_length where the penalty starts
-    penalty_factor: float = 1.0  # soft_penalty: the penalty at data.max_response_length
-
-
-@dataclass
-class AlgorithmConfig:
-    adv_estimator: str = "gae"
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
-    use_kl_in_reward: bool = False
-    kl_penalty: str = "kl"
-    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
-    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
-    turn_reward_coef: float = 0.0
-    turn_adv_coef: float = 1.0
-    overlong: OverlongConfig = field(default_factory=OverlongConfig)
-
-
-@dataclass
-class RetrieverConfig:
-    url: str | None = None  # required with do_search (no silent default: configs/demo.yaml sets the demo's)
-    topk: int = 3
-    timeout: float = 30
-    outage_timeout_s: float = 300
-    replica_timeout_s: float = 10
-    replica_cooldown_s: float = 30
-    coalesce_ms: float = 5.0
-    coalesce_max: int = 512
-    max_inflight: int = 4
-
-
-@dataclass
-class JudgeConfig:
-    url: str | None = None
-    model: str | None = None
-    timeout_s: float = 60.0
-    max_concurrency: int = 8
-
-
-@dataclass
-class RewardConfig:
-    default_scorer: str = "em"
-    format_score: float = 0.0
-    normalize: str = "squad"
-    terms: dict[str, float] | None = None
-    turn_term: str | None = None
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-
-
-@dataclass
-class CustomRewardConfig:
-    path: str | None = None
-    name: str = "compute_score"
-
-
-@dataclass
-class TrainerConfig:
-    backend: str = "local"
-    ray_timeout_s: float = 30.0
-    nnodes: int = 1
-    n_gpus_per_node: int = 1
-    total_epochs: int = 1
-    total_training_steps: int | None = None
-    critic_warmup: int = 0
-    max_staleness: int = 0
-    rollout_ranks: int = 0
-    rollout_data_dir: str | None = None
-    project_name: str = "search_r1"
-    experiment_name: str | None = None  # None = <data>_<model>_<adv_estimator> (run_name)
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    test_freq: int = 10
-    val_before_train: bool = True
-    val_only: bool = False
-    save_freq: int = -1
-    resume_mode: str = "auto"
-    default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
-    seed: int = 1
-    device: str = "auto"
-    max_skipped_updates: int = 3
-    max_skipped_share: float = 0.5
-    alarm_entropy_below: float = 0.05
-    alarm_clipfrac_above: float = 0.5
-
-
-@dataclass
 class Config:
-    data: DataConfig = field(default_factory=DataConfig)
-    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
-    critic: CriticConfig = field(default_factory=CriticConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
-    max_turns: int = 2
-    do_search: bool = True
-    recipe: str = "search_r1.recipe"
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The trainer's config: the recipe and plug-ins, then the trainer's sections."""
 
+    recipe: str = setting(
+        "search_r1.recipe", "Python module that plugs the task into the generic trainer: its build_recipe(cfg, "
+        "tokenizer, generator) returns the generation loop, the reward and the validation metrics "
+        "(verl.trainer.recipe.Recipe); its CONFIG_CLASS names the config's keys (this file's are search_r1.recipe's).")
+    plugins: list[str] = setting(
+        [], "Python modules imported before the config is checked (and in every worker), e.g. [my_estimators]: an "
+        "advantage estimator, policy loss, KL estimator or reward term they register is then a valid value of its "
+        "key.")
+    data: DataConfig = section(DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig)
+    critic: CriticConfig = section(CriticConfig)
+    algorithm: AlgorithmConfig = section(AlgorithmConfig)
+    custom_reward_function: CustomRewardConfig = section(CustomRewardConfig)
+    trainer: TrainerConfig = section(TrainerConfig)
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
-# Allowed values of the string-choice keys, checked in ``validate``; the algorithm names are added by ``choices``.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "actor_rollout_ref.rollout.name": ("vllm", "hf"),
-    "actor_rollout_ref.rollout.mode": ("sync", "async"),
-    "actor_rollout_ref.actor.optim_state_dtype": ("float32", "bfloat16"),
-    "actor_rollout_ref.rollout.dtype": DTYPE_NAMES,
-    "actor_rollout_ref.actor.fsdp_config.dtype": DTYPE_NAMES,
-    "actor_rollout_ref.ref.fsdp_config.dtype": DTYPE_NAMES,
-    "critic.model.fsdp_config.dtype": DTYPE_NAMES,
-    "reward.default_scorer": ("em", "subem", "f1"),
-    "reward.normalize": ("squad", "unicode"),
-    "algorithm.filter_groups.metric": ("score",),
-    "algorithm.overlong.mode": ("none", "mask", "soft_penalty"),  # verl/trainer/overlong.py
-    "trainer.backend": ("local", "ray"),
-    "trainer.device": ("auto", "cpu", "cuda"),
-}
-LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
+    def check(self) -> None:
+        """The rules between keys (``verl.config_checks``); a recipe's subclass adds its own after
+        ``super().check()``."""
+        config_checks.check_trainer(self)
 
-
-def _algos() -> ModuleType:
-    """``verl.algorithms.core_algos``, imported on first use: it imports torch, and this module stays cheap to import.
-    Importing it registers the built-in estimators in its registries (``verl.algorithms.registry``)."""
-    from verl.algorithms import core_algos
-
-    return core_algos
-
-
-def _check_reward_terms(cfg: Config) -> None:
-    """reward.terms / turn_term name terms that the recipe module registers (imported here only when they are set)."""
-    r = cfg.reward
-    if r.terms is None and r.turn_term is None:
-        return
-    import importlib
-
-    from verl.algorithms.registry import REWARD_TERMS as TERMS
-
-    try:
-        importlib.import_module(cfg.recipe)  # registers the task's terms
-    except ImportError:
-        return  # the trainer reports an unknown recipe when it loads it
-
-    for name, weight in (r.terms or {}).items():
-        _require(name in TERMS, f"reward.terms.{name}", weight, f"a term among {', '.join(TERMS.names())}")
-        _require(weight >= 0, f"reward.terms.{name}", weight, "a weight >= 0")
-    _require(r.terms is None or len(r.terms) > 0, "reward.terms", r.terms,
-             "null (Search-R1's reward) or at least one term")
-    _require(r.turn_term is None or r.turn_term in TERMS, "reward.turn_term", r.turn_term,
-             f"null or a term among {', '.join(TERMS.names())}")
-    _require("judge" not in (r.terms or {}) or bool(r.judge.url), "reward.judge.url", r.judge.url,
-             "the URL of an OpenAI-compatible server (e.g. vLLM's: http://HOST:PORT) when reward.terms has judge")
-
-
-def _group_estimators() -> list[str]:
-    registry = _algos().ADV_ESTIMATORS
-    return [name for name in registry.names() if registry.get(name).needs_groups]
-
-
-def choices() -> dict[str, tuple[str, ...]]:
-    """Every string-choice key with its allowed values: ``CHOICES`` plus the names registered in ``core_algos``
-    (advantage and KL estimators, policy losses, including any registered before the config is loaded) and the
-    modes of the trainer-step modules that own them."""
-    algos = _algos()
-    kl_estimators = algos.KL_ESTIMATORS.names()
-    return {**CHOICES,
-            "algorithm.adv_estimator": algos.ADV_ESTIMATORS.names(),
-            "algorithm.kl_penalty": kl_estimators,
-            "actor_rollout_ref.actor.kl_loss_type": kl_estimators,
-            "actor_rollout_ref.actor.policy_loss.loss_mode": algos.POLICY_LOSSES.names(),
-            "actor_rollout_ref.actor.loss_agg_mode": algos.AGG_MODES,
-            "algorithm.kl_ctrl.type": algos.KL_CONTROLLERS,
-}
-
-
-def adv_estimator(cfg: Config) -> AdvEstimator:
-    """The registry entry of ``algorithm.adv_estimator``: the function and what it needs (critic, group ids,
-    algorithm keys)."""
-    return _algos().ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
-
-
-def trajectories_per_step(cfg: Config) -> int:
-    """Rows of one training step: ``data.train_batch_size`` prompts x ``rollout.n`` samples each."""
-    return cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
-
-
-def max_sequence_length(data: DataConfig) -> int:
-    """The most tokens any sequence holds, in an engine request or a trained row (docs/design.md, "Lengths").
-
-    A turn starts from a context of at most ``max_prompt_length`` and samples at most ``max_response_length``;
-    a trained row is a prompt of at most ``max_start_length`` plus at most ``max_trajectory_length`` response tokens.
-    """
-    return min(data.max_prompt_length + data.max_response_length, data.max_start_length + data.max_trajectory_length)
-
-
-def _get(cfg: Config, dotted: str):
-    obj = cfg
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _require(ok: bool, key: str, value, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"config key {key}={value!r} is invalid: allowed {allowed}")
-
-
-def validate(cfg: Config) -> Config:
-    """Check choices, ranges and cross-key rules; raise ConfigError naming the key."""
-    config_checks.check_finite(cfg, ConfigError)
-    for key, allowed in choices().items():
-        value = _get(cfg, key)
-        _require(value in allowed, key, value, "one of " + ", ".join(allowed))
-    for name in cfg.trainer.logger:
-        _require(name in LOGGERS, "trainer.logger", name, "a list of " + ", ".join(LOGGERS))
-    positive = [
-        "data.max_prompt_length", "data.max_response_length", "data.max_start_length",
-        "data.max_obs_length", "data.max_trajectory_length", "data.train_batch_size",
-        "actor_rollout_ref.actor.ppo_mini_batch_size",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_epochs",
-        "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.micro_batch_size",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-        "actor_rollout_ref.rollout.val_kwargs.n", "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu",
-        "critic.ppo_epochs", "retriever.topk", "trainer.max_skipped_updates", "trainer.nnodes",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size",
-        "trainer.n_gpus_per_node", "trainer.total_epochs", "max_turns",
-    ]
-    for key in positive:
-        value = _get(cfg, key)
-        _require(value >= 1, key, value, "an integer >= 1")
-    for key in ("algorithm.gamma", "algorithm.lam", "actor_rollout_ref.rollout.top_p"):
-        value = _get(cfg, key)
-        _require(0.0 <= value <= 1.0, key, value, "a number in [0, 1]")
-    for key in ("actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.optim.lr", "critic.optim.lr"):
-        value = _get(cfg, key)
-        _require(value > 0, key, value, "a number > 0")
-    for key in ("actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.val_kwargs.temperature"):
-        value = _get(cfg, key)
-        _require(value >= 0, key, value, "a number >= 0 (0 = greedy)")
-    for key in ("actor_rollout_ref.rollout.top_k", "actor_rollout_ref.rollout.val_kwargs.top_k"):
-        value = _get(cfg, key)
-        _require(value == -1 or value >= 1, key, value, "-1 (off) or an integer >= 1")
-    _require(0.0 < cfg.actor_rollout_ref.rollout.val_kwargs.top_p <= 1.0, "actor_rollout_ref.rollout.val_kwargs.top_p",
-             cfg.actor_rollout_ref.rollout.val_kwargs.top_p, "a number in (0, 1]")
-    for key in ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "critic.optim.lr_warmup_steps_ratio"):
-        value = _get(cfg, key)
-        _require(0.0 <= value <= 1.0, key, value, "a fraction of the run's steps in [0, 1]")
-    steps = cfg.trainer.total_training_steps
-    _require(steps is None or steps >= 1, "trainer.total_training_steps", steps,
-             "null (trainer.total_epochs worth of steps) or an integer >= 1")
-    for key in ("data.train_max_samples", "data.val_max_samples"):
-        value = _get(cfg, key)
-        _require(value is None or value >= 1, key, value, "null (all rows) or an integer >= 1")
-    for key in ("algorithm.kl_ctrl.kl_coef", "actor_rollout_ref.actor.kl_loss_coef",
-                "actor_rollout_ref.actor.entropy_coeff", "critic.value_loss_coef"):
-        value = _get(cfg, key)
-        _require(value >= 0, key, value, "a number >= 0")
-    gpu = cfg.actor_rollout_ref.rollout.gpu_memory_utilization
-    _require(0.0 < gpu <= 1.0, "actor_rollout_ref.rollout.gpu_memory_utilization", gpu, "a fraction in (0, 1]")
-    if cfg.retriever.url is not None:
-        config_checks.check_retriever_url(cfg.retriever.url, ConfigError)
-    _require(cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup", cfg.trainer.critic_warmup, "an integer >= 0")
-    _check_pipeline(cfg)
-    _check_overlong(cfg)
-    for key, lowest in (("actor_rollout_ref.rollout.async_chunk_tokens", 0), ("retriever.coalesce_ms", 0),
-                        ("retriever.coalesce_max", 1), ("retriever.max_inflight", 1)):
-        value = _get(cfg, key)
-        _require(value >= lowest, key, value, f"a number >= {lowest}")
-    model = cfg.actor_rollout_ref.model
-    _require(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", model.lora_rank, "0 (off) or an integer >= 1")
-    _require(model.lora_rank == 0 or len(model.target_modules) > 0, "actor_rollout_ref.model.target_modules",
-             model.target_modules, "a non-empty list of module names (e.g. [q_proj, v_proj]) when lora_rank > 0")
-    for key in ("retriever.timeout", "retriever.outage_timeout_s", "retriever.replica_timeout_s",
-                "retriever.replica_cooldown_s"):
-        value = _get(cfg, key)
-        _require(value > 0, key, value, "a number of seconds > 0")
-    _require(cfg.retriever.replica_timeout_s <= cfg.retriever.timeout, "retriever.replica_timeout_s",
-             cfg.retriever.replica_timeout_s, f"at most retriever.timeout={cfg.retriever.timeout:g}")
-    tis = cfg.actor_rollout_ref.actor.tis_cap
-    _require(tis is None or tis >= 1.0, "actor_rollout_ref.actor.tis_cap", tis, "null (off) or a number >= 1")
-    actor = cfg.actor_rollout_ref.actor
-    _require(actor.clip_ratio_c is None or actor.clip_ratio_c > 1.0, "actor_rollout_ref.actor.clip_ratio_c",
-             actor.clip_ratio_c, "null or a number > 1")
-    _require(actor.clip_ratio_low is None or 0.0 < actor.clip_ratio_low < 1.0, "actor_rollout_ref.actor.clip_ratio_low",
-             actor.clip_ratio_low, "null (= clip_ratio) or a number in (0, 1)")
-    _require(actor.clip_ratio_high is None or actor.clip_ratio_high > 0.0, "actor_rollout_ref.actor.clip_ratio_high",
-             actor.clip_ratio_high, "null (= clip_ratio) or a number > 0")
-    _require(cfg.data.val_batch_size is None or cfg.data.val_batch_size >= 1, "data.val_batch_size",
-             cfg.data.val_batch_size, "null or an integer >= 1")
-    _require(cfg.data.max_start_length <= cfg.data.max_prompt_length, "data.max_start_length",
-             cfg.data.max_start_length, f"at most data.max_prompt_length={cfg.data.max_prompt_length}")
-    n, rows = cfg.actor_rollout_ref.rollout.n, trajectories_per_step(cfg)
-    mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-    _require(rows % mini == 0, "actor_rollout_ref.actor.ppo_mini_batch_size", mini,
-             f"a divisor of data.train_batch_size * rollout.n = {rows}")
-    estimator, name = adv_estimator(cfg), cfg.algorithm.adv_estimator
-    if estimator.needs_groups:
-        _require(n >= 2, "actor_rollout_ref.rollout.n", n,
-                 f">= 2 with algorithm.adv_estimator={name} (group baselines)")
-    _check_reward_terms(cfg)
-    fg = cfg.algorithm.filter_groups
-    _require(not fg.enable or estimator.needs_groups, "algorithm.filter_groups.enable", fg.enable,
-             f"false with algorithm.adv_estimator={name}: dropping groups whose scores are all equal needs a group "
-             f"estimator ({', '.join(_group_estimators())})")
-    _require(fg.max_num_gen_batches >= 1, "algorithm.filter_groups.max_num_gen_batches", fg.max_num_gen_batches,
-             "an integer >= 1 (generation rounds per step, the first included; verl's 0 = unbounded is not offered: "
-             "a dataset whose groups all score alike would never fill a batch)")
-    unknown = [arg for arg in estimator.config_args if not hasattr(cfg.algorithm, arg)]
-    _require(not unknown, "algorithm.adv_estimator", name,
-             f"an estimator whose config_args are algorithm keys (it declares {unknown}, which are not)")
-    _validate_ranks(cfg)
-    _require(cfg.trainer.resume_mode in ("auto", "disable") or Path(cfg.trainer.resume_mode).exists(),
-             "trainer.resume_mode", cfg.trainer.resume_mode, "auto, disable or an existing checkpoint path")
-    config_checks.check_ranges(cfg, ConfigError)
-    return cfg
-
-
-def _check_pipeline(cfg: Config) -> None:
-    """trainer.max_staleness and what it needs (verl/trainer/pipeline.py)."""
-    k, rollout = cfg.trainer.max_staleness, cfg.actor_rollout_ref.rollout
-    _require(k >= 0, "trainer.max_staleness", k, "an integer >= 0 (0 = generate each batch after the previous update)")
-    if k > 0:
-        _require(cfg.actor_rollout_ref.actor.tis_cap is not None, "actor_rollout_ref.actor.tis_cap", None,
-                 f"a cap (e.g. 2) when trainer.max_staleness={k}: rows sampled by weights up to {k} updates old are "
-                 "corrected by truncated importance sampling against the engines' log-probs")
-        _require(rollout.tensor_model_parallel_size == 1 or cfg.trainer.rollout_ranks > 0,
-                 "actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
-                 "1 when trainer.max_staleness > 0 with engines on the training ranks (a tensor-parallel engine's "
-                 "collectives would interleave with training's); or put the engines on trainer.rollout_ranks")
-    _require(k > 0 or not rollout.partial, "actor_rollout_ref.rollout.partial", rollout.partial,
-             "false when trainer.max_staleness=0 (there is no rollout in flight at a weight sync)")
-
-
-def _check_overlong(cfg: Config) -> None:
-    """algorithm.overlong.* (verl/trainer/overlong.py); the buffer must fit in the budget it is a part of."""
-    o, budget = cfg.algorithm.overlong, cfg.data.max_trajectory_length
-    _require(o.penalty_factor >= 0, "algorithm.overlong.penalty_factor", o.penalty_factor, "a number >= 0")
-    _require(o.buffer_len >= 1, "algorithm.overlong.buffer_len", o.buffer_len, "an integer >= 1 (tokens)")
-    _require(o.mode != "soft_penalty" or o.buffer_len <= budget, "algorithm.overlong.buffer_len", o.buffer_len,
-             f"at most data.max_trajectory_length={budget} with algorithm.overlong.mode=soft_penalty (the penalty "
-             "grows over the last buffer_len tokens of the budget)")
-
-
-def _check_model_dir(key: str, path: str | None) -> None:
-    """A local model directory must exist and hold config.json; a missing path that looks like a hub id
-    (``owner/name``) is left to transformers."""
-    if path is None:
-        raise ConfigError(f"config key {key} is not set: name the policy (a Hugging Face model directory with "
-                          f"config.json, tokenizer and weights, e.g. {key}=/models/Qwen2.5-3B); the embedded demo "
-                          "sets it with --config configs/demo.yaml (what `make demo` runs)")
-    p = Path(path)
-    hub_like = re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and not path.startswith(".")
-    if not p.exists() and not hub_like:
-        raise ConfigError(f"config key {key}={path!r} is invalid: no such directory (allowed: a Hugging Face model "
-                          "directory with config.json, tokenizer and weights; build the demo policy with `make demo`)")
-    if p.exists() and not (p / "config.json").is_file():
-        raise ConfigError(f"config key {key}={path!r} is invalid: the directory has no config.json (allowed: a "
-                          "Hugging Face model directory with config.json, tokenizer and weights)")
+    def check_paths(self) -> None:
+        """What a run needs when it starts (files exist; a subclass adds its own, e.g. a service's address)."""
+        config_checks.check_paths(self)
 
 
 def check_paths(cfg: Config) -> None:
-    """The files the run reads exist: model directories and parquet files (ConfigError naming the key).
+    """The files (and, per recipe, services) the run needs are named and exist; ConfigError naming the key.
     Checked when a run starts, not in ``validate``, so configs can be built and checked anywhere."""
-    _check_model_dir("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
-    if cfg.critic.model.path is not None and uses_critic(cfg):
-        _check_model_dir("critic.model.path", cfg.critic.model.path)
-    for key in ("data.train_files", "data.val_files"):
-        value = _get(cfg, key)
-        if value is None:
-            raise ConfigError(f"config key {key} is not set: name your parquet file(s) (comma-separated, in the "
-                              "Search-R1 schema, e.g. from `python -m data_prep.qa_search`); the embedded demo sets it "
-                              "with --config configs/demo.yaml")
-        for name in [f.strip() for f in value.split(",") if f.strip()] or [value]:
-            if not Path(name).is_file():
-                raise ConfigError(f"config key {key}={value!r} is invalid: {name!r} does not exist (allowed: "
-                                  "comma-separated parquet files in the Search-R1 schema, e.g. from data_prep)")
-    if cfg.do_search and cfg.retriever.url is None:
-        raise ConfigError("config key retriever.url is not set: name your retrieval service (e.g. "
-                          "retriever.url=http://127.0.0.1:8000; retrieval_launch.sh serves on its PORT), required with "
-                          "do_search=true; there is no default, so a run never searches another user's service by "
-                          "accident (the embedded demo sets it with --config configs/demo.yaml)")
+    cfg.check_paths()
 
 
-def world_size(cfg: Config) -> int:
-    """Ranks of every training group (actor, critic, reference): 1 for the local backend, nodes x workers per node
-    for Ray, less the ranks that only generate (``trainer.rollout_ranks``)."""
-    t = cfg.trainer
-    return 1 if t.backend == "local" else t.nnodes * t.n_gpus_per_node - t.rollout_ranks
+def validate(cfg: Config) -> Config:
+    """Every setting against its declaration, then the rules between keys; ConfigError naming the key."""
+    check_settings(cfg)
+    cfg.check()
+    return cfg
 
 
-def rollout_world_size(cfg: Config) -> int:
-    """Ranks that host engines: the rollout ranks when disaggregated, else every training rank."""
-    return cfg.trainer.rollout_ranks or world_size(cfg)
+# ------------------------------------------------------------------ the recipe and plug-in modules
+def import_plugins(names: list[str]) -> None:
+    """Import each module of ``plugins`` (what it registers becomes valid); ConfigError naming the key otherwise."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ConfigError(f"config key plugins={names!r} is invalid: module {name!r} cannot be imported ({err}); "
+                              "allowed: modules importable from the Python path, e.g. plugins=[my_estimators] with "
+                              "my_estimators.py in a directory on PYTHONPATH") from err
 
 
-def _validate_ranks(cfg: Config) -> None:
-    """Rows split evenly over the ranks; tensor-parallel groups tile the ranks (DP = world / TP)."""
-    t = cfg.trainer
-    total = 1 if t.backend == "local" else t.nnodes * t.n_gpus_per_node
-    _require(t.rollout_ranks == 0 or (t.backend == "ray" and 0 < t.rollout_ranks < total), "trainer.rollout_ranks",
-             t.rollout_ranks, f"0 (engines on the training ranks) or, with trainer.backend=ray, 1 .. {total - 1} (the "
-             f"ranks of trainer.nnodes x trainer.n_gpus_per_node = {total} that only generate)")
-    world, engines = world_size(cfg), rollout_world_size(cfg)
-    rollout = cfg.actor_rollout_ref.rollout
-    tp = rollout.tensor_model_parallel_size
-    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    _require(engines % tp == 0, key, tp, f"a divisor of the {engines} rank(s) that host engines (trainer.backend="
-             f"{t.backend}, trainer.nnodes x trainer.n_gpus_per_node = {t.nnodes} x {t.n_gpus_per_node}, "
-             f"trainer.rollout_ranks={t.rollout_ranks})")
-    _require(tp == 1 or rollout.name == "vllm", key, tp, "1 with actor_rollout_ref.rollout.name=hf "
-             "(transformers generate has no tensor parallelism; use vllm)")
-    rows = trajectories_per_step(cfg)
-    _require(rows % world == 0, "data.train_batch_size", cfg.data.train_batch_size,
-             f"a size whose rows (x rollout.n = {rows}) split evenly over the {world} ranks")
-    mini_batch_keys = ["actor_rollout_ref.actor.ppo_mini_batch_size"]
-    if uses_critic(cfg):
-        mini_batch_keys.append("critic.ppo_mini_batch_size")
-    for key in mini_batch_keys:
-        value = _get(cfg, key)
-        _require(value % world == 0, key, value, f"a multiple of the world size {world}")
+def recipe_module(name: str) -> ModuleType:
+    """The module the config key ``recipe`` names; ConfigError naming the key when there is no such module."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not name.startswith(err.name):
+            raise  # the recipe exists but one of its own imports is missing
+        raise ConfigError(f"config key recipe={name!r}: no such module ({err})") from err
 
 
+def recipe_config(name: str) -> tuple[type[Config], Path | None]:
+    """(config class, YAML of defaults or None) that the recipe module ``name`` declares: ``CONFIG_CLASS`` (default
+    ``Config``: the task has no keys of its own) and ``BASE_CONFIG`` (default None: the dataclass defaults)."""
+    module = recipe_module(name)
+    cls = getattr(module, "CONFIG_CLASS", Config)
+    if not (isinstance(cls, type) and issubclass(cls, Config)):
+        raise ConfigError(f"config key recipe={name!r}: its CONFIG_CLASS {cls!r} is not a subclass of "
+                          "verl.config.Config (allowed: a dataclass `class TaskConfig(Config)` adding the task's "
+                          "sections, or no CONFIG_CLASS)")
+    base = getattr(module, "BASE_CONFIG", None)
+    if base is not None and not Path(base).is_file():
+        raise ConfigError(f"config key recipe={name!r}: its BASE_CONFIG {str(base)!r} is not a file (allowed: the "
+                          "YAML of the recipe's defaults, or no BASE_CONFIG)")
+    return cls, None if base is None else Path(base)
+
+
+def _chosen(layers: list[list[tuple[str, Any]]]) -> tuple[str, list[str]]:
+    """The ``recipe`` and ``plugins`` the layers set (a later layer wins; default: ``Config``'s)."""
+    recipe, plugins = Config.recipe, Config().plugins
+    for pairs in layers:
+        for key, value in pairs:
+            key = key.lstrip("+")
+            if key == "recipe":
+                recipe = value
+            elif key == "plugins":
+                plugins = value
+    if not isinstance(recipe, str) or not recipe:
+        raise ConfigError(f"config key recipe={recipe!r} is invalid: allowed the name of a Python module (e.g. "
+                          "search_r1.recipe)")
+    if not isinstance(plugins, list) or not all(isinstance(p, str) and p for p in plugins):
+        raise ConfigError(f"config key plugins={plugins!r} is invalid: allowed a list of Python module names (e.g. "
+                          "plugins=[my_estimators])")
+    return recipe, plugins
+
+
+# ------------------------------------------------------------------ layers -> config
 def _pairs(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """A YAML mapping as (dotted key, value) pairs: mappings are walked, anything else is a value."""
     if not isinstance(node, dict) or (prefix and not node):
         return [(prefix, node)]
     return [pair for key, value in node.items() for pair in _pairs(value, f"{prefix}.{key}" if prefix else str(key))]
+
+
+def _yaml_pairs(path: str | Path) -> list[tuple[str, Any]]:
+    return _pairs(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -689,6 +258,18 @@ def _put(tree: dict, key: str, value: Any) -> None:
     tree[last] = value
 
 
+def _get(cfg: Config, dotted: str) -> Any:
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _set(cfg: Config, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    setattr(_get(cfg, ".".join(parents)) if parents else cfg, last, value)
+
+
 def run_name(cfg: Config) -> str:
     """The default experiment name: ``<data>_<model>_<adv_estimator>``, e.g. ``nq_hotpotqa_Qwen2.5-3B_grpo``
     (data = the first training file's directory, or its stem when that says more). The same command gives
@@ -700,18 +281,24 @@ def run_name(cfg: Config) -> str:
 
 
 def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...] | list[str | Path] = ()) -> Config:
-    """configs/ppo_trainer.yaml, then each YAML in ``files``, then the ``key=value`` overrides -> a validated Config.
+    """The recipe's YAML of defaults, then each YAML in ``files``, then the ``key=value`` overrides -> a validated
+    config of the recipe's class (see the module docstring for the order in which modules are imported).
 
     Keys spelled as Search-R1 or verl spell them are translated first (``config_compat``); each foreign key
     that changes nothing here is logged once as a notice.
     """
-    schema = OmegaConf.structured(Config)
+    recipe, schema, base, items = None, Config, None, []
     try:
-        layers = [_pairs(OmegaConf.to_container(OmegaConf.load(f), resolve=False)) for f in (DEFAULT_CONFIG, *files)]
-        layers.append([parse_override(item) for item in overrides or []])
-        merged, global_counts, notices = schema, {}, []
-        for pairs in layers:  # each layer overrides the ones before it
-            layer, tree = translate(pairs), {}
+        given = [_yaml_pairs(f) for f in files]
+        given.append([parse_override(item) for item in overrides or []])
+        recipe, plugins = _chosen(given)
+        import_plugins(plugins)
+        schema, base = recipe_config(recipe)
+        table = rules(schema)
+        merged, global_counts, notices = OmegaConf.structured(schema), {}, []
+        for pairs in ([_yaml_pairs(base)] if base else []) + given:  # each layer overrides the ones before it
+            layer, tree = translate(pairs, table), {}
+            items = layer.items
             for key, value in layer.items:
                 _put(tree, key, value)
                 global_counts.pop(key, None)
@@ -726,9 +313,11 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
             merged.trainer.experiment_name = run_name(cfg)
         OmegaConf.resolve(merged)
         cfg = OmegaConf.to_object(merged)
-    except ConfigKeyError as err:
-        raise ConfigError(f"unknown config key {err.full_key!r} (see configs/ppo_trainer.yaml for all keys, "
-                          "docs/config.md for the Search-R1 and verl spellings accepted)") from err
+    except ConfigKeyError as err:  # OmegaConf names the first unknown part ('retriever' of 'retriever.url')
+        given = next((k for k, _ in items if k == err.full_key or k.startswith(f"{err.full_key}.")), err.full_key)
+        keys = base.name if base else f"{schema.__module__}.{schema.__name__}"
+        raise ConfigError(f"unknown config key {given!r} (recipe={recipe} takes the keys of {keys}; "
+                          "docs/config.md lists them and the Search-R1 and verl spellings accepted)") from err
     except OmegaConfBaseException as err:
         raise ConfigError(f"config key {err.full_key!r}: {err.msg.splitlines()[0]}") from err
     except CompatError as err:
@@ -741,27 +330,6 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
     for notice in dict.fromkeys(notices):
         logger.warning("config: %s", notice)
     return validate(cfg)
-
-
-def _set(cfg: Config, dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    setattr(_get(cfg, ".".join(parents)) if parents else cfg, last, value)
-
-
-def uses_critic(cfg: Config) -> bool:
-    """The critic exists when the advantage estimator reads critic values (``needs_critic`` in its registration:
-    GAE)."""
-    return adv_estimator(cfg).needs_critic
-
-
-def uses_reference(cfg: Config) -> bool:
-    """Reference log-probs are needed when any KL term is on."""
-    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-
-
-def uses_lora(cfg: Config) -> bool:
-    """The actor trains LoRA adapters; the reference is then the actor with its adapters disabled."""
-    return cfg.actor_rollout_ref.model.lora_rank > 0
 
 
 def to_yaml(cfg: Config) -> str:

@@ -1,117 +1,215 @@
-"""Checks that walk the config whole rather than key by key (called by ``verl.config.validate``).
+"""The rules that relate several keys of the trainer's sections, and the quantities derived from several keys.
 
-Choices:
-- **Every number finite.** One walk over the typed config's fields (and the values of mapping fields such as
-  ``reward.terms``) refuses NaN and +-Inf wherever a float is allowed: an infinite learning rate passed the old
-  ``lr > 0`` check and trained a model whose every weight became NaN. ``RANGES`` then bounds the numbers that have a
-  range where they mean something (a learning rate above 1, a temperature above 10); each error names the key and
-  the range.
-- **The retriever URL list is parsed whole**: every comma-separated entry must be ``http(s)://HOST[:PORT][/PATH]``
-  or ``ray://NAME``; a ``;`` (or any other separator), a bad port, a query string or an empty host is named with
-  the entry, before the client ever sends a request.
+Everything about one key alone (type, choices, range, finiteness) is its declaration
+(``verl.config_sections``, checked by ``verl.config_schema.check_settings``). What is left are the rules
+between keys, each a named function that ``check_trainer`` calls (``Config.check``; a recipe's config adds its
+own rules and calls ``super().check()``), and ``check_paths``: the files a run reads exist, checked when a run
+starts rather than when a config is built, so configs can be built and checked anywhere. What an estimator needs
+(a critic, groups of rollout.n >= 2, ``algorithm.*`` keys) is asked of its registration
+(``verl.algorithms.registry``), never listed here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Iterator
-from typing import Any
-from urllib.parse import urlsplit
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-# key -> (lowest, highest, whether lowest itself is allowed, what the key is): checked after the finiteness walk.
-RANGES: dict[str, tuple[float, float, bool, str]] = {
-    "actor_rollout_ref.actor.optim.lr": (0.0, 1.0, False, "a learning rate (AdamW; typical 1e-6 .. 1e-5)"),
-    "critic.optim.lr": (0.0, 1.0, False, "a learning rate (AdamW; typical 1e-6 .. 1e-5)"),
-    "actor_rollout_ref.actor.optim.weight_decay": (0.0, 1.0, True, "a decoupled weight decay"),
-    "critic.optim.weight_decay": (0.0, 1.0, True, "a decoupled weight decay"),
-    "actor_rollout_ref.rollout.temperature": (0.0, 10.0, True, "a sampling temperature (0 = greedy)"),
-    "actor_rollout_ref.rollout.val_kwargs.temperature": (0.0, 10.0, True, "a sampling temperature (0 = greedy)"),
-    "actor_rollout_ref.actor.clip_ratio": (0.0, 1.0, False, "PPO's clip range epsilon (ratio kept in 1 +- eps)"),
-    "actor_rollout_ref.actor.clip_ratio_high": (0.0, 10.0, False, "the upper clip range (DAPO's clip-higher)"),
-    "actor_rollout_ref.actor.clip_ratio_c": (1.0, 1000.0, False, "dual-clip PPO's bound on negative advantages"),
-    "actor_rollout_ref.actor.grad_clip": (0.0, math.inf, False, "a gradient-norm bound (null = none)"),
-    "critic.grad_clip": (0.0, math.inf, False, "a gradient-norm bound (null = none)"),
-    "critic.cliprange_value": (0.0, math.inf, False, "the value clip range"),
-    "actor_rollout_ref.model.lora_alpha": (0.0, math.inf, False, "LoRA's scale numerator"),
-    "algorithm.kl_ctrl.target_kl": (0.0, math.inf, False, "the adaptive controller's target KL"),
-    "algorithm.turn_reward_coef": (0.0, math.inf, True, "a coefficient"),
-    "algorithm.turn_adv_coef": (0.0, math.inf, True, "a coefficient"),
-    "actor_rollout_ref.rollout.cpu_kv_cache_gb": (0.0, math.inf, False, "GiB of KV cache"),
-    "reward.judge.timeout_s": (0.0, math.inf, False, "seconds"),
-    "trainer.ray_timeout_s": (0.0, math.inf, False, "seconds"),
-    "trainer.max_skipped_share": (0.0, 1.0, False, "a share of the steps"),
-}
+from verl.algorithms.registry import ADV_ESTIMATORS, AdvEstimator
+from verl.config_sections import DataConfig
+from verl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from verl.config import Config
 
 
-def _numbers(node: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
-    """(dotted key, value) of every float in the config tree ``node`` (dataclasses, and the values of mappings)."""
-    if dataclasses.is_dataclass(node):
-        for f in dataclasses.fields(node):
-            yield from _numbers(getattr(node, f.name), f"{prefix}.{f.name}" if prefix else f.name)
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            yield from _numbers(value, f"{prefix}.{key}")
-    elif isinstance(node, float):
-        yield prefix, node
+def require(ok: bool, key: str, value: object, allowed: str) -> None:
+    """ConfigError ``config key KEY=VALUE is invalid: allowed ALLOWED`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"config key {key}={value!r} is invalid: allowed {allowed}")
 
 
-def check_finite(cfg: Any, error: type[Exception]) -> None:
-    """Every float of ``cfg`` is finite; ``error`` naming the key otherwise."""
-    for key, value in _numbers(cfg):
-        if not math.isfinite(value):
-            raise error(f"config key {key}={value} is invalid: allowed a finite number (not nan or inf)")
+# ------------------------------------------------------------------ quantities derived from several keys
+def adv_estimator(cfg: Config) -> AdvEstimator:
+    """The registry entry of ``algorithm.adv_estimator``: the function and what it needs (critic, group ids,
+    algorithm keys)."""
+    import verl.algorithms  # noqa: F401 -- registers the built-ins (imports torch: on first use)
+
+    return ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator)
 
 
-def check_ranges(cfg: Any, error: type[Exception]) -> None:
-    """Each key of ``RANGES`` lies in its range (after ``validate``'s own checks, whose messages a value below a
-    bound they check gets); ``error`` naming the key and the range otherwise."""
-    for key, (low, high, low_ok, what) in RANGES.items():
-        node = cfg
-        for part in key.split("."):
-            node = getattr(node, part)
-        if node is None:
-            continue
-        if not ((low <= node if low_ok else low < node) and node <= high):
-            bounds = f"{'[' if low_ok else '('}{low:g}, {high:g}]" if math.isfinite(high) else \
-                f"{'>=' if low_ok else '>'} {low:g}"
-            raise error(f"config key {key}={node!r} is invalid: allowed {what}, a number "
-                        f"{'in ' if math.isfinite(high) else ''}{bounds}")
+def uses_critic(cfg: Config) -> bool:
+    """The critic exists when the advantage estimator reads critic values (``needs_critic`` in its registration:
+    GAE)."""
+    return adv_estimator(cfg).needs_critic
 
 
-def url_problem(entry: str) -> str | None:
-    """Why ``entry`` (one endpoint of ``retriever.url``) is not ``http(s)://HOST[:PORT][/PATH]`` or ``ray://NAME``;
-    None when it is."""
-    if any(c in entry for c in ";| \t\n"):
-        return "separate endpoints with commas (no ';', '|' or spaces)"
-    if entry.startswith("ray://"):
-        name = entry[len("ray://"):].rstrip("/")
-        return None if name and "/" not in name and ":" not in name else "ray://NAME names a deployment: one word"
-    try:
-        parts = urlsplit(entry)
-        port = parts.port
-    except ValueError as e:
-        return f"not a URL ({e})"
-    if parts.scheme not in ("http", "https"):
-        return "the scheme must be http://, https:// or ray://"
-    if not parts.hostname:
-        return "no host"
-    if parts.query or parts.fragment:
-        return "a base URL takes no ?query or #fragment"
-    if port == 0:
-        return "port 0 is not a port a service listens on"
-    return None
+def uses_reference(cfg: Config) -> bool:
+    """Reference log-probs are needed when any KL term is on."""
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
-def check_retriever_url(url: str, error: type[Exception]) -> None:
-    """``retriever.url``: one or more comma-separated endpoints, each well formed (``url_problem``)."""
-    entries = [part.strip() for part in url.split(",")]
-    allowed = ("an http:// or https:// URL of the retrieval service, e.g. http://127.0.0.1:8000, several (shards, "
-               "replicas) separated by commas, or ray://NAME for the deployment NAME started by python -m "
-               "retrieval_server.ray_service up")
-    if not any(entries):
-        raise error(f"config key retriever.url={url!r} is invalid: allowed {allowed}")
-    for entry in entries:
-        problem = "an empty entry between commas" if not entry else url_problem(entry)
-        if problem:
-            raise error(f"config key retriever.url={url!r} is invalid: {entry!r}: {problem}; allowed {allowed}")
+def uses_lora(cfg: Config) -> bool:
+    """The actor trains LoRA adapters; the reference is then the actor with its adapters disabled."""
+    return cfg.actor_rollout_ref.model.lora_rank > 0
+
+
+def trajectories_per_step(cfg: Config) -> int:
+    """Rows of one training step: ``data.train_batch_size`` prompts x ``rollout.n`` samples each."""
+    return cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+
+
+def max_sequence_length(data: DataConfig) -> int:
+    """The most tokens any sequence holds, in an engine request or a trained row (docs/design.md, "Lengths").
+
+    A turn starts from a context of at most ``max_prompt_length`` and samples at most ``max_response_length``;
+    a trained row is a prompt of at most ``max_start_length`` plus at most ``max_trajectory_length`` response tokens.
+    """
+    return min(data.max_prompt_length + data.max_response_length, data.max_start_length + data.max_trajectory_length)
+
+
+def world_size(cfg: Config) -> int:
+    """Ranks of every training group (actor, critic, reference): 1 for the local backend, nodes x workers per node
+    for Ray, less the ranks that only generate (``trainer.rollout_ranks``)."""
+    t = cfg.trainer
+    return 1 if t.backend == "local" else t.nnodes * t.n_gpus_per_node - t.rollout_ranks
+
+
+def rollout_world_size(cfg: Config) -> int:
+    """Ranks that host engines: the rollout ranks when disaggregated, else every training rank."""
+    return cfg.trainer.rollout_ranks or world_size(cfg)
+
+
+# ------------------------------------------------------------------ rules between keys
+def check_trainer(cfg: Config) -> None:
+    """Every rule between keys of the trainer's sections (ConfigError naming the first key that breaks one)."""
+    check_lengths(cfg)
+    check_estimator(cfg)
+    check_ranks(cfg)
+    check_pipeline(cfg)
+    check_overlong(cfg)
+    check_lora(cfg)
+    check_resume_mode(cfg)
+
+
+def check_lengths(cfg: Config) -> None:
+    """The prompt that starts a trajectory fits the context of a turn."""
+    d = cfg.data
+    require(d.max_start_length <= d.max_prompt_length, "data.max_start_length", d.max_start_length,
+            f"at most data.max_prompt_length={d.max_prompt_length}")
+
+
+def check_estimator(cfg: Config) -> None:
+    """What the advantage estimator's registration declares it needs: groups (rollout.n >= 2; dynamic sampling
+    drops whole groups) and ``algorithm.*`` keys that exist."""
+    estimator, name, n = adv_estimator(cfg), cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    if estimator.needs_groups:
+        require(n >= 2, "actor_rollout_ref.rollout.n", n, f">= 2 with algorithm.adv_estimator={name} (group baselines)")
+    groups = [e for e in ADV_ESTIMATORS.names() if ADV_ESTIMATORS.get(e).needs_groups]
+    fg = cfg.algorithm.filter_groups
+    require(not fg.enable or estimator.needs_groups, "algorithm.filter_groups.enable", fg.enable,
+            f"false with algorithm.adv_estimator={name}: dropping groups whose scores are all equal needs a group "
+            f"estimator ({', '.join(groups)})")
+    unknown = [arg for arg in estimator.config_args if not hasattr(cfg.algorithm, arg)]
+    require(not unknown, "algorithm.adv_estimator", name,
+            f"an estimator whose config_args are algorithm keys (it declares {unknown}, which are not)")
+
+
+def check_ranks(cfg: Config) -> None:
+    """Rows split evenly over the ranks; tensor-parallel groups tile the ranks (DP = world / TP)."""
+    t = cfg.trainer
+    total = 1 if t.backend == "local" else t.nnodes * t.n_gpus_per_node
+    require(t.rollout_ranks == 0 or (t.backend == "ray" and 0 < t.rollout_ranks < total), "trainer.rollout_ranks",
+            t.rollout_ranks, f"0 (engines on the training ranks) or, with trainer.backend=ray, 1 .. {total - 1} (the "
+            f"ranks of trainer.nnodes x trainer.n_gpus_per_node = {total} that only generate)")
+    world, engines = world_size(cfg), rollout_world_size(cfg)
+    rollout = cfg.actor_rollout_ref.rollout
+    tp = rollout.tensor_model_parallel_size
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    require(engines % tp == 0, key, tp, f"a divisor of the {engines} rank(s) that host engines (trainer.backend="
+            f"{t.backend}, trainer.nnodes x trainer.n_gpus_per_node = {t.nnodes} x {t.n_gpus_per_node}, "
+            f"trainer.rollout_ranks={t.rollout_ranks})")
+    require(tp == 1 or rollout.name == "vllm", key, tp, "1 with actor_rollout_ref.rollout.name=hf "
+            "(transformers generate has no tensor parallelism; use vllm)")
+    rows = trajectories_per_step(cfg)
+    require(rows % world == 0, "data.train_batch_size", cfg.data.train_batch_size,
+            f"a size whose rows (x rollout.n = {rows}) split evenly over the {world} ranks")
+    mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    require(rows % mini == 0, "actor_rollout_ref.actor.ppo_mini_batch_size", mini,
+            f"a divisor of data.train_batch_size * rollout.n = {rows}")
+    mini_batches = {"actor_rollout_ref.actor.ppo_mini_batch_size": mini}
+    if uses_critic(cfg):
+        mini_batches["critic.ppo_mini_batch_size"] = cfg.critic.ppo_mini_batch_size
+    for key, value in mini_batches.items():
+        require(value % world == 0, key, value, f"a multiple of the world size {world}")
+
+
+def check_pipeline(cfg: Config) -> None:
+    """trainer.max_staleness and what it needs (verl/trainer/pipeline.py)."""
+    k, rollout = cfg.trainer.max_staleness, cfg.actor_rollout_ref.rollout
+    if k > 0:
+        require(cfg.actor_rollout_ref.actor.tis_cap is not None, "actor_rollout_ref.actor.tis_cap", None,
+                f"a cap (e.g. 2) when trainer.max_staleness={k}: rows sampled by weights up to {k} updates old are "
+                "corrected by truncated importance sampling against the engines' log-probs")
+        require(rollout.tensor_model_parallel_size == 1 or cfg.trainer.rollout_ranks > 0,
+                "actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
+                "1 when trainer.max_staleness > 0 with engines on the training ranks (a tensor-parallel engine's "
+                "collectives would interleave with training's); or put the engines on trainer.rollout_ranks")
+    require(k > 0 or not rollout.partial, "actor_rollout_ref.rollout.partial", rollout.partial,
+            "false when trainer.max_staleness=0 (there is no rollout in flight at a weight sync)")
+
+
+def check_overlong(cfg: Config) -> None:
+    """algorithm.overlong's buffer must fit in the budget it is a part of (verl/trainer/overlong.py)."""
+    o, budget = cfg.algorithm.overlong, cfg.data.max_trajectory_length
+    require(o.mode != "soft_penalty" or o.buffer_len <= budget, "algorithm.overlong.buffer_len", o.buffer_len,
+            f"at most data.max_trajectory_length={budget} with algorithm.overlong.mode=soft_penalty (the penalty "
+            "grows over the last buffer_len tokens of the budget)")
+
+
+def check_lora(cfg: Config) -> None:
+    """LoRA needs modules to put its adapters on."""
+    model = cfg.actor_rollout_ref.model
+    require(model.lora_rank == 0 or len(model.target_modules) > 0, "actor_rollout_ref.model.target_modules",
+            model.target_modules, "a non-empty list of module names (e.g. [q_proj, v_proj]) when lora_rank > 0")
+
+
+def check_resume_mode(cfg: Config) -> None:
+    """trainer.resume_mode: a word or a path that exists (one key, but its allowed values are not a list)."""
+    mode = cfg.trainer.resume_mode
+    require(mode in ("auto", "disable") or Path(mode).exists(), "trainer.resume_mode", mode,
+            "auto, disable or an existing checkpoint path")
+
+
+# ------------------------------------------------------------------ the files a run reads
+def _check_model_dir(key: str, path: str | None) -> None:
+    """A local model directory must exist and hold config.json; a missing path that looks like a hub id
+    (``owner/name``) is left to transformers."""
+    if path is None:
+        raise ConfigError(f"config key {key} is not set: name the policy (a Hugging Face model directory with "
+                          f"config.json, tokenizer and weights, e.g. {key}=/models/Qwen2.5-3B); the embedded demo "
+                          "sets it with --config configs/demo.yaml (what `make demo` runs)")
+    p = Path(path)
+    hub_like = re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and not path.startswith(".")
+    if not p.exists() and not hub_like:
+        raise ConfigError(f"config key {key}={path!r} is invalid: no such directory (allowed: a Hugging Face model "
+                          "directory with config.json, tokenizer and weights; build the demo policy with `make demo`)")
+    if p.exists() and not (p / "config.json").is_file():
+        raise ConfigError(f"config key {key}={path!r} is invalid: the directory has no config.json (allowed: a "
+                          "Hugging Face model directory with config.json, tokenizer and weights)")
+
+
+def check_paths(cfg: Config) -> None:
+    """The files the run reads exist: model directories and parquet files (ConfigError naming the key)."""
+    _check_model_dir("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
+    if cfg.critic.model.path is not None and uses_critic(cfg):
+        _check_model_dir("critic.model.path", cfg.critic.model.path)
+    for key, value in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        if value is None:
+            raise ConfigError(f"config key {key} is not set: name your parquet file(s) (comma-separated, in the "
+                              "Search-R1 schema, e.g. from `python -m data_prep.qa_search`); the embedded demo sets it "
+                              "with --config configs/demo.yaml")
+        for name in [f.strip() for f in value.split(",") if f.strip()] or [value]:
+            if not Path(name).is_file():
+                raise ConfigError(f"config key {key}={value!r} is invalid: {name!r} does not exist (allowed: "
+                                  "comma-separated parquet files in the Search-R1 schema, e.g. from data_prep)")

@@ -1,31 +1,39 @@
 """Other trainers' spellings of our config keys, so that Search-R1's and verl's launch scripts run as written.
 
-``configs/ppo_trainer.yaml`` holds one name per setting, verl's (``actor_rollout_ref.actor.optim.lr``,
+A config holds one name per setting, verl's (``actor_rollout_ref.actor.optim.lr``,
 ``...fsdp_config.param_offload``, ``..._micro_batch_size_per_gpu``). Users arrive with Search-R1's
 ``train_ppo.sh`` / ``train_grpo.sh`` (an older verl: global micro-batch sizes, ``rollout.n_agent``,
 ``data.shuffle_train_dataloader``, Hydra's ``+key=value``) or with a verl walkthrough's keys. ``translate``
 turns each ``key=value`` into ours before the config is merged, with three kinds of rule:
 
-* ``Alias``: another spelling of one of our keys; the value is used as given, or through the alias's ``values``
-  map where their setting is spelled differently (verl's ``reward_model.overlong_buffer.enable=true`` is
+* ``Alias``: another spelling of a setting, declared on the setting itself (``setting(..., spellings=(Alias(...),))``,
+  ``verl.config_schema``); the value is used as given, or through the alias's ``values`` map where their setting
+  is spelled differently (verl's ``reward_model.overlong_buffer.enable=true`` is
   ``algorithm.overlong.mode=soft_penalty``); a value outside that map is an error naming the allowed ones.
-* ``GlobalCount``: a global micro-batch size (Search-R1 and older verl divide it by the number of ranks);
-  it becomes our per-rank key, divided by the world size once the config is loaded.
-* ``NoEffect``: a key that changes nothing in this trainer (HDFS upload, CUDA graphs, profilers, ...);
-  accepted with a one-line notice saying why. Where a value would ask for something this trainer does
+* ``GlobalCount``: a global micro-batch size (Search-R1 and older verl divide it by the number of ranks), declared
+  on our per-rank setting; the count is divided by the world size once the config is loaded.
+* ``NoEffect``: a key that names no setting here and changes nothing in this trainer (HDFS upload, CUDA graphs,
+  profilers, ...); accepted with a one-line notice saying why. These are the one table of this module
+  (``NO_EFFECT``): they have no field to be declared on. Where a value would ask for something this trainer does
   not do (``actor.strategy=megatron``, ``algorithm.no_think_rl=true``), ``allowed`` lists what it does, and any
   other value is an error naming the key.
 
-Two spellings of one setting in one command line with different values are an error (which one was meant
-cannot be known). Units: ``ppo_mini_batch_size`` counts trajectories (prompts x ``rollout.n``), as Search-R1
+``rules(schema)`` builds the map from every key spelled another way to its rule, from the declarations of the
+config class ``schema`` and ``NO_EFFECT``; a spelling declared twice, or one that is a key of the config, is an
+error there. Two spellings of one setting in one command line with different values are an error (which one was
+meant cannot be known). Units: ``ppo_mini_batch_size`` counts trajectories (prompts x ``rollout.n``), as Search-R1
 counts it with ``n_agent`` (its ``rollout.n`` stays 1); today's verl counts prompts and multiplies by
 ``rollout.n``. See docs/config.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
+
+from verl.config_schema import leaves
 
 
 class CompatError(ValueError):
@@ -34,14 +42,22 @@ class CompatError(ValueError):
 
 @dataclass(frozen=True)
 class Alias:
-    to: str
-    note: str = ""  # said once when the spelling is used ("" = silent: a plain synonym)
+    """Another spelling of the setting it is declared on. A ``key`` starting with ``../`` is relative to the
+    section that holds the setting's section: ``../lr`` on ``OptimConfig.lr`` is ``actor_rollout_ref.actor.lr``
+    and ``critic.lr`` (the keys before ``optim`` existed). ``to`` is filled in by ``rules``."""
+
+    key: str
+    note: str = ""  # said once when the spelling is used ("" = silent: a plain synonym); "{to}" = our key
     values: dict[Any, Any] | None = None  # their value -> ours; None = the value as given
+    to: str = ""
 
 
 @dataclass(frozen=True)
 class GlobalCount:
-    to: str  # our per-rank key
+    """A global count (over all ranks) of the per-rank setting it is declared on."""
+
+    key: str
+    to: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,44 +66,18 @@ class NoEffect:
     allowed: tuple | None = None  # values that describe what this trainer does; None = any value
 
 
-_OFFLOAD_NOTE = "FSDP2 offloads parameters, gradients and optimiser state together: any of the three asks for all"
 _PAD = ("this trainer cuts the columns that are padding in every row of a micro-batch before each forward; there is "
         "no separate unpadded (varlen) path, and results are the same")
 _NO_PROFILER = "this trainer has no profiler integration; timing/* metrics are logged every step"
 _WRAP = "FSDP2 wraps each decoder layer (the model's _no_split_modules) and then the root"
 
-RULES: dict[str, Alias | GlobalCount | NoEffect] = {
+NO_EFFECT: dict[str, NoEffect] = {
     # ---- Search-R1's train_ppo.sh / train_grpo.sh (verl of early 2025)
-    "data.train_data_num": Alias("data.train_max_samples"),
-    "data.val_data_num": Alias("data.val_max_samples"),
-    "data.shuffle_train_dataloader": Alias("data.shuffle"),
-    "actor_rollout_ref.rollout.n_agent": Alias(
-        "actor_rollout_ref.rollout.n", "rollout.n_agent (Search-R1) is rollout.n here: samples per prompt; "
-        "ppo_mini_batch_size counts trajectories, as in Search-R1"),
-    "actor_rollout_ref.actor.ppo_micro_batch_size": GlobalCount("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": GlobalCount(
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": GlobalCount(
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"),
-    "critic.ppo_micro_batch_size": GlobalCount("critic.ppo_micro_batch_size_per_gpu"),
     "actor_rollout_ref.model.use_remove_padding": NoEffect(_PAD),
     "critic.model.use_remove_padding": NoEffect(_PAD),
     "algorithm.no_think_rl": NoEffect("Search-R1 raises an error when it is true; false is what every run does",
                                       (False,)),
     "trainer.default_hdfs_dir": NoEffect("there is no HDFS upload; checkpoints stay in trainer.default_local_dir"),
-    # ---- our own earlier spellings (before the verl names were adopted)
-    "actor_rollout_ref.actor.lr": Alias("actor_rollout_ref.actor.optim.lr", "renamed: actor.optim.lr"),
-    "actor_rollout_ref.actor.lr_warmup_steps_ratio": Alias("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",
-                                                           "renamed: actor.optim.lr_warmup_steps_ratio"),
-    "actor_rollout_ref.actor.weight_decay": Alias("actor_rollout_ref.actor.optim.weight_decay",
-                                                  "renamed: actor.optim.weight_decay"),
-    "actor_rollout_ref.actor.offload": Alias("actor_rollout_ref.actor.fsdp_config.param_offload",
-                                             "renamed: actor.fsdp_config.param_offload (" + _OFFLOAD_NOTE + ")"),
-    "critic.lr": Alias("critic.optim.lr", "renamed: critic.optim.lr"),
-    "critic.lr_warmup_steps_ratio": Alias("critic.optim.lr_warmup_steps_ratio",
-                                          "renamed: critic.optim.lr_warmup_steps_ratio"),
-    "critic.weight_decay": Alias("critic.optim.weight_decay", "renamed: critic.optim.weight_decay"),
-    "critic.model_path": Alias("critic.model.path", "renamed: critic.model.path"),
     # ---- today's verl keys (the config walkthrough) that change nothing here, or only one value of which does
     "actor_rollout_ref.hybrid_engine": NoEffect("every actor rank hosts its rollout engine", (True,)),
     "actor_rollout_ref.model.external_lib": NoEffect("no external model library is imported", (None,)),
@@ -156,19 +146,47 @@ RULES: dict[str, Alias | GlobalCount | NoEffect] = {
     "data.tokenizer": NoEffect("the tokenizer is the policy's (actor_rollout_ref.model.path)", (None,)),
     "data.return_raw_input_ids": NoEffect("the reward reads the decoded response; no second tokenizer"),
     "data.return_raw_chat": NoEffect("prompts are chat-templated once, with the policy's tokenizer"),
-    "reward_model.enable": NoEffect("rewards are rule-based (reward.*, custom_reward_function); no reward model",
+    "reward_model.enable": NoEffect("rewards are the recipe's score or custom_reward_function; no reward model",
                                     (False,)),
-    # verl's (DAPO recipe) soft overlong punishment; the rest of reward_model is covered by the rule below
-    "reward_model.overlong_buffer.enable": Alias("algorithm.overlong.mode",
-                                                 values={True: "soft_penalty", False: "none"}),
-    "reward_model.overlong_buffer.len": Alias("algorithm.overlong.buffer_len"),
-    "reward_model.overlong_buffer.penalty_factor": Alias("algorithm.overlong.penalty_factor"),
+    # (verl's DAPO recipe spells the soft overlong punishment reward_model.overlong_buffer.*: declared on
+    # algorithm.overlong's settings; the rest of reward_model is covered by the rule below)
     "reward_model.overlong_buffer.log": NoEffect("train/overlong_frac, train/overlong_masked and (soft_penalty) "
                                                  "train/overlong_penalty are logged every step"),
-    "reward_model": NoEffect("rewards are rule-based (reward.*, custom_reward_function); no reward model"),
+    "reward_model": NoEffect("rewards are the recipe's score or custom_reward_function; no reward model"),
     "algorithm.state_masking": NoEffect("inserted tokens are masked by where they came from (info_mask), not by "
                                         "markers; actor_rollout_ref.actor.state_masking switches it"),
 }
+
+
+def _absolute(spelling: str, ours: str) -> str:
+    """``spelling`` as a full key: ``../x`` declared on ``a.b.c.d`` is ``a.b.x``; a key without ``../`` is full."""
+    if not spelling.startswith("../"):
+        return spelling
+    parts = ours.split(".")[:-1]
+    while spelling.startswith("../"):
+        spelling, parts = spelling[3:], parts[:-1]
+    return ".".join([*parts, spelling])
+
+
+@functools.cache
+def rules(schema: type) -> dict[str, Alias | GlobalCount | NoEffect]:
+    """Every other spelling accepted for the config class ``schema``: the ``spellings`` declared on its settings
+    (``to`` filled in), then ``NO_EFFECT``. ValueError for a spelling declared twice or that is a key of the config
+    (it would hide the key)."""
+    found: dict[str, Alias | GlobalCount | NoEffect] = {}
+    keys = {leaf.key for leaf in leaves(schema())}
+    for leaf in leaves(schema()):
+        for spelling in leaf.setting.spellings if leaf.setting else ():
+            key = _absolute(spelling.key, leaf.key)
+            if key in found or key in keys:
+                raise ValueError(f"the spelling {key} (declared on {leaf.key}) is declared twice or is a key of "
+                                 f"{schema.__name__}")
+            note = {"note": spelling.note.replace("{to}", leaf.key)} if isinstance(spelling, Alias) else {}
+            found[key] = dataclasses.replace(spelling, key=key, to=leaf.key, **note)
+    clash = sorted((found.keys() | keys) & NO_EFFECT.keys())
+    if clash:
+        raise ValueError(f"NO_EFFECT names keys that are settings or spellings of {schema.__name__}: {clash}")
+    return {**found, **NO_EFFECT}
 
 
 def mapping(values: dict[Any, Any], ours: str) -> str:
@@ -185,14 +203,13 @@ class Translated:
     notices: list[str] = field(default_factory=list)
 
 
-def _rule(key: str) -> tuple[str, Alias | GlobalCount | NoEffect] | None:
+def _rule(key: str, table: dict[str, Alias | GlobalCount | NoEffect]) -> Alias | GlobalCount | NoEffect | None:
     """The rule for ``key`` or for the nearest enclosing key that has one (a NoEffect covers its subtree)."""
     parts = key.split(".")
     for end in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:end])
-        rule = RULES.get(prefix)
+        rule = table.get(".".join(parts[:end]))
         if rule is not None and (end == len(parts) or isinstance(rule, NoEffect)):
-            return prefix, rule
+            return rule
     return None
 
 
@@ -203,29 +220,28 @@ def strip_hydra_prefix(key: str) -> str:
     return key.lstrip("+")
 
 
-def translate(pairs: list[tuple[str, Any]]) -> Translated:
-    """Map ``(key, value)`` pairs (parsed overrides, in order) to our keys; see the module docstring."""
+def translate(pairs: list[tuple[str, Any]], table: dict[str, Alias | GlobalCount | NoEffect]) -> Translated:
+    """Map ``(key, value)`` pairs (parsed overrides, in order) to our keys by the rules ``table`` (``rules``); see
+    the module docstring."""
     out = Translated()
     spelled_by: dict[str, tuple[str, Any, Any]] = {}  # our key -> (the spelling that set it, value, value as given)
     for raw_key, value in pairs:
         given = value
         key = strip_hydra_prefix(raw_key)
-        found = _rule(key)
-        if found is None:
+        rule = _rule(key, table)
+        if rule is None:
             ours = key
+        elif isinstance(rule, NoEffect):
+            if rule.allowed is not None and value not in rule.allowed:
+                allowed = ", ".join("null" if v is None else repr(v) for v in rule.allowed)
+                raise CompatError(f"config key {key}={value!r} is not supported here: {rule.why} (allowed: {allowed})")
+            out.notices.append(f"{key} has no effect here: {rule.why}")
+            continue
+        elif isinstance(rule, GlobalCount):
+            out.global_counts[rule.to] = (key, int(value))
+            continue
         else:
-            name, rule = found
-            if isinstance(rule, NoEffect):
-                if rule.allowed is not None and value not in rule.allowed:
-                    allowed = ", ".join("null" if v is None else repr(v) for v in rule.allowed)
-                    raise CompatError(f"config key {key}={value!r} is not supported here: {rule.why} "
-                                      f"(allowed: {allowed})")
-                out.notices.append(f"{key} has no effect here: {rule.why}")
-                continue
             ours = rule.to
-            if isinstance(rule, GlobalCount):
-                out.global_counts[ours] = (key, int(value))
-                continue
             if rule.note:
                 out.notices.append(f"{key}: {rule.note}")
             if rule.values is not None:
@@ -233,8 +249,6 @@ def translate(pairs: list[tuple[str, Any]]) -> Translated:
                     raise CompatError(f"config key {key}={value!r} is invalid: allowed "
                                       f"{', '.join(repr(v) for v in rule.values)} ({mapping(rule.values, ours)})")
                 value = rule.values[value]
-        if ours == "retriever.url" and isinstance(value, str):
-            value = _base_urls(value)  # Search-R1 writes the endpoint; ours is the base URL
         earlier = spelled_by.get(ours)
         if earlier is not None and earlier[0] != key and earlier[1] != value:
             raise CompatError(f"config keys {earlier[0]}={earlier[2]!r} and {key}={given!r} set the same setting "
@@ -242,11 +256,3 @@ def translate(pairs: list[tuple[str, Any]]) -> Translated:
         spelled_by[ours] = (key, value, given)
         out.items.append((ours, value))
     return out
-
-
-def _base_urls(url: str) -> str:
-    """Each comma-separated endpoint of ``url`` without a trailing ``/retrieve`` (Search-R1 names the endpoint)."""
-    def base(entry: str) -> str:
-        entry = entry.strip().rstrip("/")
-        return entry[: -len("/retrieve")] if entry.endswith("/retrieve") else entry
-    return ",".join(base(entry) for entry in url.split(",")) if "/retrieve" in url else url

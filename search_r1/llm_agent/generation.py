@@ -70,6 +70,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from search_r1.config import SearchConfig
 from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, INVALID_ACTION_FEEDBACK, observation_ids
 from search_r1.llm_agent.trajectory import (
     CONTEXT_BUDGET,
@@ -82,7 +83,6 @@ from search_r1.llm_agent.trajectory import (
     Trajectory,
     length_losses,
 )
-from verl.config import Config
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
 from verl.workers.rollout.base import GenerationOutput, Generator, SamplingParams, as_pool
@@ -119,7 +119,7 @@ class AgentConfig:
     max_inflight_searches: int = 4  # async: retrieval requests running at once
 
     @classmethod
-    def from_config(cls, cfg: Config) -> AgentConfig:
+    def from_config(cls, cfg: SearchConfig) -> AgentConfig:
         r, rollout = cfg.retriever, cfg.actor_rollout_ref.rollout
         return cls(max_turns=cfg.max_turns, max_start_length=cfg.data.max_start_length,
                    max_prompt_length=cfg.data.max_prompt_length, max_response_length=cfg.data.max_response_length,

@@ -101,7 +101,7 @@ class TermScores:
 @dataclass
 class Context:
     normalize: str = "squad"
-    judge: object = None  # JudgeConfig (verl.config) when the judge term is used
+    judge: object = None  # JudgeConfig (search_r1.config) when the judge term is used
 
 
 TermFn = Callable[[list[Trajectory], Context], TermScores]

@@ -96,7 +96,7 @@ class RetrievalClient:
 
     @classmethod
     def from_config(cls, retriever, ray_timeout_s: float = 30.0) -> RetrievalClient:
-        """The client ``retriever`` (``verl.config.RetrieverConfig``) describes; ``ray_timeout_s``:
+        """The client ``retriever`` (``search_r1.config.RetrieverConfig``) describes; ``ray_timeout_s``:
         ``trainer.ray_timeout_s``."""
         return cls(retriever.url, retriever.topk, timeout=retriever.timeout,
                    outage_timeout_s=retriever.outage_timeout_s, replica_timeout_s=retriever.replica_timeout_s,

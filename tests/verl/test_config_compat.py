@@ -13,6 +13,7 @@ import json
 import logging
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,12 @@ import pytest
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.tiny_model import save_tiny_model
 from retrieval_server.launcher import ServerProcess
+from search_r1.config import SearchConfig
 from search_r1.prompts import make_prompt
 from tests.search_workspace import build_search_workspace
-from verl.config import ConfigError, load_config
+from verl.config import Config, ConfigError, load_config
+from verl.config_compat import Alias, GlobalCount, NoEffect, rules
+from verl.config_schema import setting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,6 +189,26 @@ def test_train_data_num_trains_on_a_seeded_subset(tmp_path):
     picks = [[r["extra_info"]["index"] for r in PromptDataset(str(tmp_path / "t.parquet"), tok, 256, "prompt", 5,
                                                                sample_seed=seed).rows] for seed in (1, 1, 2)]
     assert len(picks[0]) == 5 and picks[0] == picks[1] != picks[2] and picks[0] != list(range(5))
+
+
+@dataclass
+class _TwiceSpelled(Config):
+    first: int = setting(1, "A setting.", spellings=(Alias("old.name"),))
+    second: int = setting(2, "Another.", spellings=(Alias("old.name"),))
+
+
+def test_spellings_are_declared_on_their_settings_and_make_one_table():
+    """Guards against a spelling table that drifts from the settings it names (a renamed key whose alias still
+    points at the old name) and against one spelling silently meaning two settings."""
+    table = rules(SearchConfig)
+    assert table["data.train_data_num"].to == "data.train_max_samples"
+    assert table["actor_rollout_ref.actor.lr"].to == "actor_rollout_ref.actor.optim.lr"
+    assert table["critic.lr"].to == "critic.optim.lr"  # one relative spelling (../lr) on the shared OptimConfig
+    assert table["critic.ppo_micro_batch_size"] == GlobalCount("critic.ppo_micro_batch_size",
+                                                                to="critic.ppo_micro_batch_size_per_gpu")
+    assert isinstance(table["trainer.default_hdfs_dir"], NoEffect)
+    with pytest.raises(ValueError, match=r"the spelling old.name \(declared on second\) is declared twice"):
+        rules(_TwiceSpelled)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from verl.config import Config, ConfigError
+from verl.config import Config, ConfigError, import_plugins
 from verl.single_controller.base import WorkerGroup
 from verl.utils.ray_cluster import join_ray_cluster
 
@@ -111,6 +111,7 @@ class WorkerProcess:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank, world_size=world_size)
 
     def build(self, worker_cls: type, cfg: Config, init_kwargs: dict[str, Any]) -> None:
+        import_plugins(cfg.plugins)  # what they register (a policy loss, a KL estimator) is needed here too
         self.worker = worker_cls(cfg, **init_kwargs)
 
     def execute(self, method: str, *args: Any, **kwargs: Any) -> Any:

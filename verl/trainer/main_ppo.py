@@ -1,11 +1,12 @@
 """Entry point: ``python -m verl.trainer.main_ppo [--config FILE ...] key=value ...``.
 
-Builds the typed config (``configs/ppo_trainer.yaml``, then each ``--config`` YAML, then the overrides;
-validated once), loads the recipe the config names (``recipe``: generation loop, reward and metrics of
-the task; the search agent by default), builds the trainer, prints a short start-up summary (the full
-config is in the run directory's ``config.yaml``) and calls ``PPOTrainer.fit()``. Exit status: 0 done,
-2 a config error (bad key or value, a missing file, an unusable checkpoint or run directory), 3 the run
-stopped on purpose (``TrainingStopped``: too many skipped updates, or the environment stayed down).
+Builds the typed config (the recipe's YAML of defaults, then each ``--config`` YAML, then the overrides;
+validated once, after the plug-in and recipe modules are imported: ``verl.config``), loads the recipe the config
+names (``recipe``: generation loop, reward, metrics and keys of the task; the search agent by default), builds the
+trainer, prints a short start-up summary (the full config is in the run directory's ``config.yaml``) and calls
+``PPOTrainer.fit()``. Exit status: 0 done, 2 a config error (bad key or value, a missing file, an unusable
+checkpoint or run directory), 3 the run stopped on purpose (``TrainingStopped``: too many skipped updates, or the
+environment stayed down).
 
 The console shows the summary, one line per step (and a progress bar on a terminal) and warnings; library
 INFO chatter stays at debug level (``LOGLEVEL=INFO`` or ``DEBUG`` shows more).
@@ -19,7 +20,7 @@ import sys
 
 import torch
 
-from verl.config import Config, ConfigError, load_config, trajectories_per_step, world_size
+from verl.config import Config, ConfigError, load_config, recipe_module, trajectories_per_step, world_size
 from verl.trainer.health import TrainingStopped
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.trainer.recipe import EnvironmentUnavailable, load_recipe
@@ -35,18 +36,30 @@ logger = logging.getLogger("verl.trainer.main_ppo")
 
 
 HELP = """usage: python -m verl.trainer.main_ppo [--config FILE ...] key=value ...
-       (also: search-r1-train, bash train_ppo.sh, bash train_grpo.sh)
 
-Train a policy with PPO/GRPO to search (Search-R1). Every key of configs/ppo_trainer.yaml can be set as key=value
-(OmegaConf dotlist; Search-R1's and verl's spellings are accepted, docs/config.md lists them all). Each --config
-FILE is a YAML of keys layered over configs/ppo_trainer.yaml, in order; key=value overrides come last.
+Train a policy with PPO/GRPO on the task the config key `recipe` names (a Python module; default
+search_r1.recipe). Every key of the recipe's config can be set as key=value (OmegaConf dotlist; Search-R1's and
+verl's spellings are accepted, docs/config.md lists them all). Each --config FILE is a YAML of keys layered over the
+recipe's defaults, in order; key=value overrides come last.
 
-  data.train_files, data.val_files   parquet in the Search-R1 schema (python -m data_prep.qa_search)
   actor_rollout_ref.model.path       the policy, a Hugging Face model directory
-  retriever.url                      the retrieval service (bash retrieval_launch.sh); required with search
-  data.max_response_length, ...      lengths as Search-R1 means them (docs/design.md, Lengths)
+  recipe=MODULE                      the task: its generation loop, reward and keys
+  plugins=[MODULE, ...]              modules imported first: the estimators, policy losses and reward terms they
+                                     register are valid values
+
+{recipe}
 
 Exit status: 0 done, 2 unusable input (the message names the key), 3 stopped on purpose (see docs/design.md)."""
+
+
+def help_text(argv: list[str]) -> str:
+    """``HELP`` with the help of the recipe that ``recipe=MODULE`` on the command line names (else the default)."""
+    name = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("recipe=")), Config.recipe)
+    try:
+        recipe_help = getattr(recipe_module(name), "HELP", f"(recipe {name} has no help)")
+    except ConfigError as err:
+        recipe_help = f"(recipe {name}: {err})"
+    return HELP.format(recipe=recipe_help)
 
 
 class HelpRequested(Exception):
@@ -83,13 +96,12 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
-    """What the run is, in a few lines: model, data, search, engine and ranks, updates per step, run directory."""
+    """What the run is, in a few lines: run directory, model, engine and ranks, data, updates per step, then what the
+    recipe says of itself (its ``describe(cfg)``, e.g. the search recipe's retrieval service and turns)."""
     r, a, t = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor, cfg.trainer
     trajectories = trajectories_per_step(cfg)
     updates = optimizer_steps_per_training_step(trajectories, a.ppo_mini_batch_size, a.ppo_epochs)
     latest = checkpoint.find_latest(trainer.out_dir) if t.resume_mode == "auto" else None
-    search = f"{cfg.retriever.url}, top-{cfg.retriever.topk}, up to {cfg.max_turns} search turns" if cfg.do_search \
-        else "off (do_search=false: every search gets an empty block)"
     lines = [
         (f"run      validation only -> {trainer.out_dir}" if t.val_only else
          f"run      {cfg.algorithm.adv_estimator}, {trainer.total_steps} steps -> {trainer.out_dir}")
@@ -103,9 +115,9 @@ def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
         f"rows",
         f"batch    {cfg.data.train_batch_size} prompts x {r.n} samples = {trajectories} trajectories; {updates} actor "
         f"update(s) of {a.ppo_mini_batch_size} trajectories x {a.ppo_epochs} epoch(s)",
-        f"search   {search}",
     ]
-    return "\n".join(lines)
+    describe = getattr(recipe_module(cfg.recipe), "describe", None)
+    return "\n".join(lines + (describe(cfg) if describe else []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         files, overrides = split_args(sys.argv[1:] if argv is None else argv)
     except HelpRequested:
-        print(HELP)
+        print(help_text(sys.argv[1:] if argv is None else argv))
         return 0
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

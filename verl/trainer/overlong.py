@@ -28,20 +28,15 @@ rows whose loss mask was zeroed: the cut rows under ``mask``, else 0) and, under
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 from torch import Tensor
 
-from verl.config import CHOICES
+from verl.config import OverlongConfig
+from verl.config_schema import declared
 from verl.protocol import Batch
 from verl.trainer import columns
 from verl.trainer.reward import last_token_index
-
-if TYPE_CHECKING:
-    from verl.config import OverlongConfig
-
 
 
 def soft_overlong_penalty(lengths: Tensor, max_length: int, buffer_len: int, penalty_factor: float) -> Tensor:
@@ -73,6 +68,6 @@ def apply_overlong(batch: Batch, cfg: OverlongConfig, max_trajectory_length: int
         columns.write(batch, "overlong", token_level_scores=scores)
         metrics["train/overlong_penalty"] = float(penalty.mean())
     elif cfg.mode != "none":
-        modes = ", ".join(CHOICES["algorithm.overlong.mode"])
+        modes = ", ".join(declared(OverlongConfig, "mode").allowed_choices())
         raise ValueError(f"unknown algorithm.overlong.mode {cfg.mode!r}: valid are {modes}")
     return batch, metrics

@@ -58,6 +58,7 @@ from verl.config import (
     uses_reference,
     world_size,
 )
+from verl.config_schema import steering_keys
 from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic
@@ -112,7 +113,8 @@ class PPOTrainer:
         check_models(cfg)
         check_positions(cfg)
         self.out_dir = Path(cfg.trainer.default_local_dir)
-        run_dir.claim(self.out_dir, to_yaml(cfg), cfg.trainer.resume_mode, cfg.trainer.val_only)
+        run_dir.claim(self.out_dir, to_yaml(cfg), cfg.trainer.resume_mode, cfg.trainer.val_only,
+                      steering_keys(cfg))
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data

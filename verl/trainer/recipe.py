@@ -1,8 +1,17 @@
 """The seam between the generic trainer and a task: a recipe plugs in generation, reward and metrics.
 
 The trainer (``ppo_trainer.PPOTrainer``) knows no task. The config key ``recipe`` names a Python
-module whose ``build_recipe(cfg, tokenizer, generator)`` returns a ``Recipe``; ``generator`` is the
-driver's handle on the rollout engines of all actor ranks (``verl.single_controller.rollout``).
+module; what the trainer reads of it:
+
+* ``build_recipe(cfg, tokenizer, generator) -> Recipe`` (required); ``generator`` is the driver's handle on
+  the rollout engines of all actor ranks (``verl.single_controller.rollout``);
+* ``CONFIG_CLASS``: its config, a dataclass subclass of ``verl.config.Config`` adding the task's sections
+  (default ``Config``), and ``BASE_CONFIG``: the path of its YAML of defaults (default none); read by
+  ``verl.config.load_config``, which imports the module before the config is merged, so what the module
+  registers (reward terms, estimators) is valid in the config;
+* ``HELP`` (text) and ``describe(cfg) -> list[str]`` (start-up summary lines), both optional, printed by
+  ``verl.trainer.main_ppo``.
+
 The trainer imports the module by name, so dependencies point one way: a recipe imports ``verl``,
 ``verl`` never imports a recipe. The search agent is ``search_r1.recipe`` (the config's default).
 
@@ -14,13 +23,12 @@ a worker.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from verl.config import Config, ConfigError
+from verl.config import Config, ConfigError, recipe_module
 from verl.protocol import Batch
 from verl.trainer.columns import PHASES, Column, ColumnError, made_by, notify, shape_problem, sizes, undeclared
 from verl.trainer.reward import ScoreFn
@@ -100,12 +108,7 @@ RecipeBuilder = Callable[[Config, object, Generator], Recipe]
 
 def load_recipe(module_name: str) -> RecipeBuilder:
     """``build_recipe`` of the module named by the config key ``recipe``; ConfigError naming the key otherwise."""
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name is None or not module_name.startswith(err.name):
-            raise  # the recipe exists but one of its own imports is missing
-        raise ConfigError(f"config key recipe={module_name!r}: no such module ({err})") from err
+    module = recipe_module(module_name)
     builder = getattr(module, "build_recipe", None)
     if not callable(builder):
         raise ConfigError(f"config key recipe={module_name!r}: the module defines no "

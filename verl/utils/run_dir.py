@@ -4,9 +4,10 @@
 ``metrics.jsonl``, ``curves.png``, ``global_step_N/`` checkpoints and ``hf_model/``. A run may start in it when
 
 * it is empty or new, or holds only a run that failed before its first step; or
-* it holds a run of the same config (keys that only steer the run, such as the step budget, loggers,
-  validation and checkpoint frequency, the retriever's address or the directory's own path, so a run directory
-  can be moved or copied and continued, may differ) and ``trainer.resume_mode=auto``
+* it holds a run of the same config (keys that only steer the run, declared ``steers`` in the config's schema
+  (``verl.config_schema.steering_keys``): the step budget, loggers, validation and checkpoint frequency, a
+  service's address, the directory's own path (so a run directory can be moved or copied and continued), ...,
+  may differ) and ``trainer.resume_mode=auto``
   finds a checkpoint there to continue from (the crash-and-rerun case), or the command only validates.
 
 Anything else (a different config; metrics of a run with no checkpoint to continue; ``resume_mode=disable``
@@ -17,22 +18,13 @@ over in place would mix two runs' metrics (steps 0,1,2,0,1,2) and overwrite the 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from verl.utils import checkpoint
 
-# Keys that steer a run without changing what it trains: a rerun may change them and still continue the run.
-RUN_CONTROL = (
-    "trainer.total_training_steps", "trainer.total_epochs", "trainer.resume_mode", "trainer.logger",
-    "trainer.val_before_train", "trainer.val_only", "trainer.test_freq", "trainer.save_freq",
-    "trainer.max_skipped_updates", "trainer.max_skipped_share",
-    "trainer.alarm_entropy_below", "trainer.alarm_clipfrac_above", "retriever.url",
-    "retriever.timeout", "retriever.outage_timeout_s", "retriever.replica_timeout_s", "retriever.replica_cooldown_s",
-    "data.val_batch_size", "data.val_max_samples", "data.val_files", "trainer.device", "trainer.ray_timeout_s",
-    "trainer.default_local_dir",  # the directory's own location: a run moved or copied elsewhere continues there
-)
 CONFIG_FILE = "config.yaml"
 
 
@@ -53,10 +45,11 @@ def _flat(yaml_text: str) -> dict[str, object]:
     return out
 
 
-def config_differences(old_yaml: str, new_yaml: str) -> list[str]:
-    """``key: old -> new`` for every key (outside RUN_CONTROL) whose value differs between two resolved configs."""
+def config_differences(old_yaml: str, new_yaml: str, steering: Collection[str]) -> list[str]:
+    """``key: old -> new`` for every key (outside ``steering``: the keys that only steer a run) whose value differs
+    between two resolved configs."""
     old, new = _flat(old_yaml), _flat(new_yaml)
-    keys = sorted((set(old) | set(new)) - set(RUN_CONTROL))
+    keys = sorted((set(old) | set(new)) - set(steering))
     return [f"{key}: {old.get(key, '(absent)')!r} -> {new.get(key, '(absent)')!r}" for key in keys
             if old.get(key, "(absent)") != new.get(key, "(absent)")]
 
@@ -78,8 +71,9 @@ def _holds_a_run(out: Path) -> bool:
     return False
 
 
-def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool) -> None:
-    """Check that a run with ``config_yaml`` may start in ``out`` (see the module docstring), then record its config."""
+def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool, steering: Collection[str]) -> None:
+    """Check that a run with ``config_yaml`` may start in ``out`` (see the module docstring; ``steering``: the keys a
+    rerun may change), then record its config."""
     way_out = ("choose another directory (trainer.experiment_name=NAME or trainer.default_local_dir=DIR) or move "
                f"{out} aside")
     if out.exists() and not out.is_dir():
@@ -87,7 +81,7 @@ def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool) ->
     if out.is_dir() and _holds_a_run(out) and not validate_only:
         saved = out / CONFIG_FILE
         if saved.exists():
-            differences = config_differences(saved.read_text(), config_yaml)
+            differences = config_differences(saved.read_text(), config_yaml, steering)
             if differences:
                 shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6
                                                        else "")

@@ -17,8 +17,8 @@ import pytest
 
 from data_prep.tiny_model import save_tiny_model
 from retrieval_server.launcher import free_port
+from search_r1.config import JudgeConfig
 from search_r1.reward.terms import JUDGE_PROMPT, TERMS, Context, Trajectory, Turn
-from verl.config import JudgeConfig
 
 pytestmark = pytest.mark.slow  # starts a vLLM server (about a minute on 2 cores)
 

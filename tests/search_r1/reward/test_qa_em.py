@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from data_prep.tiny_model import train_tokenizer
+from search_r1.config import RewardConfig
 from search_r1.prompts import make_prompt
 from search_r1.recipe import build_recipe
 from search_r1.reward import (
@@ -24,7 +25,8 @@ from search_r1.reward import (
     normalize_answer,
     subem_check,
 )
-from verl.config import CHOICES, ConfigError, load_config
+from verl.config import ConfigError, load_config
+from verl.config_schema import declared
 from verl.protocol import Batch
 
 
@@ -113,7 +115,7 @@ def test_unknown_normalisation_names_the_valid_ones() -> None:
 
 def test_config_key_reward_normalize() -> None:
     """Guards against the config offering other names than the scorer implements, and a bad value passing."""
-    assert CHOICES["reward.normalize"] == tuple(sorted(NORMALIZERS))
+    assert declared(RewardConfig, "normalize").allowed_choices() == tuple(NORMALIZERS)
     assert load_config().reward.normalize == DEFAULT_NORMALIZE == "squad"
     assert load_config(["reward.normalize=unicode"]).reward.normalize == "unicode"
     with pytest.raises(ConfigError, match=r"reward\.normalize='ascii' is invalid: allowed one of squad, unicode"):

@@ -220,7 +220,7 @@ def test_gspo_is_a_config_value_through_the_registry():
                                           r"or a number in \(0, 1\)"):
         load_config(["actor_rollout_ref.actor.clip_ratio_low=3e3"])
     with pytest.raises(ConfigError, match=r"actor\.clip_ratio_high=-0\.0004 is invalid: allowed null \(= clip_ratio\) "
-                                          r"or a number > 0"):
+                                          r"or the upper clip range \(DAPO's clip-higher\), a number in \(0, 10\]"):
         load_config(["actor_rollout_ref.actor.clip_ratio_high=-4e-4"])
 
 

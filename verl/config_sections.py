@@ -1,0 +1,479 @@
+"""The trainer's sections of the config, each setting declared once (``verl.config_schema.setting``).
+
+Every field here carries its default, its doc (the comment above its key in the generated
+``configs/ppo_trainer.yaml`` and its row in docs/config.md), the values it allows and the other spellings it is
+accepted under (``verl.config_compat``). The names an algorithm setting allows are read from the registries of
+``verl.algorithms`` when the config is checked (advantage and KL estimators, policy losses, loss aggregations,
+KL controllers), so a name registered by a recipe or a plug-in is valid and no list here can fall behind. The
+top-level ``Config`` (``verl.config``) holds these sections; a recipe adds its own in a subclass.
+
+Sections used in two places (``OptimConfig``, ``FSDPConfig``) are documented once for both; the critic's learning
+rate differs only in its default (``section(OptimConfig, lr=1e-5)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl.config_compat import Alias, GlobalCount
+from verl.config_schema import section, setting
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
+
+
+def _algorithms():
+    """``verl.algorithms.core_algos``, imported on first use (torch): importing the package registers the built-in
+    estimators and losses (``verl.algorithms.registry``)."""
+    import verl.algorithms  # noqa: F401 -- registers core_algos' and turn_credit's entries
+    from verl.algorithms import core_algos
+
+    return core_algos
+
+
+def adv_estimator_names() -> tuple[str, ...]:
+    return _algorithms().ADV_ESTIMATORS.names()
+
+
+def kl_estimator_names() -> tuple[str, ...]:
+    return _algorithms().KL_ESTIMATORS.names()
+
+
+def policy_loss_names() -> tuple[str, ...]:
+    return _algorithms().POLICY_LOSSES.names()
+
+
+def agg_mode_names() -> tuple[str, ...]:
+    return _algorithms().AGG_MODES
+
+
+def kl_controller_names() -> tuple[str, ...]:
+    return _algorithms().KL_CONTROLLERS
+
+
+_RENAMED = "renamed: {to}"
+_SEARCH_R1_MINI = ("rollout.n_agent (Search-R1) is rollout.n here: samples per prompt; ppo_mini_batch_size counts "
+                   "trajectories, as in Search-R1")
+
+
+@dataclass
+class DataConfig:
+    train_files: str | None = setting(
+        None, "Parquet file(s) of training rows in the Search-R1 schema (comma-separated for several). Required.")
+    val_files: str | None = setting(
+        None, "Parquet file(s) of validation rows (comma-separated for several). Required.", steers=True)
+    prompt_key: str = setting("prompt", "Column of a row holding the chat messages of the prompt.")
+    max_prompt_length: int = setting(
+        4096, "Lengths, in tokens, with Search-R1's meanings (docs/design.md, \"Lengths\"); a sequence never holds "
+        "more than min(max_prompt_length + max_response_length, max_start_length + max_trajectory_length) tokens, "
+        "which must fit the model's max_position_embeddings (checked at start-up). The context a turn conditions on "
+        "(prompt + response so far). Longer prompts are dropped (count logged); an insertion that would take the "
+        "context past it ends the trajectory (agent/cut/max_prompt_length); Search-R1 left-cuts the context "
+        "instead.", low=1)
+    max_response_length: int = setting(
+        500, "Tokens ONE turn may sample (Search-R1's per-turn response length). A turn cut here before an action "
+        "gets the invalid-action feedback and the trajectory goes on, as in Search-R1 "
+        "(agent/cut/max_response_length).", low=1)
+    max_start_length: int = setting(
+        2048, "The prompt that starts a trajectory, cut to its last max_start_length tokens (agent/truncated_prompts).",
+        low=1)
+    max_obs_length: int = setting(
+        500, "Maximum tokens of one inserted block (the search recipe: an <information> block of topk passages); "
+        "longer ones are truncated, counted in agent/truncated_obs, and a warning names this key when most are cut.",
+        low=1)
+    max_trajectory_length: int = setting(
+        4096, "The whole response of a trajectory: every turn's sampled + inserted tokens (what the actor trains on "
+        "after the prompt; algorithm.overlong's budget). Search-R1 cuts its response at max_prompt_length, hence "
+        "4096; a trajectory that reaches it ends (agent/cut/max_trajectory_length, stop reason max_length).", low=1)
+    train_batch_size: int = setting(
+        32, "Prompts per training step (each sampled actor_rollout_ref.rollout.n times: trajectories = this x n).",
+        low=1)
+    val_batch_size: int | None = setting(
+        None, "Prompts per validation batch; null = the whole validation set in one batch.", low=1, steers=True)
+    shuffle: bool = setting(True, "Shuffle training rows each epoch (seeded by data.seed).",
+                            spellings=(Alias("data.shuffle_train_dataloader"),))
+    seed: int = setting(1, "Seed of the dataloader's shuffling (and of the train_max_samples subset).")
+    train_max_samples: int | None = setting(
+        None, "Train on a random subset of this many rows, drawn once with data.seed (null = all rows).", low=1,
+        null_means="all rows", spellings=(Alias("data.train_data_num"),))
+    val_max_samples: int | None = setting(
+        None, "Keep at most this many validation rows (null = all), taken from the start of the file.", low=1,
+        null_means="all rows", steers=True, spellings=(Alias("data.val_data_num"),))
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = setting(
+        None, "Hugging Face model directory (config, weights, tokenizer with a chat template). Required.")
+    enable_gradient_checkpointing: bool | None = setting(
+        None, "Recompute activations in the backward pass to save memory (slower); null = on for models above 1B "
+        "parameters.")
+    trust_remote_code: bool = setting(False, "Let transformers run custom modelling code from the model directory.")
+    lora_rank: int = setting(
+        0, "LoRA rank of the actor (peft); 0 = train all weights. With LoRA only the adapters are trained and "
+        "checkpointed, the reference policy is the actor with its adapters disabled (no second model), the rollout "
+        "engines receive merged weights, and hf_model/ is exported merged.", low=0)
+    lora_alpha: float = setting(16.0, "LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank.", low=0,
+                                low_open=True, what="LoRA's scale numerator")
+    target_modules: list[str] = setting(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                        "Modules (by name) that get adapters.")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = setting(1e-6, "AdamW learning rate (Search-R1, 3B-parameter models: 1e-6 for the actor, 1e-5 for the "
+                        "critic).", low=0, high=1, low_open=True, what="a learning rate (AdamW; typical 1e-6 .. 1e-5)",
+                        spellings=(Alias("../lr", _RENAMED),))
+    lr_warmup_steps_ratio: float = setting(
+        0.0, "Fraction of the run's optimiser steps spent warming the LR up linearly from 0; constant afterwards.",
+        low=0, high=1, what="a fraction of the run's steps", spellings=(Alias("../lr_warmup_steps_ratio", _RENAMED),))
+    weight_decay: float = setting(0.0, "AdamW weight decay.", low=0, high=1, what="a decoupled weight decay",
+                                  spellings=(Alias("../weight_decay", _RENAMED),))
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = setting(
+        False, "Keep the model's parameters, gradients and optimiser state in host memory between uses (FSDP2 "
+        "CPUOffloadPolicy; the optimiser steps on the CPU). FSDP2 moves the three together: any of the three keys "
+        "set to true offloads all of them. Saves device memory at the cost of transfers.")
+    grad_offload: bool = setting(False, "Offload gradients (with FSDP2: the same as param_offload, see above).")
+    optimizer_offload: bool = setting(
+        False, "Offload the optimiser state (with FSDP2: the same as param_offload, see above).")
+    dtype: str = setting(
+        "float32", "Training precision (verl's name): the forward and backward run under autocast in this dtype, "
+        "float32 | bfloat16 | float16; the trained weights, gradients and optimiser stay float32 either way. Separate "
+        "from rollout.dtype (the engine's). float16 has no loss scaling here: prefer bfloat16.", choices=DTYPE_NAMES)
+
+    @property
+    def offload(self) -> bool:
+        """FSDP2's CPUOffloadPolicy moves parameters, gradients and optimiser state together: any one asks for all."""
+        return self.param_offload or self.grad_offload or self.optimizer_offload
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = setting(
+        "vanilla", "The policy loss, by its registered name (verl/algorithms/registry.py): {choices}. The built-ins "
+        "(verl/algorithms/policy_losses.py): vanilla = PPO's clipped surrogate on each token's ratio | gspo = GSPO "
+        "(Zheng et al. 2025): the same surrogate on the sequence ratio exp(mean over the row's policy tokens of log "
+        "pi - log pi_old), so a row is clipped as a whole. Both use the clip_ratio* keys below (clip-higher, dual "
+        "clip) and tis_cap. gspo wants a sequence-sized clip range and its own aggregation: clip_ratio_low=3e-4 "
+        "clip_ratio_high=4e-4 loss_agg_mode=seq-mean-token-mean (the paper's; token-mean would weigh rows by their "
+        "length).", choices=policy_loss_names)
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = section(OptimConfig)
+    ppo_mini_batch_size: int = setting(
+        32, "Trajectories per optimiser step, over all ranks (a trajectory = one prompt's sample; a step has "
+        "data.train_batch_size x rollout.n of them, so updates per step = that / this x ppo_epochs). Search-R1 counts "
+        "the same way (its GRPO repeats prompts with rollout.n_agent); today's verl counts prompts instead.", low=1)
+    ppo_micro_batch_size_per_gpu: int = setting(
+        8, "Trajectories per forward/backward pass on each rank; gradients are accumulated up to a mini-batch. "
+        "(Search-R1's global ppo_micro_batch_size is accepted and divided by the number of ranks.)", low=1,
+        spellings=(GlobalCount("actor_rollout_ref.actor.ppo_micro_batch_size"),))
+    ppo_epochs: int = setting(1, "Passes over the step's batch (PPO epochs).", low=1)
+    grad_clip: float | None = setting(
+        1.0, "Maximum gradient norm (global L2) before the optimiser step; null = no clipping.", low=0, low_open=True,
+        null_means="no clipping", what="a gradient-norm bound")
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig)
+    clip_ratio: float = setting(
+        0.2, "PPO ratio clip epsilon (used for the low side, and the high side unless clip_ratio_high is set).",
+        low=0, high=1, low_open=True, what="PPO's clip range epsilon (ratio kept in 1 +- eps)")
+    clip_ratio_low: float | None = setting(
+        None, "Lower clip epsilon, in (0, 1): ratio is clipped at 1 - clip_ratio_low. null = clip_ratio. (gspo: "
+        "3e-4.)", low=0, high=1, low_open=True, high_open=True, null_means="= clip_ratio")
+    clip_ratio_high: float | None = setting(
+        None, "Upper clip epsilon (DAPO clip-higher), > 0: ratio is clipped at 1 + clip_ratio_high. null = "
+        "clip_ratio. (gspo: 4e-4.)", low=0, high=10, low_open=True, null_means="= clip_ratio",
+        what="the upper clip range (DAPO's clip-higher)")
+    clip_ratio_c: float | None = setting(
+        3.0, "Dual-clip constant c (> 1) bounding the loss for negative advantages; null = off (the GSPO paper's "
+        "loss).", low=1, high=1000, low_open=True, null_means="off",
+        what="dual-clip PPO's bound on negative advantages")
+    loss_agg_mode: str = setting(
+        "token-mean", "How token losses are averaged ({choices}): DAPO's token-mean, Dr. GRPO's seq-mean-token-sum, "
+        "GRPO's seq-mean-token-mean (GSPO's sequence objective with loss_mode=gspo).",
+        choices=agg_mode_names)
+    entropy_coeff: float = setting(0.0, "Weight of the entropy bonus in the actor loss (0 = off).", low=0)
+    use_kl_loss: bool = setting(
+        False, "Add a KL(actor || reference) term to the actor loss (GRPO style) instead of to the reward.")
+    kl_loss_coef: float = setting(0.001, "Weight of the KL loss term.", low=0)
+    kl_loss_type: str = setting("low_var_kl", "Estimator of the KL loss term: {choices}.", choices=kl_estimator_names)
+    state_masking: bool = setting(
+        True, "Mask tokens inserted by the environment (retrieved documents, feedback) out of every loss, KL, "
+        "entropy, advantage and value term (loss_mask = response_mask * info_mask).")
+    use_dynamic_bsz: bool = setting(False, "Pack micro-batches by token count instead of by row count.")
+    ppo_max_token_len_per_gpu: int = setting(8192, "Token budget per micro-batch when use_dynamic_bsz is true.")
+    fsdp_config: FSDPConfig = section(FSDPConfig)
+    optim_state_dtype: str = setting(
+        "float32", "dtype of AdamW's two moment estimates: float32 | bfloat16 (halves optimiser memory; the update "
+        "itself is computed in float32).", choices=("float32", "bfloat16"))
+    tis_cap: float | None = setting(
+        None, "Truncated importance sampling (TIS, as verl/SkyRL): weight each token's policy loss by "
+        "min(pi_old / pi_rollout, tis_cap), detached, correcting for the rollout engine sampling from a slightly "
+        "different distribution than the trainer's (kernels, dtype). null = off; 2 is a common cap.", low=1,
+        null_means="off")
+
+
+@dataclass
+class ValKwargs:
+    temperature: float = setting(0.0, "Validation temperature (0 = greedy).", low=0, high=10,
+                                 what="a sampling temperature (0 = greedy)")
+    top_p: float = setting(1.0, "Validation top-p.", low=0, high=1, low_open=True)
+    top_k: int = setting(-1, "Validation top-k (-1 = off).", low=1, off=-1)
+    n: int = setting(1, "Validation samples per prompt.", low=1)
+
+
+@dataclass
+class RolloutConfig:
+    name: str = setting(
+        "hf", "Generation engine, one per actor rank, colocated with the rank's FSDP shard: vllm (vllm.LLM inside the "
+        "worker) | hf (transformers generate). hf is the default because it is faster for the tiny demo policy on CPU "
+        "in one process (benchmarks/bench_ppo_step.py); use vllm for real models on GPUs.", choices=("vllm", "hf"))
+    temperature: float = setting(1.0, "Sampling temperature for training rollouts (0 = greedy).", low=0, high=10,
+                                 what="a sampling temperature (0 = greedy)")
+    top_p: float = setting(1.0, "Nucleus sampling threshold (1.0 = off).", low=0, high=1)
+    top_k: int = setting(-1, "Top-k sampling (-1 = off).", low=1, off=-1)
+    n: int = setting(1, "Samples per prompt (GRPO/RLOO group size; 1 for PPO with a critic).", low=1,
+                     spellings=(Alias("actor_rollout_ref.rollout.n_agent", _SEARCH_R1_MINI),))
+    dtype: str = setting(
+        "float32", "Model dtype in the rollout engine only (and of the weights synced into it): float32 | bfloat16 | "
+        "float16. Training precision is actor.fsdp_config.dtype / critic.model.fsdp_config.dtype.",
+        choices=DTYPE_NAMES)
+    gpu_memory_utilization: float = setting(
+        0.5, "vLLM: fraction of GPU memory for weights + KV cache (GPU only).", low=0, high=1, low_open=True,
+        what="a fraction of the GPU's memory")
+    cpu_kv_cache_gb: float = setting(1.0, "vLLM: GiB of CPU memory for the KV cache (CPU backend only).", low=0,
+                                     low_open=True, what="GiB of KV cache")
+    max_num_seqs: int = setting(256, "vLLM: maximum sequences scheduled at once.")
+    free_cache_engine: bool = setting(False, "vLLM: release the KV cache between rollouts (sleep mode, GPU only).")
+    micro_batch_size: int = setting(64, "Rows per HF generate call (hf rollout only).", low=1)
+    log_prob_micro_batch_size_per_gpu: int = setting(
+        16, "Trajectories per forward pass on each rank when the actor computes log-probs.", low=1,
+        spellings=(GlobalCount("actor_rollout_ref.rollout.log_prob_micro_batch_size"),))
+    tensor_model_parallel_size: int = setting(
+        1, "vLLM: ranks per tensor-parallel engine. Ranks [0, tp), [tp, 2 tp), ... each serve one engine; rows are "
+        "split over world / tp such groups. Must divide the world size; 1 with the hf engine.", low=1)
+    mode: str = setting(
+        "sync", "How the recipe's generation loop (the search recipe: search_r1/llm_agent/generation.py) shares the "
+        "engines and its environment: sync = lockstep turns (one engine call per turn for all active rows, then one "
+        "environment call, e.g. retrieval, for all of them; a row waits for the slowest row of its turn) | async = "
+        "every row runs its own turns: it goes to the environment as soon as its turn ends and back to an engine as "
+        "soon as its observation is in, engines batch whatever is pending (docs/design.md, \"Asynchronous "
+        "rollout\").", choices=("sync", "async"))
+    async_chunk_tokens: int = setting(
+        0, "async: tokens each row may sample per engine round; a row not done by then continues in the next round, "
+        "so a short turn waits at most this long for a long one (0 = each round runs its rows' whole turns).", low=0)
+    partial: bool = setting(
+        False, "trainer.max_staleness >= 1: at a weight sync, rows being generated continue on the new weights (true; "
+        "each token records its version) or the sync waits until they finish on the weights they started with "
+        "(false).")
+    val_kwargs: ValKwargs = section(ValKwargs, "Sampling for validation: greedy by default.")
+
+
+@dataclass
+class RefFSDPConfig:
+    param_offload: bool = setting(
+        False, "Keep the reference model's parameters in host memory (FSDP2 CPUOffloadPolicy), moved in per use.")
+    dtype: str = setting(
+        "${actor_rollout_ref.actor.fsdp_config.dtype}", "dtype the frozen reference is loaded and run in: float32 | "
+        "bfloat16 | float16 (bfloat16 halves its memory). Default: the actor's training dtype. Under LoRA the "
+        "reference is the actor itself (its dtype).", choices=DTYPE_NAMES)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = setting(
+        16, "Trajectories per forward pass on each rank of the frozen reference model.", low=1,
+        spellings=(GlobalCount("actor_rollout_ref.ref.log_prob_micro_batch_size"),))
+    fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = section(ModelConfig)
+    actor: ActorConfig = section(ActorConfig)
+    rollout: RolloutConfig = section(RolloutConfig)
+    ref: RefConfig = section(RefConfig)
+
+
+@dataclass
+class CriticModelConfig:
+    path: str | None = setting(None, "Critic backbone directory; null = actor_rollout_ref.model.path.",
+                               spellings=(Alias("critic.model_path", _RENAMED),))
+    enable_gradient_checkpointing: bool | None = setting(
+        None, "Recompute activations in the backward pass; null = on for models above 1B parameters.")
+    fsdp_config: FSDPConfig = section(FSDPConfig)
+
+
+@dataclass
+class CriticConfig:
+    model: CriticModelConfig = section(CriticModelConfig)
+    optim: OptimConfig = section(OptimConfig, lr=1e-5)
+    ppo_mini_batch_size: int = setting(32, "Trajectories per critic optimiser step, over all ranks.", low=1)
+    ppo_micro_batch_size_per_gpu: int = setting(
+        8, "Trajectories per critic forward/backward pass on each rank (also the value pass).", low=1,
+        spellings=(GlobalCount("critic.ppo_micro_batch_size"),))
+    ppo_epochs: int = setting(1, "Passes of the critic over the step's batch.", low=1)
+    grad_clip: float | None = setting(1.0, "Maximum critic gradient norm; null = no clipping.", low=0, low_open=True,
+                                      null_means="no clipping", what="a gradient-norm bound")
+    cliprange_value: float = setting(0.5, "Value clipping range around the old values.", low=0, low_open=True,
+                                     what="the value clip range")
+    value_loss_coef: float = setting(0.5, "Weight of the value loss.", low=0)
+
+
+@dataclass
+class KLControlConfig:
+    type: str = setting("fixed", "{choices} (adaptive: the Ziegler et al. 2019 controller).",
+                        choices=kl_controller_names)
+    kl_coef: float = setting(0.001, "Initial (or fixed) KL coefficient beta.", low=0)
+    target_kl: float = setting(0.1, "Adaptive controller: target KL per sequence.", low=0, low_open=True,
+                               what="the adaptive controller's target KL")
+    horizon: int = setting(10000, "Adaptive controller: horizon in samples.")
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = setting(
+        False, "Drop the groups whose samples all scored the same and generate more (needs a group adv_estimator).")
+    metric: str = setting(
+        "score", "What must differ within a group: score (the trajectory's reward before any KL term).",
+        choices=("score",))
+    max_num_gen_batches: int = setting(
+        10, "Most generation rounds per step, the first included; a batch still short then is filled with dropped "
+        "groups (logged as train/filled_groups). Logged each step: train/gen_rounds, train/kept_group_frac.", low=1,
+        what="generation rounds per step, the first included (verl's 0 = unbounded is not offered: a dataset whose "
+        "groups all score alike would never fill a batch)")
+
+
+@dataclass
+class OverlongConfig:
+    mode: str = setting(
+        "none", "Trajectories cut by a length budget (the recipe marks them; the search agent's stop reason "
+        "max_length), verl/trainer/overlong.py: none = trained as any other | mask = their loss_mask is zeroed: no "
+        "policy, KL, entropy or value loss and no advantage whitening sees them (DAPO's overlong filtering; their "
+        "score still counts in their GRPO/RLOO group's baseline) | soft_penalty = DAPO's soft overlong punishment, by "
+        "length, added to every row's outcome reward (buffer_len, penalty_factor below). Logged each step: "
+        "train/overlong_frac (share of rows cut), train/overlong_masked (rows masked), and with soft_penalty "
+        "train/overlong_penalty (mean penalty per row).", choices=("none", "mask", "soft_penalty"),
+        spellings=(Alias("reward_model.overlong_buffer.enable", values={True: "soft_penalty", False: "none"}),))
+    buffer_len: int = setting(
+        100, "soft_penalty: L_cache in tokens (verl: reward_model.overlong_buffer.len). A response of |y| tokens "
+        "(sampled + inserted, as the budget counts) gets 0 up to data.max_trajectory_length - buffer_len, then a "
+        "penalty growing linearly to -penalty_factor at data.max_trajectory_length. At most "
+        "data.max_trajectory_length.", low=1, spellings=(Alias("reward_model.overlong_buffer.len"),))
+    penalty_factor: float = setting(
+        1.0, "soft_penalty: the penalty at the full budget, >= 0 (verl: reward_model.overlong_buffer.penalty_factor).",
+        low=0, spellings=(Alias("reward_model.overlong_buffer.penalty_factor"),))
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = setting(
+        "gae", "Advantage estimator, by its registered name (verl/algorithms/registry.py): {choices}. One that "
+        "reads critic values (gae) trains a critic; a group estimator (grpo, rloo, ...) needs rollout.n >= 2; "
+        "grpo_turn adds turn-level credit.", choices=adv_estimator_names)
+    gamma: float = setting(1.0, "Discount factor.", low=0, high=1)
+    lam: float = setting(1.0, "GAE lambda.", low=0, high=1)
+    norm_adv_by_std_in_grpo: bool = setting(
+        True, "GRPO: divide group-centred scores by the group's std (false = Dr. GRPO style).")
+    use_kl_in_reward: bool = setting(False, "Subtract beta * KL(actor || reference) from the token rewards.")
+    kl_penalty: str = setting("kl", "Estimator of the in-reward KL: {choices}.", choices=kl_estimator_names)
+    kl_ctrl: KLControlConfig = section(KLControlConfig)
+    filter_groups: FilterGroupsConfig = section(
+        FilterGroupsConfig, "Dynamic sampling (DAPO; group estimators only): groups whose samples all got the same "
+        "score give zero advantage and are dropped; more prompts are generated until data.train_batch_size groups "
+        "are kept (verl's key names).")
+    turn_reward_coef: float = setting(
+        0.0, "Turn-level credit (verl.algorithms.turn_credit): the reward's per-turn scores (e.g. retrieval_hit of "
+        "each search) times this are added to the token reward on the last policy token of their turn (GAE carries "
+        "them back).", low=0, what="a coefficient")
+    turn_adv_coef: float = setting(
+        1.0, "adv_estimator=grpo_turn: weight of the step advantage (turns of one prompt's samples at the same turn "
+        "index, as in GiGPO) added to GRPO's outcome advantage on the tokens of that turn.", low=0,
+        what="a coefficient")
+    overlong: OverlongConfig = section(OverlongConfig)
+
+
+@dataclass
+class CustomRewardConfig:
+    path: str | None = setting(None, "Python file defining a reward function; null = the recipe's score.")
+    name: str = setting(
+        "compute_score", "Name of the function in that file: fn(data_source, solution_str, ground_truth, "
+        "extra_info) -> float.")
+
+
+@dataclass
+class TrainerConfig:
+    backend: str = setting("local", "Worker placement: local (in-process) | ray (Ray actors on a resource pool).",
+                           choices=("local", "ray"))
+    ray_timeout_s: float = setting(
+        30.0, "Seconds to wait for the Ray cluster RAY_ADDRESS names (trainer.backend=ray, or a recipe's service on "
+        "Ray) before the run stops with an error naming the address; Ray itself would wait for ever.", low=0,
+        low_open=True, what="seconds", steers=True)
+    nnodes: int = setting(1, "Nodes in the Ray resource pool.", low=1)
+    n_gpus_per_node: int = setting(1, "Workers per node (GPUs per node; CPU worker processes when there is no GPU).",
+                                   low=1)
+    total_epochs: int = setting(1, "Passes over the training data.", low=1, steers=True)
+    total_training_steps: int | None = setting(
+        None, "Stop after this many steps (null = total_epochs worth of steps).", low=1,
+        null_means="trainer.total_epochs worth of steps", steers=True)
+    critic_warmup: int = setting(
+        0, "Steps that train the critic only: the actor is updated from step critic_warmup on (verl's rule; 0 or 1 = "
+        "from the first step).", low=0)
+    max_staleness: int = setting(
+        0, "Bounded off-policy pipeline: 0 = each batch is generated after the previous step's update (on-policy); "
+        "k >= 1 = batches are generated while earlier steps train, by weights at most k updates older than the "
+        "policy they train (needs actor.tis_cap; verl/trainer/pipeline.py). Rows beyond the bound are never trained "
+        "on.", low=0)
+    rollout_ranks: int = setting(
+        0, "Disaggregated placement (Ray): this many of the nnodes x n_gpus_per_node ranks only generate (engines, "
+        "no training), the rest only train; weights go from training rank 0 to them directly (a gloo broadcast, "
+        "never through the driver). 0 = every training rank also hosts an engine (colocated).")
+    rollout_data_dir: str | None = setting(
+        None, "Write every step's trained trajectories to <dir>/<step>.jsonl (prompt, response, score, uid, policy "
+        "versions). null = off.")
+    project_name: str = setting("search_r1", "Project name used by the trackers (W&B project) and the run directory.")
+    experiment_name: str | None = setting(
+        None, "Experiment name used by the trackers and the run directory. null = <data>_<model>_<estimator>, e.g. "
+        "nq_hotpotqa_Qwen2.5-3B_gae: the same command names the same directory, so a rerun resumes it.")
+    logger: list[str] = setting(
+        ["console", "jsonl"], "Trackers: any of {choices}. The run directory's metrics.jsonl is written whatever this "
+        "says (resume, curves.png and the summary read it). wandb needs WANDB_API_KEY, `wandb login` or "
+        "WANDB_MODE=offline (no network; logs under the run directory); checked before the model loads.",
+        choices=LOGGERS, steers=True)
+    test_freq: int = setting(10, "Validate every this many steps (-1 = never).", steers=True)
+    val_before_train: bool = setting(True, "Validate once before the first step.", steers=True)
+    val_only: bool = setting(
+        False, "Only validate (the policy at actor_rollout_ref.model.path or the resumed checkpoint), then exit.",
+        steers=True)
+    save_freq: int = setting(
+        -1, "Save a checkpoint every this many steps (-1 = never; the last step is always saved when > 0).",
+        steers=True)
+    resume_mode: str = setting(
+        "auto", "auto = resume from the newest checkpoint in default_local_dir | disable | a checkpoint path.",
+        steers=True)
+    default_local_dir: str = setting(
+        "outputs/${trainer.project_name}/${trainer.experiment_name}", "The run directory: config.yaml, "
+        "metrics.jsonl, curves.png, checkpoints, hf_model/. A directory that holds another run (a different config, "
+        "or metrics but no checkpoint to resume) is refused, never appended to.", steers=True)
+    seed: int = setting(1, "Seed of model init noise, sampling and dropout.")
+    device: str = setting("auto", "Device for the workers: auto (cuda if available) | cpu | cuda.",
+                          choices=("auto", "cpu", "cuda"), steers=True)
+    max_skipped_updates: int = setting(
+        3, "Stop the run after this many training steps in a row whose update was skipped because a loss, gradient "
+        "norm or advantage was NaN/Inf (a skipped update never changes the weights; each is counted in "
+        "actor/skipped_updates).", low=1, steers=True)
+    max_skipped_share: float = setting(
+        0.5, "Also stop once more than this share of the steps run so far had their update skipped (counted from "
+        "trainer.max_skipped_updates skipped steps on), in a row or not.", low=0, high=1, low_open=True,
+        what="a share of the steps", steers=True)
+    alarm_entropy_below: float = setting(
+        0.05, "Health alarm (console warning + health/entropy_collapse = 1): mean policy entropy (nats) below this.",
+        steers=True)
+    alarm_clipfrac_above: float = setting(
+        0.5, "Health alarm (console warning + health/clipfrac_explosion = 1): PPO clip fraction above this.",
+        steers=True)
