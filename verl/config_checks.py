@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from verl.algorithms.registry import ADV_ESTIMATORS, AdvEstimator
+from verl.algorithms.registry import ADV_ESTIMATORS, POLICY_LOSSES, AdvEstimator, policy_loss_config
 from verl.config_sections import DataConfig
 from verl.errors import ConfigError
 
@@ -113,6 +113,8 @@ def check_estimator(cfg: Config) -> None:
     unknown = [arg for arg in estimator.config_args if not hasattr(cfg.algorithm, arg)]
     require(not unknown, "algorithm.adv_estimator", name,
             f"an estimator whose config_args are algorithm keys (it declares {unknown}, which are not)")
+    actor = cfg.actor_rollout_ref.actor
+    policy_loss_config(POLICY_LOSSES.get(actor.policy_loss.loss_mode), actor)  # its declared keys exist
 
 
 def check_ranks(cfg: Config) -> None:

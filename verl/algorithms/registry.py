@@ -23,7 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from verl.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -147,6 +150,29 @@ class PolicyLoss:
 
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+
+def policy_loss_config(loss: PolicyLoss, actor_cfg: Any) -> Mapping[str, Any]:
+    """``{key: value}`` of the ``actor_rollout_ref.actor`` keys that ``loss`` declared (``config_args``, dotted below
+    the actor: ``policy_loss.loss_mode``), read-only; ``ConfigError`` naming the loss when one is not an actor
+    key. Called when the config is checked (``verl.config_checks.check_estimator``) and by the actor."""
+    values, unknown = {}, []
+    for key in loss.config_args:
+        node = actor_cfg
+        for part in key.split("."):
+            if not hasattr(node, part):
+                unknown.append(key)
+                break
+            node = getattr(node, part)
+        else:
+            values[key] = node
+    if unknown:
+        mode = actor_cfg.policy_loss.loss_mode
+        raise ConfigError(f"config key actor_rollout_ref.actor.policy_loss.loss_mode={mode!r} is invalid: allowed a "
+                          f"policy loss whose config_args are actor_rollout_ref.actor keys (it declares {unknown}, "
+                          "which are not)")
+    return MappingProxyType(values)
+
 
 
 def register_policy_loss(name: str, *, config_args: tuple[str, ...] = ()) -> Callable[[PolicyLossFn], PolicyLossFn]:

@@ -28,17 +28,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 from verl.algorithms.core_algos import agg_loss, kl_penalty, masked_mean, truncated_is_weights
-from verl.algorithms.registry import POLICY_LOSSES, PolicyLoss, PolicyLossInputs
-from verl.config import Config, ConfigError, trajectories_per_step, uses_lora
+from verl.algorithms.registry import POLICY_LOSSES, PolicyLossInputs, policy_loss_config
+from verl.config import Config, trajectories_per_step, uses_lora
 from verl.protocol import Batch
 from verl.workers.lora import LoraSpec
 from verl.workers.model_utils import (
@@ -58,28 +55,6 @@ from verl.workers.train_utils import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def policy_loss_config(loss: PolicyLoss, actor_cfg) -> Mapping[str, Any]:
-    """``{key: value}`` of the ``actor_rollout_ref.actor`` keys that ``loss`` declared (``config_args``, dotted below
-    the actor: ``policy_loss.loss_mode``), read-only; ``ConfigError`` naming the loss when one is not an actor
-    key."""
-    values, unknown = {}, []
-    for key in loss.config_args:
-        node = actor_cfg
-        for part in key.split("."):
-            if not hasattr(node, part):
-                unknown.append(key)
-                break
-            node = getattr(node, part)
-        else:
-            values[key] = node
-    if unknown:
-        mode = actor_cfg.policy_loss.loss_mode
-        raise ConfigError(f"config key actor_rollout_ref.actor.policy_loss.loss_mode={mode!r} is invalid: allowed a "
-                          f"policy loss whose config_args are actor_rollout_ref.actor keys (it declares {unknown}, "
-                          "which are not)")
-    return MappingProxyType(values)
 
 
 class ActorWorker:

@@ -292,8 +292,7 @@ def test_a_policy_loss_registered_outside_verl_gets_the_record_and_trains_the_ac
     assert math.isfinite(metrics["actor/pg_loss"]) and 0.0 <= metrics["actor/pg_clipfrac"] <= 1.0
 
 
-def test_a_policy_loss_declaring_a_key_the_actor_lacks_is_refused_at_start(tiny_model_dir):
-    cfg = make_config(tiny_model_dir, "actor_rollout_ref.actor.policy_loss.loss_mode=reads_no_such_key_for_test")
+def test_a_policy_loss_declaring_a_key_the_actor_lacks_is_refused_when_the_config_is_checked(tiny_model_dir):
     with pytest.raises(ConfigError, match=r"loss_mode='reads_no_such_key_for_test' is invalid: .*"
                                           r"\['policy_loss\.no_such_key'\]"):
-        ActorWorker(cfg, total_steps=1)
+        make_config(tiny_model_dir, "actor_rollout_ref.actor.policy_loss.loss_mode=reads_no_such_key_for_test")
