@@ -26,6 +26,7 @@ from data_prep.tiny_model import save_tiny_model
 from retrieval_server.launcher import free_port
 from search_r1 import evaluate
 from search_r1.prompts import make_prompt
+from tests.verl.trainer.trainer_test_utils import copy_run, trained_run_args
 from verl.config import DEMO_CONFIG
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
@@ -142,16 +143,15 @@ def test_damaged_model_directories(ws, tmp_path, capsys):
                        truncated), f"encoder --model {truncated} does not load (SafetensorError")
 
 
-def test_damaged_checkpoint_on_resume(ws, tmp_path):
+def test_damaged_checkpoint_on_resume(workspace, trained_run, tmp_path):
     """Guards against a checkpoint whose shard was cut short (a full disk, an interrupted copy) passing the
     checks and failing as a traceback from torch.distributed.checkpoint when the workers load it (the README
-    promises exit 2 for an unusable checkpoint)."""
-    out = tmp_path / "run"
-    first = run("verl.trainer.main_ppo", *train_args(ws, out))
-    assert first.returncode == 0, first.stderr[-4000:]
+    promises exit 2 for an unusable checkpoint). The run is a copy of the shared trained run as it stood after
+    step 1."""
+    out = copy_run(trained_run, tmp_path / "run", 1)
     (shard,) = (out / "global_step_1" / "actor").glob("*.distcp")
     shard.write_bytes(shard.read_bytes()[:10_000])
-    assert_refused(run("verl.trainer.main_ppo", *train_args(ws, out, "trainer.total_training_steps=2")),
+    assert_refused(run("verl.trainer.main_ppo", *trained_run_args(workspace, out, 2)),
                    f"checkpoint {out / 'global_step_1'} is incomplete or corrupt: actor/{shard.name} is truncated "
                    "(10,000 bytes", f"delete {out / 'global_step_1'} to resume from the checkpoint before it")
 

@@ -23,6 +23,7 @@ import pytest
 from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess, free_port
 from tests.test_user_errors import assert_refused, run, tiny_workspace, train_args
+from tests.verl.trainer.trainer_test_utils import copy_run, trained_run_args
 from verl.config import DEMO_CONFIG, load_config
 
 pytestmark = pytest.mark.slow  # starts trainers and services
@@ -148,20 +149,18 @@ def test_infer_refuses_empty_and_overlong_questions(ws):
                    "--question of 100,000 characters makes a prompt of", "data.max_prompt_length=")
 
 
-def test_a_moved_run_directory_resumes(ws, tmp_path):
+def test_a_moved_run_directory_resumes(workspace, trained_run, tmp_path):
     """Guards against a copied or moved run directory being refused on resume because its config.yaml records the
-    old trainer.default_local_dir."""
-    first = tmp_path / "first"
-    done = run("verl.trainer.main_ppo", *train_args(ws, first))
-    assert done.returncode == 0, done.stderr[-3000:]
+    old trainer.default_local_dir. The run is a copy of the shared trained run as it stood after step 1."""
+    first = copy_run(trained_run, tmp_path / "first", 1)
     moved = tmp_path / "elsewhere" / "moved"
     moved.parent.mkdir()
     shutil.move(first, moved)
-    done = run("verl.trainer.main_ppo", *train_args(ws, moved, "trainer.total_training_steps=2"))
+    done = run("verl.trainer.main_ppo", *trained_run_args(workspace, moved, 2))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "continuing global_step_1" in done.stdout
     steps = [json.loads(line)["step"] for line in (moved / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2]
+    assert steps == [0, 1, 2]  # 0: the validation before step 1
     assert (moved / "global_step_2").is_dir()
 
 
