@@ -10,6 +10,9 @@ fixture over the project's tiny tokenizer and this one.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from data_prep.qwen_tokenizer import build_qwen_tokenizer
@@ -22,13 +25,85 @@ def qwen_tokenizer():
     return build_qwen_tokenizer()
 
 
+
+
+RAY_WORKER_ENV = {  # what the trainer's setup_logging sets before it starts Ray, for the workers to inherit
+    "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """The address of a Ray instance started once per test run (this process owns it) for every test that needs
+    one: trainers with trainer.backend=ray join it through RAY_ADDRESS (``run_main`` passes it on), in-process
+    drivers with ``ray.init(address=...)`` and ``ray.shutdown()`` (which only disconnects). Starting Ray took
+    ~5 s per run or module. Its worker processes get this process's environment at its start (PYTHONPATH: the
+    tree under test), plus the settings a trainer would have given the Ray instance it starts itself."""
+    from ray.cluster_utils import Cluster
+
+    saved = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    os.environ.update(RAY_WORKER_ENV, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    yield cluster.address
+    cluster.shutdown()
+
+# --- make test: pytest-xdist workers (`-n 2 --dist loadscope`) -----------------------------------------------------
+# A test's scope is the unit a worker takes: by default its module (module fixtures, a server or an engine, are built
+# once, as in a serial run); the tests that share the session's Ray instance (``ray_address``) form one scope, so it
+# is started once per run. pytest-xdist's own ``xdist_group`` marks are not used: with pytest 9 its loadgroup
+# scheduler no longer sees them (it rewrites ``item._nodeid``, which pytest 9 does not read).
+SHARED_SCOPES = {
+    "tests/verl/trainer/test_ppo_trainer.py::test_kill_and_resume_matches_uninterrupted_run[ray-world-2]": "ray",
+    "tests/verl/trainer/test_ppo_trainer.py::test_two_ranks_train_like_one": "ray",
+    "tests/verl/trainer/test_pipeline.py::test_pipeline_bound_and_no_prompt_lost_or_repeated_across": "ray",
+    "tests/verl/trainer/test_pipeline.py::test_disaggregated_rollout_ranks_get_every_update_directly": "ray",
+    "tests/verl/trainer/test_dynamic_sampling.py::test_grpo_with_dynamic_sampling_on_two_ranks": "ray",
+    "tests/verl/trainer/test_learning_signals.py": "ray",
+    "tests/search_r1/llm_agent/test_agent_hf.py::test_search_loop_through_a_two_rank_group": "ray",
+    "tests/verl/single_controller/test_group_rollout.py": "ray",
+    "tests/verl/single_controller/test_worker_groups.py": "ray",
+}
+# Scopes that take longest, handed out first (in this order) so that the workers finish together; the others follow
+# in collection order.
+LONGEST_FIRST = ["ray"]
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The scope of a test (SHARED_SCOPES, else its module)."""
+    for prefix, scope in SHARED_SCOPES.items():
+        if nodeid.startswith(prefix):
+            return scope
+    return nodeid.split("::")[0]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist's ``--dist loadgroup`` (``make test``): a test without an ``xdist_group`` mark is grouped
-    with the other tests of its module, so a module's fixtures (a server, an engine, a Ray instance) are built once,
-    on one worker, as in a serial run. Tests that share something more expensive across modules carry an
-    ``xdist_group`` mark of their own."""
-    if not getattr(config.option, "loadgroup", False):  # xdist sets it on its workers (where dist reads "no")
+    """On an xdist worker: the tests of LONGEST_FIRST's scopes first (every worker collects the same order, which
+    the controller's queue of scopes follows)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    rank = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(xdist_scope(item.nodeid), len(rank)))  # stable: the rest keep their order
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pytest-xdist is in the dev extra; without it, `make test-fast` and single files still run
+    LoadScopeScheduling = None
+
+if LoadScopeScheduling is not None:
+    class ScopeScheduling(LoadScopeScheduling):
+        """``--dist loadscope`` with this suite's scopes (``xdist_scope``), handed out in collection order."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") == "loadscope":
+            config.option.loadscopereorder = False  # keep LONGEST_FIRST's order, not the largest test count first
+            return ScopeScheduling(config, log)
+        return None

@@ -59,7 +59,7 @@ def test_hf_engine_reproduces_the_memorised_search_trajectories(request, which, 
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_search_loop_through_a_two_rank_group(policy, service_url, mode):
+def test_search_loop_through_a_two_rank_group(policy, service_url, ray_address, mode):
     """Guards against the loop breaking when its engine calls are spread over ranks (rows returned out of
     order, a rank's share lost, inserted blocks attached to the wrong row): the same loop, with one HF
     engine on each of 2 Ray worker ranks (FSDP2 actors over gloo), must reproduce the memorised
@@ -67,7 +67,7 @@ def test_search_loop_through_a_two_rank_group(policy, service_url, mode):
     model_dir, tokenizer, prompts, responses, masks = policy
     cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=hf",
                        "trainer.backend=ray", "trainer.n_gpus_per_node=2", "trainer.device=cpu"], [DEMO_CONFIG])
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address=ray_address)  # the session's Ray instance (ray.shutdown() below only disconnects)
     group = create_worker_group(ActorRolloutWorker, cfg, "ray", 2, total_steps=1)
     try:
         rollout = GroupRollout(group, tensor_parallel_size=1)

@@ -73,16 +73,27 @@ def overrides(ws: Path, out: Path, steps: int, *extra: str) -> list[str]:
     ]
 
 
+def main_env(args: list[str], ray_address: str | None) -> dict[str, str]:
+    """The environment of a trainer subprocess: this one's, the tree under test first on the path, and with
+    trainer.backend=ray the session's Ray instance (unless RAY_ADDRESS already names one)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if "trainer.backend=ray" in args and ray_address and "RAY_ADDRESS" not in env:
+        env["RAY_ADDRESS"] = ray_address
+    return env
+
+
 @pytest.fixture
-def run_main():
-    """``run_main(args)`` starts ``python -m verl.trainer.main_ppo args`` in its own session; at teardown
-    whatever is left of every session started (a killed run's Ray processes) is killed."""
+def run_main(request):
+    """``run_main(args)`` starts ``python -m verl.trainer.main_ppo args`` in its own session (a run with
+    trainer.backend=ray joins the session's Ray instance, ``ray_address``); at teardown whatever is left of every
+    session started is killed."""
     sessions: list[subprocess.Popen] = []
 
     def start(args: list[str]) -> subprocess.Popen:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        ray_address = request.getfixturevalue("ray_address") if "trainer.backend=ray" in args else None
+        proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=ROOT,
+                                env=main_env(args, ray_address), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
         sessions.append(proc)
         return proc
 
@@ -101,10 +112,10 @@ def trained_run_args(ws: Path, out: Path, steps: int, *extra: str) -> list[str]:
     return overrides(ws, out, steps, "trainer.val_before_train=true", *extra)
 
 
-def _train(ws: Path, out: Path, *extra: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo",
-                           *trained_run_args(ws, out, TRAINED_STEPS, *extra)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+def _train(ws: Path, out: Path, *extra: str, ray_address: str | None = None) -> None:
+    args = trained_run_args(ws, out, TRAINED_STEPS, *extra)
+    done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900, env=main_env(args, ray_address))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -116,9 +127,10 @@ def trained_run(tmp_path_factory, workspace) -> Path:
 
 
 @pytest.fixture(scope="session")
-def trained_run_ray(tmp_path_factory, workspace) -> Path:
+def trained_run_ray(tmp_path_factory, workspace, ray_address) -> Path:
     """The same run through 2 Ray ranks (sharded checkpoints, an engine per rank)."""
-    return built_once(tmp_path_factory, "trained_run_ray", lambda d: _train(workspace, d, *RAY_WORLD_2))
+    return built_once(tmp_path_factory, "trained_run_ray",
+                      lambda d: _train(workspace, d, *RAY_WORLD_2, ray_address=ray_address))
 
 
 def copy_run(run: Path, dest: Path, step: int, checkpoints: bool = True) -> Path:
