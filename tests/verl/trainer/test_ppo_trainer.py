@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.entry_points import main_ppo_in_process
 from tests.verl.trainer.trainer_test_utils import (
     RAY_WORLD_2,
     TRAINED_STEPS,
@@ -207,23 +208,23 @@ def test_a_used_run_directory_is_resumed_or_refused_never_appended_to(workspace,
     (steps 1,2,1,2) and overwriting its hf_model/: the same command continues from the checkpoint; a different
     config, or a directory whose run left no checkpoint, is refused with exit 2 naming why. The first runs are
     copies of the shared trained run's directory as it stood after step 1 (with its checkpoint, and without, as
-    trainer.save_freq=-1 leaves it)."""
-    def run(out, steps, *extra):
-        proc = run_main(trained_run_args(workspace, out, steps, *extra))
-        text, _ = proc.communicate(timeout=600)
-        return proc.returncode, text
+    trainer.save_freq=-1 leaves it); the refused launches run the trainer's main in this process."""
+    def refused(out, steps, *extra):
+        done = main_ppo_in_process(*trained_run_args(workspace, out, steps, *extra))
+        return done.returncode, done.stdout + done.stderr
 
     saved = copy_run(trained_run, tmp_path / "saved", 1)
-    code, text = run(saved, 2)  # the same command with a larger budget: continues at step 2
-    assert code == 0 and "continuing global_step_1" in text, text
+    proc = run_main(trained_run_args(workspace, saved, 2))  # the same command with a larger budget: continues
+    text, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and "continuing global_step_1" in text, text
     assert [r["step"] for r in metrics(saved)] == [0, 1, 2]
-    code, text = run(saved, 3, "actor_rollout_ref.actor.optim.lr=5e-3")
+    code, text = refused(saved, 3, "actor_rollout_ref.actor.optim.lr=5e-3")
     assert code == 2 and "different config" in text and "actor_rollout_ref.actor.optim.lr" in text, text
-    code, text = run(saved, 3, "trainer.resume_mode=disable")
+    code, text = refused(saved, 3, "trainer.resume_mode=disable")
     assert code == 2 and "resume_mode=disable" in text, text
     assert [r["step"] for r in metrics(saved)] == [0, 1, 2]  # nothing appended by the refused runs
 
     unsaved = copy_run(trained_run, tmp_path / "unsaved", 1, checkpoints=False)
-    code, text = run(unsaved, 1, "trainer.save_freq=-1")
+    code, text = refused(unsaved, 1, "trainer.save_freq=-1")
     assert code == 2 and "no checkpoint to continue from" in text, text
     assert [r["step"] for r in metrics(unsaved)] == [0, 1]
