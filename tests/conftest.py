@@ -11,11 +11,11 @@ fixture over the project's tiny tokenizer and this one.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from data_prep.qwen_tokenizer import build_qwen_tokenizer
+from tests.ray_cluster import start_cluster
 from tests.verl.trainer.trainer_test_utils import trained_run, trained_run_ray, workspace  # noqa: F401 (fixtures)
 
 
@@ -27,29 +27,16 @@ def qwen_tokenizer():
 
 
 
-RAY_WORKER_ENV = {  # what the trainer's setup_logging sets before it starts Ray, for the workers to inherit
-    "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
-
-
 @pytest.fixture(scope="session")
 def ray_address():
     """The address of a Ray instance started once per test run (this process owns it) for every test that needs
     one: trainers with trainer.backend=ray join it through RAY_ADDRESS (``run_main`` passes it on), in-process
     drivers with ``ray.init(address=...)`` and ``ray.shutdown()`` (which only disconnects). Starting Ray took
-    ~5 s per run or module. Its worker processes get this process's environment at its start (PYTHONPATH: the
-    tree under test), plus the settings a trainer would have given the Ray instance it starts itself."""
-    from ray.cluster_utils import Cluster
-
-    saved = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    os.environ.update(RAY_WORKER_ENV, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    try:
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    ~5 s per run or module (tests/ray_cluster.py)."""
+    cluster = start_cluster()
     yield cluster.address
     cluster.shutdown()
+
 
 # --- make test: pytest-xdist workers (`-n 2 --dist loadscope`) -----------------------------------------------------
 # A test's scope is the unit a worker takes: by default its module (module fixtures, a server or an engine, are built

@@ -26,6 +26,7 @@ from retrieval_server.build_index import build_index
 from retrieval_server.ray_service import DeploymentError, DeploymentSpec
 from retrieval_server.service import ServeOptions, load_service
 from search_r1.search import RetrievalClient, RetrievalUnavailable
+from tests.ray_cluster import forget_as_current_ray
 from tests.retrieval_server.test_shards import QUERIES
 from tests.verl.trainer.trainer_test_utils import ROOT, metrics, overrides, run_main  # noqa: F401
 
@@ -47,6 +48,7 @@ def cluster():
     if ray.is_initialized():
         ray.shutdown()
     sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"retrieval": 1}})
+    forget_as_current_ray(sim.address)
     sim.add_node(num_cpus=1, resources={"retrieval": 1})
     sim.wait_for_nodes()
     ray.init(address=sim.address)
