@@ -69,8 +69,13 @@ grpo: install
 ablations: install
 	$(PY) benchmarks/ablations.py $(ARGS)
 
+# `make test` runs the suite on JOBS pytest-xdist workers (default 2, the CI machine's cores; JOBS=0: one process).
+# --dist loadscope: each module's tests stay on one worker (tests/conftest.py: the scopes), so module fixtures are
+# built once; the expensive shared things (trained runs, models) are built once per run whichever worker asks.
+# OMP_NUM_THREADS=1: one thread per worker (two workers already fill the two cores; more spin-wait).
+JOBS ?= 2
 test: install
-	$(PY) -m pytest tests -q --durations=25
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q -n $(JOBS) --dist loadscope --durations=25
 
 test-fast: install
 	$(PY) -m pytest tests -q -m "not slow"

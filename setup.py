@@ -52,7 +52,7 @@ setup(
         # dashscope (Apache-2.0) ships Qwen's BPE ranks (dashscope/resources/qwen.tiktoken), from which the tests
         # build a real Qwen2.5 tokenizer (data_prep/qwen_tokenizer.py); tiktoken is the reference encoder they
         # check it against.
-        "dev": ["pytest", "pytest-timeout", "ruff", "datasets", "dashscope==2.0.2", "tiktoken"],
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "ruff", "datasets", "dashscope==2.0.2", "tiktoken"],
         "trackers": ["wandb", "tensorboard"],
     },
 )

@@ -1,7 +1,9 @@
 """Every error a user can cause reads as a message: one test per class of bad input, given to the real entry
 points (the trainer, evaluate, data prep and the index tools, as subprocesses or through their ``main``).
 
-Each asserts exit status 2, a message naming the bad value or file (and what is allowed), and no traceback.
+Each asserts exit status 2, a message naming the bad value or file (and what is allowed), and no traceback. The
+trainer's refused launches run its ``main`` in this process (``tests/entry_points.py``: the same command without
+the interpreter start).
 Classes: values (config keys and flags), model directories, checkpoints, parquet files, output paths and
 unreachable services. The service's header-size limit (431) is in tests/retrieval_server/test_bad_input.py.
 Everything is real and tiny: a 2-layer model, 8-row parquets, a 1-step training run for the checkpoint.
@@ -26,6 +28,8 @@ from data_prep.tiny_model import save_tiny_model
 from retrieval_server.launcher import free_port
 from search_r1 import evaluate
 from search_r1.prompts import make_prompt
+from tests.entry_points import main_ppo_in_process
+from tests.verl.trainer.trainer_test_utils import copy_run, trained_run_args
 from verl.config import DEMO_CONFIG
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
@@ -104,7 +108,7 @@ def test_values_outside_what_a_key_or_flag_allows(ws, tmp_path):
     sampling temperature (deep in generation, for the trainer and evaluate), a port beyond 65535 (uvicorn bound
     another port without a word) or one already in use (a uvicorn exit 3 after the index had loaded)."""
     negative = train_args(ws, tmp_path / "run", "actor_rollout_ref.rollout.temperature=-1")
-    assert_refused(run("verl.trainer.main_ppo", *negative),
+    assert_refused(main_ppo_in_process(*negative),
                    "actor_rollout_ref.rollout.temperature=-1.0 is invalid: allowed a sampling temperature "
                    "(0 = greedy), a number in [0, 10]")
     assert_refused(run("search_r1.evaluate", *eval_argv(ws, tmp_path / "eval", "--n", "2", "--temperature", "-1")),
@@ -128,7 +132,7 @@ def test_damaged_model_directories(ws, tmp_path, capsys):
     trainer), as --model (evaluate) or as the encoder (build_index) ending in a traceback from safetensors or
     transformers, in the trainer's case from inside a worker after the run had started."""
     truncated = damaged_copy(ws, tmp_path / "truncated", "model.safetensors", keep=100_000)
-    done = run("verl.trainer.main_ppo", *train_args(ws, tmp_path / "run", f"actor_rollout_ref.model.path={truncated}"))
+    done = main_ppo_in_process(*train_args(ws, tmp_path / "run", f"actor_rollout_ref.model.path={truncated}"))
     assert_refused(done, f"config key actor_rollout_ref.model.path='{truncated}' is invalid: model.safetensors is "
                          "damaged or truncated (100,000 bytes")
     bad_config = damaged_copy(ws, tmp_path / "bad_config", "config.json", b'{"model_type": "qwen2", "hidden_size": ')
@@ -143,16 +147,15 @@ def test_damaged_model_directories(ws, tmp_path, capsys):
                        truncated), f"encoder --model {truncated} does not load (SafetensorError")
 
 
-def test_damaged_checkpoint_on_resume(ws, tmp_path):
+def test_damaged_checkpoint_on_resume(workspace, trained_run, tmp_path):
     """Guards against a checkpoint whose shard was cut short (a full disk, an interrupted copy) passing the
     checks and failing as a traceback from torch.distributed.checkpoint when the workers load it (the README
-    promises exit 2 for an unusable checkpoint)."""
-    out = tmp_path / "run"
-    first = run("verl.trainer.main_ppo", *train_args(ws, out))
-    assert first.returncode == 0, first.stderr[-4000:]
+    promises exit 2 for an unusable checkpoint). The run is a copy of the shared trained run as it stood after
+    step 1."""
+    out = copy_run(trained_run, tmp_path / "run", 1)
     (shard,) = (out / "global_step_1" / "actor").glob("*.distcp")
     shard.write_bytes(shard.read_bytes()[:10_000])
-    assert_refused(run("verl.trainer.main_ppo", *train_args(ws, out, "trainer.total_training_steps=2")),
+    assert_refused(main_ppo_in_process(*trained_run_args(workspace, out, 2)),
                    f"checkpoint {out / 'global_step_1'} is incomplete or corrupt: actor/{shard.name} is truncated "
                    "(10,000 bytes", f"delete {out / 'global_step_1'} to resume from the checkpoint before it")
 
@@ -202,7 +205,7 @@ def test_unreachable_retrieval_service_at_start(ws, tmp_path, capsys):
     RetrievalError traceback from the recipe's health check when the trainer is started directly (the launchers
     refuse it themselves), and in exit status 1 from evaluate, as if the service had failed mid-run."""
     url = f"http://127.0.0.1:{free_port()}"
-    done = run("verl.trainer.main_ppo", *train_args(ws, tmp_path / "run", "do_search=true", f"retriever.url={url}"))
+    done = main_ppo_in_process(*train_args(ws, tmp_path / "run", "do_search=true", f"retriever.url={url}"))
     assert_refused(done, f"retrieval service not answering at {url}", "start it with retrieval_launch.sh")
     assert_main_refused(evaluate.main(eval_argv(ws, tmp_path / "eval", "--retriever-url", url)), capsys,
                         f"retrieval service not answering at {url}", "retrieval_launch.sh")
@@ -215,7 +218,7 @@ def test_lengths_longer_than_the_models_positions(ws, tmp_path, engine):
     lengths = ["data.max_prompt_length=16384", "data.max_response_length=500", "data.max_start_length=2048",
                "data.max_trajectory_length=16384"]
     out = tmp_path / "run"
-    done = run("verl.trainer.main_ppo", *train_args(ws, out, f"actor_rollout_ref.rollout.name={engine}", *lengths))
+    done = main_ppo_in_process(*train_args(ws, out, f"actor_rollout_ref.rollout.name={engine}", *lengths))
     assert_refused(done, "the lengths allow sequences of 16884 tokens, more than the model's "
                          "max_position_embeddings=8192", "data.max_prompt_length + data.max_response_length = "
                          "16384 + 500")

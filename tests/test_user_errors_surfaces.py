@@ -5,11 +5,13 @@ Classes: endpoint sets in ``retriever.url`` that cannot serve a run (through ``m
 no cluster answers (every command that joins one), non-finite or absurd numeric settings and reward-term shapes,
 ``search_r1.infer`` questions, a run directory moved elsewhere and resumed, and the service's API docs. A failed
 build or import over a good index is in tests/retrieval_server/test_staging.py; an update that would make a weight
-non-finite in tests/verl/workers/test_train_utils.py. Everything is real: servers on loopback, the tiny policy.
+non-finite in tests/verl/workers/test_train_utils.py. Everything is real: servers on loopback, the tiny policy; the
+trainer's refused launches run its ``main`` in this process (``tests/entry_points.py``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import shutil
 import subprocess
@@ -22,7 +24,9 @@ import pytest
 
 from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess, free_port
+from tests.entry_points import in_process, main_ppo_in_process
 from tests.test_user_errors import assert_refused, run, tiny_workspace, train_args
+from tests.verl.trainer.trainer_test_utils import copy_run, trained_run_args
 from verl.config import DEMO_CONFIG, load_config
 
 pytestmark = pytest.mark.slow  # starts trainers and services
@@ -86,7 +90,7 @@ def test_endpoint_sets_that_cannot_serve_are_refused_by_the_trainer(ws, endpoint
     """Guards against every mismatched endpoint set ending main_ppo in an uncaught RetrievalError traceback and exit
     1 (evaluate and infer said exit 2 with the same message)."""
     url = ",".join(endpoints[name] for name in urls)
-    done = run("verl.trainer.main_ppo", *train_args(ws, tmp_path / "run", "do_search=true", f"retriever.url={url}"))
+    done = main_ppo_in_process(*train_args(ws, tmp_path / "run", "do_search=true", f"retriever.url={url}"))
     assert_refused(done, "config key retriever.url is invalid", message, endpoints[urls[-1]])
 
 
@@ -94,7 +98,7 @@ def test_endpoint_lists_are_parsed_whole(ws, endpoints, tmp_path):
     """Guards against endpoints joined with ';' reaching httpx (InvalidURL traceback), and against several
     endpoints each ending in /retrieve being refused with a 404 where one such URL is accepted."""
     a0, a1 = endpoints["a0"], endpoints["a1"]
-    assert_refused(run("verl.trainer.main_ppo", *train_args(ws, tmp_path / "run", f"retriever.url={a0};{a1}")),
+    assert_refused(main_ppo_in_process(*train_args(ws, tmp_path / "run", f"retriever.url={a0};{a1}")),
                    f"'{a0};{a1}': separate endpoints with commas")
     cfg = load_config([f"retriever.url={a0}/retrieve,{a1}/retrieve/"], [DEMO_CONFIG])
     assert cfg.retriever.url == f"{a0},{a1}"
@@ -111,11 +115,11 @@ def test_a_dead_ray_address_is_an_error_within_the_timeout(ws, tmp_path):
          "--retriever-url", "ray://wiki", "--ray-timeout", "3"),
         ("retrieval_server.ray_service", "status", "--name", "wiki", "--ray-timeout", "3"),
     ]
-    for command in commands:
-        start = time.monotonic()
-        done = run(*command, timeout=120, env=env)
-        assert_refused(done, f"{address}", "within 3s", "ray start --head")
-        assert time.monotonic() - start < 90, command[0]
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(len(commands)) as pool:  # at once: each mostly waits
+        for command, done in zip(commands, pool.map(lambda c: run(*c, timeout=120, env=env), commands), strict=True):
+            assert_refused(done, f"{address}", "within 3s", "ray start --head")
+            assert time.monotonic() - start < 90, command[0]
 
 
 @pytest.mark.parametrize("override, message", [
@@ -129,7 +133,7 @@ def test_a_dead_ray_address_is_an_error_within_the_timeout(ws, tmp_path):
 def test_non_finite_or_absurd_settings_are_refused_at_start(ws, tmp_path, override, message):
     """Guards against lr=inf passing validation and training a model whose every tensor is NaN/inf (exit 0), and
     against reward.terms given as a list ending in an OmegaConf merge traceback."""
-    assert_refused(run("verl.trainer.main_ppo", *train_args(ws, tmp_path / "run", override)), message)
+    assert_refused(main_ppo_in_process(*train_args(ws, tmp_path / "run", override)), message)
 
 
 def test_hydra_style_mapping_is_read_as_hydra_means_it():
@@ -140,28 +144,27 @@ def test_hydra_style_mapping_is_read_as_hydra_means_it():
 
 
 def test_infer_refuses_empty_and_overlong_questions(ws):
-    """Guards against an empty, blank or 100 kB --question ending in a ValueError traceback."""
+    """Guards against an empty, blank or 100 kB --question ending in a ValueError traceback (infer's main in this
+    process: tests/entry_points.py)."""
     base = ("search_r1.infer", "--model", ws / "model", "--retriever-url", f"http://127.0.0.1:{free_port()}")
     for question in ("", "  \n "):
-        assert_refused(run(*base, "--question", question), "--question is empty")
-    assert_refused(run(*base, "--question", "why " * 25_000),
+        assert_refused(in_process(*base, "--question", question), "--question is empty")
+    assert_refused(in_process(*base, "--question", "why " * 25_000),
                    "--question of 100,000 characters makes a prompt of", "data.max_prompt_length=")
 
 
-def test_a_moved_run_directory_resumes(ws, tmp_path):
+def test_a_moved_run_directory_resumes(workspace, trained_run, tmp_path):
     """Guards against a copied or moved run directory being refused on resume because its config.yaml records the
-    old trainer.default_local_dir."""
-    first = tmp_path / "first"
-    done = run("verl.trainer.main_ppo", *train_args(ws, first))
-    assert done.returncode == 0, done.stderr[-3000:]
+    old trainer.default_local_dir. The run is a copy of the shared trained run as it stood after step 1."""
+    first = copy_run(trained_run, tmp_path / "first", 1)
     moved = tmp_path / "elsewhere" / "moved"
     moved.parent.mkdir()
     shutil.move(first, moved)
-    done = run("verl.trainer.main_ppo", *train_args(ws, moved, "trainer.total_training_steps=2"))
+    done = run("verl.trainer.main_ppo", *trained_run_args(workspace, moved, 2))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "continuing global_step_1" in done.stdout
     steps = [json.loads(line)["step"] for line in (moved / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2]
+    assert steps == [0, 1, 2]  # 0: the validation before step 1
     assert (moved / "global_step_2").is_dir()
 
 

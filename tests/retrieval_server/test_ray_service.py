@@ -26,8 +26,9 @@ from retrieval_server.build_index import build_index
 from retrieval_server.ray_service import DeploymentError, DeploymentSpec
 from retrieval_server.service import ServeOptions, load_service
 from search_r1.search import RetrievalClient, RetrievalUnavailable
+from tests.ray_cluster import forget_as_current_ray
 from tests.retrieval_server.test_shards import QUERIES
-from tests.verl.trainer.trainer_test_utils import ROOT, metrics, overrides, run_main, workspace  # noqa: F401
+from tests.verl.trainer.trainer_test_utils import ROOT, metrics, overrides, run_main  # noqa: F401
 
 pytestmark = pytest.mark.slow  # a Ray cluster, servers, a training run
 
@@ -47,6 +48,7 @@ def cluster():
     if ray.is_initialized():
         ray.shutdown()
     sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"retrieval": 1}})
+    forget_as_current_ray(sim.address)
     sim.add_node(num_cpus=1, resources={"retrieval": 1})
     sim.wait_for_nodes()
     ray.init(address=sim.address)
@@ -171,7 +173,7 @@ def test_command_line_up_status_down(cluster, sharded_index, corpus_path):
 
 
 def test_training_ranks_span_both_nodes_and_find_the_retriever_through_the_cluster(
-        cluster, deployment, workspace, tmp_path, run_main):  # noqa: F811 -- the imported fixtures
+        cluster, deployment, workspace, tmp_path, run_main):  # noqa: F811 -- the imported fixture
     """Guards against a trainer that cannot join an existing cluster (RAY_ADDRESS) or that packs every rank on one
     node, and against ray:// lookup failing from the trainer's process: trainer.nnodes=2 x n_gpus_per_node=1 on
     the two-node cluster places rank 0 and rank 1 on different nodes, resolves retriever.url=ray://NAME, and

@@ -58,30 +58,37 @@ def test_hf_engine_reproduces_the_memorised_search_trajectories(request, which, 
         assert traj.stop_reason is StopReason.ANSWERED and traj.num_searches == 1 and traj.num_turns == 2
 
 
+@pytest.fixture(scope="module")
+def two_rank_group(policy, ray_address):
+    """One HF engine on each of 2 Ray worker ranks (FSDP2 actors over gloo) serving the memorised policy, on the
+    session's Ray instance; started once for both schedules (the worker processes are the slow part)."""
+    model_dir, *_ = policy
+    cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=hf",
+                       "trainer.backend=ray", "trainer.n_gpus_per_node=2", "trainer.device=cpu"], [DEMO_CONFIG])
+    ray.init(address=ray_address)  # ray.shutdown() below only disconnects
+    group = create_worker_group(ActorRolloutWorker, cfg, "ray", 2, total_steps=1)
+    try:
+        yield group
+    finally:
+        group.shutdown()
+        ray.shutdown()
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_search_loop_through_a_two_rank_group(policy, service_url, mode):
+def test_search_loop_through_a_two_rank_group(policy, service_url, two_rank_group, mode):
     """Guards against the loop breaking when its engine calls are spread over ranks (rows returned out of
     order, a rank's share lost, inserted blocks attached to the wrong row): the same loop, with one HF
     engine on each of 2 Ray worker ranks (FSDP2 actors over gloo), must reproduce the memorised
     trajectories token for token, with both engines generating."""
     model_dir, tokenizer, prompts, responses, masks = policy
-    cfg = load_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=hf",
-                       "trainer.backend=ray", "trainer.n_gpus_per_node=2", "trainer.device=cpu"], [DEMO_CONFIG])
-    ray.init(num_cpus=2, include_dashboard=False)
-    group = create_worker_group(ActorRolloutWorker, cfg, "ray", 2, total_steps=1)
-    try:
-        rollout = GroupRollout(group, tensor_parallel_size=1)
-        agent_cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
-                      max_trajectory_length=320,
-                                max_obs_length=96, do_search=True, topk=TOPK, mode=mode)
-        agent = LLMGenerationManager(tokenizer, rollout, RetrievalClient(service_url, TOPK), agent_cfg)
-        order = [1, 0, 1]  # 3 rows over 2 ranks
-        result = agent.run([prompts[i] for i in order], SamplingParams(max_tokens=1, temperature=0.0))
-        metrics = rollout.take_metrics()
-        assert metrics["perf/rollout_ranks"] == 2.0 and 0.0 <= metrics["perf/rollout_idle_frac"] < 1.0
-    finally:
-        group.shutdown()
-        ray.shutdown()
+    rollout = GroupRollout(two_rank_group, tensor_parallel_size=1)
+    agent_cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
+                            max_trajectory_length=320, max_obs_length=96, do_search=True, topk=TOPK, mode=mode)
+    agent = LLMGenerationManager(tokenizer, rollout, RetrievalClient(service_url, TOPK), agent_cfg)
+    order = [1, 0, 1]  # 3 rows over 2 ranks
+    result = agent.run([prompts[i] for i in order], SamplingParams(max_tokens=1, temperature=0.0))
+    metrics = rollout.take_metrics()
+    assert metrics["perf/rollout_ranks"] == 2.0 and 0.0 <= metrics["perf/rollout_idle_frac"] < 1.0
     for traj, i in zip(result.trajectories, order, strict=True):
         assert traj.response_ids == responses[i]
         assert traj.info_mask == masks[i]

@@ -33,7 +33,8 @@ def judge_url(tmp_path_factory):
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                                  "--served-model-name", "judge", "--host", "127.0.0.1", "--port", str(port),
-                                 "--dtype", "float32", "--max-model-len", "512", "--gpu-memory-utilization", "0.1"],
+                                 "--dtype", "float32", "--max-model-len", "512", "--gpu-memory-utilization", "0.1",
+                                 "--enforce-eager"],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ,
                                                                          "VLLM_CPU_KVCACHE_SPACE": "1"})
     url = f"http://127.0.0.1:{port}"

@@ -21,6 +21,7 @@ from data_prep import demo_kb
 from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess
 from search_r1.search.identity import DEMO_CORPUS_SHA256, RECORD_FILE, record_retrieval, warn_if_demo_corpus
+from tests.entry_points import main_ppo_in_process
 from tests.search_workspace import build_search_workspace
 from verl.utils.run_dir import RunDirError
 
@@ -66,8 +67,8 @@ def test_resume_against_a_service_over_another_corpus_is_refused(tmp_path):
     build_index(other, tmp_path / "other_index", retriever="bm25")
     out = tmp_path / "run"
 
-    def train(url: str, steps: int) -> subprocess.CompletedProcess:
-        args = [f"data.train_files={ws / 'data' / 'train.parquet'}", f"data.val_files={ws / 'data' / 'test.parquet'}",
+    def args(url: str, steps: int) -> list[str]:
+        return [f"data.train_files={ws / 'data' / 'train.parquet'}", f"data.val_files={ws / 'data' / 'test.parquet'}",
                 f"actor_rollout_ref.model.path={ws / 'model'}", "actor_rollout_ref.rollout.name=hf",
                 f"retriever.url={url}", "data.train_batch_size=4", "data.max_trajectory_length=24",
                 "data.max_obs_length=64", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -75,19 +76,18 @@ def test_resume_against_a_service_over_another_corpus_is_refused(tmp_path):
                 "critic.ppo_micro_batch_size_per_gpu=2", f"trainer.total_training_steps={steps}",
                 "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.val_before_train=false",
                 "trainer.logger=[jsonl]", f"trainer.default_local_dir={out}", "trainer.device=cpu"]
-        return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
     with ServerProcess(ws / "index", ws / "corpus.jsonl") as first:
         first.wait_ready()
-        done = train(first.url, 1)
+        done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args(first.url, 1)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     recorded = json.loads((out / RECORD_FILE).read_text())
     assert recorded["corpus_sha256"] == hashlib.sha256((ws / "corpus.jsonl").read_bytes()).hexdigest()
     assert recorded["retriever"] == "bm25" and recorded["passages"] == 8
     with ServerProcess(tmp_path / "other_index", other) as second:
         second.wait_ready()
-        done = train(second.url, 2)
+        done = main_ppo_in_process(*args(second.url, 2))  # refused: the trainer's main in this process
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout[-2000:] + done.stderr[-2000:]
     assert "(8 passages)" in done.stderr and "(9 passages)" in done.stderr
     assert not (out / "global_step_2").exists() and json.loads((out / RECORD_FILE).read_text()) == recorded

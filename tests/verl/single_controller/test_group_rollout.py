@@ -50,8 +50,8 @@ def _ends(outputs) -> list[tuple[str, str | None]]:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
+def ray_cluster(ray_address):
+    ray.init(address=ray_address)  # the session's Ray instance; ray.shutdown() only disconnects
     yield
     ray.shutdown()
 

@@ -21,10 +21,10 @@ OVERRIDES = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.acto
 
 
 @pytest.fixture(scope="module")
-def ray_groups(tiny_model_dir):
-    """A small local Ray instance (2 CPUs, no dashboard) with an actor and a critic group of 2 workers
-    each, started once for the module (worker processes are the slow part)."""
-    ray.init(num_cpus=2, include_dashboard=False)
+def ray_groups(tiny_model_dir, ray_address):
+    """An actor and a critic group of 2 workers each on the session's Ray instance, started once for the module
+    (worker processes are the slow part)."""
+    ray.init(address=ray_address)  # the session's Ray instance; ray.shutdown() only disconnects
     cfg = make_config(tiny_model_dir, *OVERRIDES)
     groups = [create_worker_group(cls, cfg, "ray", 2, total_steps=1) for cls in (ActorWorker, CriticWorker)]
     yield cfg, groups

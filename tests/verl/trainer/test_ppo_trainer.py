@@ -7,47 +7,43 @@ checkpoint that auto-resume would pick up, and config errors that do not name th
 
 from __future__ import annotations
 
-import signal
-import time
-
 import pytest
 import torch
 
-from tests.verl.trainer.trainer_test_utils import RAY_WORLD_2, final_weights, metrics, overrides
+from tests.entry_points import main_ppo_in_process
+from tests.verl.trainer.trainer_test_utils import (
+    RAY_WORLD_2,
+    TRAINED_STEPS,
+    copy_run,
+    final_weights,
+    metrics,
+    overrides,
+    trained_run_args,
+)
 from verl.config import ConfigError, load_config
 from verl.trainer.recipe import load_recipe
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
 
-@pytest.mark.parametrize("world", [[], RAY_WORLD_2], ids=["local", "ray-world-2"])
-def test_kill_and_resume_matches_uninterrupted_run(workspace, tmp_path, run_main, world):
-    """SIGKILL after step 2's checkpoint, resume with resume_mode=auto: same metrics and final weights
-    as a run that was never interrupted (guards the dataloader position, optimizer, scheduler, RNG
-    and per-step sampling seeds in the checkpoint), in one process and with 2 Ray ranks (sharded
-    checkpoints, an engine per rank)."""
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    proc = run_main(overrides(workspace, straight, 4, *world))
+@pytest.mark.parametrize("world", ["local", "ray"], ids=["local", "ray-world-2"])
+def test_kill_and_resume_matches_uninterrupted_run(request, workspace, tmp_path, run_main, world):
+    """A run stopped right after step 2's checkpoint and resumed with resume_mode=auto gives the metrics and final
+    weights of a run that was never interrupted (guards the dataloader position, optimizer, scheduler, RNG and
+    per-step sampling seeds in the checkpoint), in one process and with 2 Ray ranks (sharded checkpoints, an engine
+    per rank). The uninterrupted run is the shared trained run; the stopped one is a copy of its directory as a
+    SIGKILL after step 2's checkpoint leaves it (later checkpoints, metrics and model removed: a real SIGKILL at
+    random moments is test_stability's kill -9 test)."""
+    straight = request.getfixturevalue("trained_run" if world == "local" else "trained_run_ray")
+    killed = copy_run(straight, tmp_path / "killed", 2)
+    proc = run_main(trained_run_args(workspace, killed, TRAINED_STEPS, *([] if world == "local" else RAY_WORLD_2)))
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
-
-    proc = run_main(overrides(workspace, killed, 4, *world))
-    deadline = time.time() + 600
-    while not (killed / "global_step_2" / "trainer.pt").exists():
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "hf_model").exists(), "the killed run must not have finished"
-    proc = run_main(overrides(workspace, killed, 4, *world))
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out
-    assert "resuming from" in out
+    assert f"resuming from {killed / 'global_step_2'}" in out
 
     a, b = metrics(straight), metrics(killed)
-    assert [r["step"] for r in b] == [1, 2, 3, 4]
-    for ra, rb in zip(a, b):
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4]  # 0: the validation before step 1
+    for ra, rb in zip(a[1:], b[1:], strict=True):
         for key in ("critic/score/mean", "actor/pg_loss", "critic/vf_loss"):
             assert ra[key] == pytest.approx(rb[key], rel=1e-5, abs=1e-7), (ra["step"], key)
     wa, wb = final_weights(workspace, straight), final_weights(workspace, killed)
@@ -207,28 +203,28 @@ def test_grpo_needs_groups():
         load_config(["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"])
 
 
-def test_a_used_run_directory_is_resumed_or_refused_never_appended_to(workspace, tmp_path, run_main):
+def test_a_used_run_directory_is_resumed_or_refused_never_appended_to(workspace, trained_run, tmp_path, run_main):
     """Guards against a second run in the same directory appending its steps to the first run's metrics.jsonl
     (steps 1,2,1,2) and overwriting its hf_model/: the same command continues from the checkpoint; a different
-    config, or a directory whose run left no checkpoint, is refused with exit 2 naming why."""
-    def run(out, steps, *extra):
-        proc = run_main(overrides(workspace, out, steps, *extra))
-        text, _ = proc.communicate(timeout=600)
-        return proc.returncode, text
+    config, or a directory whose run left no checkpoint, is refused with exit 2 naming why. The first runs are
+    copies of the shared trained run's directory as it stood after step 1 (with its checkpoint, and without, as
+    trainer.save_freq=-1 leaves it); the refused launches run the trainer's main in this process."""
+    def refused(out, steps, *extra):
+        done = main_ppo_in_process(*trained_run_args(workspace, out, steps, *extra))
+        return done.returncode, done.stdout + done.stderr
 
-    saved = tmp_path / "saved"
-    assert run(saved, 1)[0] == 0
-    code, text = run(saved, 2)  # the same command with a larger budget: continues at step 2
-    assert code == 0 and "continuing global_step_1" in text, text
-    assert [r["step"] for r in metrics(saved)] == [1, 2]
-    code, text = run(saved, 3, "actor_rollout_ref.actor.optim.lr=5e-3")
+    saved = copy_run(trained_run, tmp_path / "saved", 1)
+    proc = run_main(trained_run_args(workspace, saved, 2))  # the same command with a larger budget: continues
+    text, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and "continuing global_step_1" in text, text
+    assert [r["step"] for r in metrics(saved)] == [0, 1, 2]
+    code, text = refused(saved, 3, "actor_rollout_ref.actor.optim.lr=5e-3")
     assert code == 2 and "different config" in text and "actor_rollout_ref.actor.optim.lr" in text, text
-    code, text = run(saved, 3, "trainer.resume_mode=disable")
+    code, text = refused(saved, 3, "trainer.resume_mode=disable")
     assert code == 2 and "resume_mode=disable" in text, text
-    assert [r["step"] for r in metrics(saved)] == [1, 2]  # nothing appended by the refused runs
+    assert [r["step"] for r in metrics(saved)] == [0, 1, 2]  # nothing appended by the refused runs
 
-    unsaved = tmp_path / "unsaved"
-    assert run(unsaved, 1, "trainer.save_freq=-1")[0] == 0
-    code, text = run(unsaved, 1, "trainer.save_freq=-1")
+    unsaved = copy_run(trained_run, tmp_path / "unsaved", 1, checkpoints=False)
+    code, text = refused(unsaved, 1, "trainer.save_freq=-1")
     assert code == 2 and "no checkpoint to continue from" in text, text
-    assert [r["step"] for r in metrics(unsaved)] == [1]
+    assert [r["step"] for r in metrics(unsaved)] == [0, 1]

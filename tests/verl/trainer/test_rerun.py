@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.verl.trainer.trainer_test_utils import ROOT, overrides
+from tests.verl.trainer.trainer_test_utils import ROOT, copy_run, trained_run_args
 
 
 def main_ppo(*args: str) -> subprocess.CompletedProcess:
@@ -33,16 +33,16 @@ def test_every_entry_point_has_help(module):
 
 
 @pytest.mark.slow
-def test_resume_summary_and_a_finished_run(workspace, tmp_path):
-    out = tmp_path / "run"
-    first = main_ppo(*overrides(workspace, out, 1, "trainer.val_before_train=true"))
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    resumed = main_ppo(*overrides(workspace, out, 2, "trainer.val_before_train=true"))
+def test_resume_summary_and_a_finished_run(workspace, trained_run, tmp_path):
+    """The first run is a copy of the shared trained run's directory as it stood after step 1 (its validation
+    before step 1 logged at step 0)."""
+    out = copy_run(trained_run, tmp_path / "run", 1)
+    resumed = main_ppo(*trained_run_args(workspace, out, 2))
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "nan" not in resumed.stdout and "val/em: before " in resumed.stdout, resumed.stdout
-    again = main_ppo(*overrides(workspace, out, 2, "trainer.val_before_train=true"))
+    again = main_ppo(*trained_run_args(workspace, out, 2))
     assert again.returncode == 0 and "run already complete: 2 of 2 steps" in again.stdout, again.stdout[-2000:]
-    val_only = main_ppo(*overrides(workspace, out, 2, "+trainer.val_only=true"))
+    val_only = main_ppo(*trained_run_args(workspace, out, 2, "+trainer.val_only=true"))
     assert val_only.returncode == 0 and "validation only" in val_only.stdout and " steps ->" not in val_only.stdout
 
 

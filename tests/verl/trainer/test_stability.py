@@ -27,6 +27,7 @@ from data_prep.qa_search import make_row, rows_to_parquet
 from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.llm_agent.formatting import INFO_CLOSE
+from tests.entry_points import main_ppo_in_process
 from tests.verl.trainer.trainer_test_utils import ROOT, metrics, overrides
 from verl.utils import checkpoint
 
@@ -256,17 +257,20 @@ def test_kill_9_at_random_moments_resumes_at_the_right_step(workspace, tmp_path,
     assert (out / "hf_model").exists()
 
 
-def test_bad_model_path_and_corrupt_checkpoint_exit_2_naming_the_problem(workspace, tmp_path, runs):
-    """Through the entry point: no traceback, exit status 2 and a message naming the key or the directory."""
-    run = runs(overrides(workspace, tmp_path / "a", 1, f"actor_rollout_ref.model.path={tmp_path / 'missing'}"),
-               tmp_path / "a.log")
-    assert run.finish() == 2
+def test_bad_model_path_and_corrupt_checkpoint_exit_2_naming_the_problem(workspace, tmp_path):
+    """Through the entry point's main (in this process: tests/entry_points.py): no traceback, exit status 2 and a
+    message naming the key or the directory."""
+    missing = f"actor_rollout_ref.model.path={tmp_path / 'missing'}"
+    done = main_ppo_in_process(*overrides(workspace, tmp_path / "a", 1, missing))
+    text = done.stdout + done.stderr
+    assert done.returncode == 2, text
     assert f"error: config key actor_rollout_ref.model.path='{tmp_path / 'missing'}' is invalid: no such directory" \
-        in run.text() and "Traceback" not in run.text()
+        in text and "Traceback" not in text
     damaged = tmp_path / "b" / "global_step_1"
     (damaged / "actor").mkdir(parents=True)
     (damaged / "trainer.pt").write_bytes(b"half a checkpoint")
-    run = runs(overrides(workspace, tmp_path / "b", 1), tmp_path / "b.log")
-    assert run.finish() == 2
-    assert f"error: checkpoint {damaged} is incomplete or corrupt: missing config.yaml, actor/.metadata" in run.text()
-    assert "trainer.resume_mode=disable" in run.text() and "Traceback" not in run.text()
+    done = main_ppo_in_process(*overrides(workspace, tmp_path / "b", 1))
+    text = done.stdout + done.stderr
+    assert done.returncode == 2, text
+    assert f"error: checkpoint {damaged} is incomplete or corrupt: missing config.yaml, actor/.metadata" in text
+    assert "trainer.resume_mode=disable" in text and "Traceback" not in text
