@@ -1,16 +1,18 @@
 """An entry point's command run in the test process: ``in_process("search_r1.infer", *args)`` is ``python -m
 search_r1.infer args`` minus the new interpreter; ``main_ppo_in_process(*args)`` the trainer's.
 
-For the launches a test expects to be refused (exit status 2 and a message): a subprocess spends ~6 s of CPU
-importing torch, transformers and the trainer before it reads its first argument, which is most of what such a
-test costs, while this process has them imported already. What the command does is the same: ``main(argv)`` is
-the whole of ``python -m MODULE`` (``sys.exit(main())``), its exit status is ``main``'s return value (or the
-code of the ``SystemExit`` argparse raises), and what it prints to stdout and stderr, and logs, is returned as
-the subprocess's would be (an exception escaping ``main``, which would be a traceback and exit status 1, fails
-the test). The process-wide settings ``main`` makes for a run (logging levels and environment defaults, torch's
-seed) are put back afterwards. Launches
-that must be a real process stay subprocesses: runs that train, a Ray address that never answers (its join
-thread is abandoned, not stopped), and one refusal per entry point that checks the exit status of the process.
+For launches that start no training: a refusal (exit status 2 and a message), the rerun of a finished run, a
+validation. A subprocess spends ~6 s of CPU importing torch, transformers and the trainer before it reads its
+first argument, which is most of what such a test costs, while this process has them imported already. What the
+command does is the same: ``main(argv)`` is the whole of ``python -m MODULE`` (``sys.exit(main())``), its exit
+status is ``main``'s return value (or the code of the ``SystemExit`` argparse raises), and what it prints to
+stdout and stderr, and logs, is returned as the subprocess's would be (an exception escaping ``main``, which
+would be a traceback and exit status 1, fails the test). The process-wide settings ``main`` makes for a run
+(logging levels and environment defaults, torch's seed and thread count) are put back afterwards. Launches that
+must be a real process stay subprocesses: runs that train or are resumed (a fresh process is the point), a Ray
+address that never answers (its join thread is abandoned, not stopped), entry points that install their own log
+handlers (the retrieval service and index builder), and one refusal per entry point that checks the exit status
+of the process itself.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def _process_settings_restored():
 
     verbosity = transformers.logging.get_verbosity()
     progress = transformers.utils.logging.is_progress_bar_enabled()
-    rng = torch.get_rng_state()
+    rng, threads = torch.get_rng_state(), torch.get_num_threads()
     try:
         yield
     finally:
@@ -49,6 +51,7 @@ def _process_settings_restored():
         transformers.logging.set_verbosity(verbosity)
         (transformers.logging.enable_progress_bar if progress else transformers.logging.disable_progress_bar)()
         torch.set_rng_state(rng)
+        torch.set_num_threads(threads)
 
 
 def in_process(module: str, *args: object) -> subprocess.CompletedProcess:

@@ -25,10 +25,11 @@ import pytest
 from data_prep import qa_search
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.tiny_model import save_tiny_model
+from retrieval_server.build_index import build_index
 from retrieval_server.launcher import free_port
 from search_r1 import evaluate
 from search_r1.prompts import make_prompt
-from tests.entry_points import main_ppo_in_process
+from tests.entry_points import in_process, main_ppo_in_process
 from tests.verl.trainer.trainer_test_utils import copy_run, trained_run_args
 from verl.config import DEMO_CONFIG
 
@@ -111,12 +112,12 @@ def test_values_outside_what_a_key_or_flag_allows(ws, tmp_path):
     assert_refused(main_ppo_in_process(*negative),
                    "actor_rollout_ref.rollout.temperature=-1.0 is invalid: allowed a sampling temperature "
                    "(0 = greedy), a number in [0, 10]")
-    assert_refused(run("search_r1.evaluate", *eval_argv(ws, tmp_path / "eval", "--n", "2", "--temperature", "-1")),
+    assert_refused(in_process("search_r1.evaluate", *eval_argv(ws, tmp_path / "eval", "--n", "2", "--temperature",
+                                                              "-1")),
                    "--temperature must be in [0, 10] (0 = greedy), got -1.0")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "1", "contents": "Paris is the capital of France."}\n')
-    assert run("retrieval_server.build_index", "--corpus", corpus, "--out", tmp_path / "index", "--retriever",
-               "bm25").returncode == 0
+    build_index(corpus, tmp_path / "index", retriever="bm25", progress=False)
     serve = ("retrieval_server.serve", "--index", tmp_path / "index", "--corpus", corpus)
     assert_refused(run(*serve, "--port", "99999"), "--port must be between 0 and 65535, got 99999")
     with socket.socket() as taken:

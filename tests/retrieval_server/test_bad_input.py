@@ -20,6 +20,8 @@ import pytest
 
 from retrieval_server.launcher import ServerProcess
 
+pytestmark = pytest.mark.slow  # starts a retrieval server: not in `make test-fast`
+
 SLOW_CLIENT_TIMEOUT_S = 2.0
 SERVER_ARGS = ["--threads", "1", "--topk", "3", "--max-topk", "10", "--max-queries", "8", "--max-query-chars", "64",
                "--client-timeout", str(SLOW_CLIENT_TIMEOUT_S)]

@@ -40,6 +40,8 @@ from retrieval_server.tuning import (
 )
 from tests.retrieval_server.conftest import SERVER_ARGS
 
+pytestmark = pytest.mark.slow  # trains and builds FAISS indexes of every kind, a server: not in `make test-fast`
+
 DIM, N, Q = 32, 3000, 200
 
 

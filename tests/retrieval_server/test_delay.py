@@ -18,6 +18,8 @@ import pytest
 from retrieval_server.launcher import ServerProcess
 from tests.retrieval_server.conftest import SERVER_ARGS
 
+pytestmark = pytest.mark.slow  # starts retrieval servers: not in `make test-fast`
+
 DELAY_S = 0.3
 QUERY = {"queries": ["river bridges"], "topk": 2}
 

@@ -70,6 +70,7 @@ def test_hnsw_from_flat_reuses_the_vectors(flat_index, corpus_path, tmp_path):
     np.testing.assert_array_equal(hnsw.reconstruct_n(0, hnsw.ntotal), flat.reconstruct_n(0, flat.ntotal))
 
 
+@pytest.mark.slow  # builds an index with an encoder
 def test_e5_prefixes_are_recorded_and_applied_to_queries(corpus_path, tmp_path):
     """Guards against e5-style prefixes applied to passages at build time but not to queries at serve time
     (or the reverse), which silently degrades every search."""
@@ -118,6 +119,7 @@ def test_an_index_over_the_gpu_budget_is_refused_naming_the_need_and_the_ways_ou
     check_gpu_budget("flat", 768, 21_000_000, 4, "shard", False, None)  # no budget given: no limit
 
 
+@pytest.mark.slow  # starts two servers
 def test_gpu_budget_option_is_checked_and_a_cpu_service_is_unaffected(flat_index, corpus_path):
     """--faiss-gpu-memory-gb: a non-positive value exits 2 naming the option; on a machine without GPUs a budget
     changes nothing (the index is searched on CPU)."""

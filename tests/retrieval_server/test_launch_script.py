@@ -14,8 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from retrieval_server.launcher import free_port
+
+pytestmark = pytest.mark.slow  # runs retrieval_launch.sh (index builds, servers): not in `make test-fast`
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "retrieval_launch.sh"

@@ -9,6 +9,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from retrieval_server.launcher import ServerProcess
 from retrieval_server.logs import RequestStats
@@ -25,6 +26,7 @@ def _totals(log: str) -> tuple[int, dict[str, int]]:
     return len(matches), {k: sum(int(m[k].replace(",", "")) for m in matches) for k in keys}
 
 
+@pytest.mark.slow  # starts a server
 def test_summary_counts_what_was_sent(bm25_index, corpus_path):
     """Guards against a silent service (no way to see its load without a benchmark), a summary whose counts do
     not match the traffic, a line per request flooding the terminal, and lines for idle intervals."""
@@ -74,6 +76,7 @@ def test_request_stats_percentiles_and_line():
     assert "0 requests, 0 queries" in stats.summary()
 
 
+@pytest.mark.slow  # a subprocess
 def test_library_chatter_is_below_info_but_errors_show():
     """Guards against FAISS's probe of optional builds ("Could not load library with AVX2 support" and the import
     error) and httpx's per-request lines filling the log at INFO, and against hiding a real FAISS failure."""

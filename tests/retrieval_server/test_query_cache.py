@@ -97,6 +97,7 @@ def _answers(server: ServerProcess, requests: list[list[str]]) -> list[list[list
         return list(pool.map(one, requests))
 
 
+@pytest.mark.slow  # starts two servers
 def test_service_answers_are_the_same_with_and_without_the_cache(flat_index, corpus_path):
     """Guards against the cache or the deduplication changing what a client gets (wrong rows, misrouted repeats
     across coalesced requests), and against /stats counters that do not count what happened."""

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from retrieval_server.launcher import free_port
 from retrieval_server.serve import translate_search_r1_flags
@@ -28,6 +29,7 @@ def test_flags_translate_to_ours(tmp_path):
     assert len(notices) == 3 and any("manifest.json" in n for n in notices)
 
 
+@pytest.mark.slow  # starts a server
 def test_serve_runs_with_search_r1s_flags(bm25_index, corpus_path, tmp_path):
     """Search-R1's command line (BM25 index directory) serves; a bare FAISS file is exit 2 naming import_index."""
     port = free_port()

@@ -14,6 +14,8 @@ from retrieval_server.encoder import DEFAULT_MODEL, Encoder
 from retrieval_server.launcher import ServerProcess
 from tests.retrieval_server.retrieval_test_corpus import PASSAGES, RARE_TERM
 
+pytestmark = pytest.mark.slow  # starts retrieval servers: not in `make test-fast`
+
 IDS = [pid for pid, _, _ in PASSAGES]
 CONTENTS = [f'"{title}"\n{text}' for _, title, text in PASSAGES]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.entry_points import main_ppo_in_process
 from tests.verl.trainer.trainer_test_utils import ROOT, overrides
 from verl.config import LOGGERS
 from verl.utils.plots import plot_curves
@@ -30,7 +31,8 @@ def offline_env(home: Path) -> dict[str, str]:
     return {**env, "HOME": str(home), "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
 
 
-@pytest.mark.parametrize("loggers", COMBINATIONS, ids=["+".join(c) for c in COMBINATIONS])
+@pytest.mark.parametrize("loggers", [pytest.param(c, id="+".join(c), marks=[pytest.mark.slow] if "wandb" in c else [])
+                                     for c in COMBINATIONS])  # slow: W&B starts its service process
 def test_every_logger_combination_logs_and_closes(loggers, tmp_path, monkeypatch):
     """The end of a run (log the steps, close, draw the curves from metrics.jsonl) works for every combination:
     metrics.jsonl is the run's record whatever trainer.logger says."""
@@ -65,19 +67,27 @@ def test_a_finished_run_exits_0_with_search_r1s_loggers(workspace, tmp_path, log
     assert (out / "global_step_2").is_dir() and (out / "curves.png").is_file()
 
 
-def test_missing_wandb_or_key_is_exit_2_before_the_model_loads(workspace, tmp_path):
-    """wandb not installed (a shadowing package that fails to import, as a missing one does), or installed with no
-    API key and not offline: exit 2 with the fix named, before anything of the run exists (no run directory)."""
+@pytest.mark.slow  # a trainer subprocess
+def test_missing_wandb_or_key_is_exit_2_before_the_model_loads(workspace, tmp_path, monkeypatch):
+    """wandb not installed (a shadowing package that fails to import, as a missing one does: a fresh interpreter
+    whose path finds it first), or installed with no API key and not offline (the trainer's main in this process,
+    tests/entry_points.py): exit 2 with the fix named, before anything of the run exists (no run directory)."""
     shadow = tmp_path / "shadow" / "wandb"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'wandb'\")\n")
     missing = {**offline_env(tmp_path), "PYTHONPATH": f"{shadow.parent}{os.pathsep}{ROOT}"}
-    no_key = {k: v for k, v in offline_env(tmp_path).items() if k != "WANDB_MODE"}
-    for env, message in ((missing, "wandb is not installed: pip install wandb"),
-                         (no_key, "W&B has no API key: set WANDB_API_KEY")):
-        out = tmp_path / "run"
-        done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo",
-                               *overrides(workspace, out, 1, "trainer.logger=['wandb']")],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 2 and message in done.stderr, done.stdout[-2000:] + done.stderr[-2000:]
-        assert "Traceback" not in done.stderr and not out.exists()
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo",
+                           *overrides(workspace, out, 1, "trainer.logger=['wandb']")],
+                          cwd=ROOT, env=missing, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "wandb is not installed: pip install wandb" in done.stderr, \
+        done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not out.exists()
+
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    done = main_ppo_in_process(*overrides(workspace, out, 1, "trainer.logger=['wandb']"))
+    assert done.returncode == 2 and "W&B has no API key: set WANDB_API_KEY" in done.stderr, \
+        done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not out.exists()
