@@ -1,8 +1,9 @@
 # `make demo`: install (idempotent) and train the search agent on the embedded demo with PPO.
-# `make test`: install (idempotent) and run the test suite (the 25 slowest tests listed at the end, to keep an eye
-# on the suite's time); `make test-fast`: the tests not marked slow (pure
-# functions, config, API, masks: a few minutes), for use while editing. `make lint`: ruff. `make docs`: regenerate
-# configs/ppo_trainer.yaml and docs/config.md from the config's declarations (a test checks both are current).
+# `make test`: install (idempotent) and run the test suite on 2 pytest-xdist workers (the 25 slowest tests listed
+# at the end, to keep an eye on the suite's time); `make test-fast`: the tests not marked slow (pure functions,
+# config, API, masks: no trainer, service, engine or Ray processes, no index builds), for use while editing.
+# `make lint`: ruff (CI runs it before the tests). `make docs`: regenerate configs/ppo_trainer.yaml and
+# docs/config.md from the config's declarations (a test checks both are current).
 # Everything goes into the project's own virtual environment, .venv/.
 PYTHON_SYS ?= python3
 VENV := .venv

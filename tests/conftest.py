@@ -54,9 +54,16 @@ SHARED_SCOPES = {
     "tests/verl/single_controller/test_group_rollout.py": "ray",
     "tests/verl/single_controller/test_worker_groups.py": "ray",
 }
-# Scopes that take longest, handed out first (in this order) so that the workers finish together; the others follow
-# in collection order.
-LONGEST_FIRST = ["ray"]
+# Scopes that take longest (measured), handed out first in this order so that the workers finish together; the
+# others follow in collection order.
+LONGEST_FIRST = [
+    "ray", "tests/verl/trainer/test_stability.py", "tests/retrieval_server/test_ray_service.py",
+    "tests/test_user_errors_surfaces.py", "tests/scripts/test_launchers.py", "tests/test_user_errors.py",
+    "tests/search_r1/llm_agent/test_agent_hf.py", "tests/verl/trainer/test_loggers.py",
+    "tests/verl/trainer/test_ppo_trainer.py", "tests/data_prep/test_demo_numerics.py",
+    "tests/search_r1/test_search_r1_overrides_train.py", "tests/test_wheel.py", "tests/retrieval_server/test_shards.py",
+    "tests/verl/workers/test_fsdp.py", "tests/verl/trainer/test_rerun.py",
+]
 
 
 def xdist_scope(nodeid: str) -> str:
