@@ -14,11 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from data_prep.tiny_model import train_tokenizer
 from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.prompts import INSTRUCTION
 from tests.search_r1.memorised_policy import QUESTIONS, memorised_policy
+from tests.shared_builds import built_once
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,9 +88,19 @@ def own_service(retrieval_index):
 @pytest.fixture(scope="session")
 def policy(tmp_path_factory, service_url, corpus_texts):
     """The memorising policy on the tiny tokenizer (tags are single tokens)
-    -> (model dir, tokenizer, prompts, expected responses, expected info masks)."""
-    tokenizer = train_tokenizer(corpus_texts + [INSTRUCTION] * 3 + list(QUESTIONS) * 3, vocab_size=700)
-    return memorised_policy(tokenizer, tmp_path_factory.mktemp("policy"), service_url)
+    -> (model dir, tokenizer, prompts, expected responses, expected info masks). Trained once per test run
+    (``built_once``: the worker that asks first trains it and records the trajectories; the others read them, and
+    the tokenizer saved with the model)."""
+    def build(out: Path) -> None:
+        tokenizer = train_tokenizer(corpus_texts + [INSTRUCTION] * 3 + list(QUESTIONS) * 3, vocab_size=700)
+        _, _, prompts, responses, masks = memorised_policy(tokenizer, out / "model", service_url)
+        (out / "trajectories.json").write_text(json.dumps({"prompts": prompts, "responses": responses,
+                                                            "masks": masks}))
+
+    built = built_once(tmp_path_factory, "memorised_policy", build)
+    recorded = json.loads((built / "trajectories.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(built / "model")
+    return built / "model", tokenizer, recorded["prompts"], recorded["responses"], recorded["masks"]
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_prep.tiny_model import save_tiny_model
+from tests.shared_builds import built_once
 
 FACTS = [
     ("the capital of france", "paris"), ("the tallest mountain", "everest"), ("the author of hamlet", "shakespeare"),
@@ -81,13 +82,18 @@ def raw_logprobs(model, prompt: list[int], response: list[int]) -> list[float]:
     return values
 
 
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory) -> Path:
-    """Directory of the fine-tuned tiny model + tokenizer (built once per test session)."""
+def build_policy(out: Path) -> Path:
+    """The tiny model + tokenizer of ``traces()``, fine-tuned on them, saved in ``out``."""
     texts = traces()
-    out = save_tiny_model(tmp_path_factory.mktemp("tiny_policy"), texts, vocab_size=512)
+    save_tiny_model(out, texts, vocab_size=512)
     fine_tune(out, texts)
     return out
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    """Directory of the fine-tuned tiny model + tokenizer (built once per test run, ``built_once``)."""
+    return built_once(tmp_path_factory, "rollout_tiny_policy", build_policy)
 
 
 @pytest.fixture(scope="session")
