@@ -1,18 +1,22 @@
 """An entry point's command run in the test process: ``in_process("search_r1.infer", *args)`` is ``python -m
 search_r1.infer args`` minus the new interpreter; ``main_ppo_in_process(*args)`` the trainer's.
 
-For launches that start no training: a refusal (exit status 2 and a message), the rerun of a finished run, a
-validation. A subprocess spends ~6 s of CPU importing torch, transformers and the trainer before it reads its
-first argument, which is most of what such a test costs, while this process has them imported already. What the
-command does is the same: ``main(argv)`` is the whole of ``python -m MODULE`` (``sys.exit(main())``), its exit
-status is ``main``'s return value (or the code of the ``SystemExit`` argparse raises), and what it prints to
-stdout and stderr, and logs, is returned as the subprocess's would be (an exception escaping ``main``, which
-would be a traceback and exit status 1, fails the test). The process-wide settings ``main`` makes for a run
-(logging levels and environment defaults, torch's seed and thread count) are put back afterwards. Launches that
-must be a real process stay subprocesses: runs that train or are resumed (a fresh process is the point), a Ray
-address that never answers (its join thread is abandoned, not stopped), entry points that install their own log
-handlers (the retrieval service and index builder), and one refusal per entry point that checks the exit status
-of the process itself.
+For the trainer's launches whose process is not what the test is about: refusals (exit status 2 and a message), a
+short run that must finish or stop with a given status, the rerun of a finished run, a validation. A subprocess
+spends ~6 s of CPU importing torch, transformers and the trainer before it reads its first argument, more than
+such a run costs, while this process has them imported already. What the command does is the same: ``main(argv)``
+is the whole of ``python -m MODULE`` (``sys.exit(main())``), its exit status is ``main``'s return value (or the
+code of the ``SystemExit`` argparse raises), and what it prints to stdout and stderr, and logs, is returned as
+the subprocess's would be (an exception escaping ``main``, which would be a traceback and exit status 1, fails
+the test). The process-wide settings ``main`` makes for a run (logging levels and environment defaults, torch's
+seed and thread count) are put back afterwards; the trainer's workers run here on the local backend, as the
+in-process trainer tests' do (one torch.distributed group of this process alone). Launches that must be a real
+process stay subprocesses: a run resumed after a kill or compared with an uninterrupted one (a fresh process is
+the point), runs that are killed or read while they run, Ray backends, a Ray address that never answers (its
+join thread is abandoned, not stopped), runs whose environment must differ at interpreter start (thread counts,
+a shadowed package), entry points that install their own log handlers (the retrieval service and index builder),
+the command lines themselves (launchers, --help, console scripts), and one refusal per entry point that checks
+the exit status of the process itself.
 """
 
 from __future__ import annotations
@@ -54,9 +58,10 @@ def _process_settings_restored():
         torch.set_num_threads(threads)
 
 
-def in_process(module: str, *args: object) -> subprocess.CompletedProcess:
+def in_process(module: str, *args: object, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
     """``MODULE.main(args)`` here -> a CompletedProcess (args, returncode, stdout, stderr) as
-    ``subprocess.run([python, "-m", MODULE, *args], capture_output=True, text=True)`` gives."""
+    ``subprocess.run([python, "-m", MODULE, *args], capture_output=True, text=True)`` gives. ``env``: variables
+    set (None: removed) for the call, as a subprocess's environment would have them."""
     main = importlib.import_module(module).main
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
@@ -64,6 +69,11 @@ def in_process(module: str, *args: object) -> subprocess.CompletedProcess:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     with _process_settings_restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        for key, value in (env or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         root.addHandler(handler)
         try:
             code = main(argv)
@@ -74,6 +84,6 @@ def in_process(module: str, *args: object) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["python", "-m", module, *argv], code, out.getvalue(), err.getvalue())
 
 
-def main_ppo_in_process(*args: object) -> subprocess.CompletedProcess:
+def main_ppo_in_process(*args: object, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
     """``python -m verl.trainer.main_ppo args``, in this process."""
-    return in_process("verl.trainer.main_ppo", *args)
+    return in_process("verl.trainer.main_ppo", *args, env=env)

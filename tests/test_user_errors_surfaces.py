@@ -160,7 +160,7 @@ def test_a_moved_run_directory_resumes(workspace, trained_run, tmp_path):
     moved = tmp_path / "elsewhere" / "moved"
     moved.parent.mkdir()
     shutil.move(first, moved)
-    done = run("verl.trainer.main_ppo", *trained_run_args(workspace, moved, 2))
+    done = main_ppo_in_process(*trained_run_args(workspace, moved, 2))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "continuing global_step_1" in done.stdout
     steps = [json.loads(line)["step"] for line in (moved / "metrics.jsonl").read_text().splitlines()]

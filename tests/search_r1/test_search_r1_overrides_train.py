@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import pytest
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.tiny_model import train_tokenizer
 from search_r1.prompts import INSTRUCTION
+from tests.entry_points import main_ppo_in_process
 from tests.search_r1.long_passages import passages
 from tests.search_r1.searching_policy import QUESTIONS, two_search_policy
 from tests.verl.test_config_compat import search_r1_grpo, search_r1_ppo
@@ -60,10 +59,9 @@ def test_search_r1_overrides_train_on_trajectories_with_passages(searching, long
               "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", "trainer.device=cpu",
               f"retriever.url={long_service_url}/retrieve", f"trainer.default_local_dir={out}"]
     args = make(str(searching / "model"), str(searching / "data"), f"{script}-tiny") + scaled
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}, "WANDB_MODE": "offline",
-           "WANDB_SILENT": "true", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900, env=env)
+    env = {**dict.fromkeys(k for k in os.environ if k.startswith("WANDB_")), "WANDB_MODE": "offline",
+           "WANDB_SILENT": "true", "HOME": str(tmp_path)}
+    done = main_ppo_in_process(*args, env=env)  # the trainer's main in this process (tests/entry_points.py)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (step,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
                if json.loads(line)["step"] == 1]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from data_prep.tiny_model import save_tiny_model
 from retrieval_server.launcher import ServerProcess
 from search_r1.config import SearchConfig
 from search_r1.prompts import make_prompt
+from tests.entry_points import main_ppo_in_process
 from tests.search_workspace import build_search_workspace
 from verl.config import Config, ConfigError, load_config
 from verl.config_compat import Alias, GlobalCount, NoEffect, rules
@@ -233,8 +232,7 @@ def test_one_grpo_step_with_search_r1s_grpo_script(search_workspace, tmp_path):
                   f"retriever.url={server.url}/retrieve", f"trainer.default_local_dir={tmp_path / 'run'}",
                   "trainer.device=cpu"]
         args = search_r1_grpo(str(ws / "model"), str(ws / "data"), "grpo-tiny") + scaled
-        done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600)
+        done = main_ppo_in_process(*args)  # the trainer's main in this process (tests/entry_points.py)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step = [r for r in records if r["step"] == 1 and "actor/pg_loss" in r]

@@ -10,9 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -59,7 +56,8 @@ def test_record_is_written_and_a_changed_corpus_refused_on_resume(tmp_path):
 @pytest.mark.slow
 def test_resume_against_a_service_over_another_corpus_is_refused(tmp_path):
     """Train one step against a service, then continue the run against a service over another corpus: exit 2 naming
-    both corpora, before any step; the run's retrieval.json still names the first."""
+    both corpora, before any step; the run's retrieval.json still names the first (the trainer's main in this
+    process, tests/entry_points.py)."""
     (tmp_path / "ws").mkdir()
     ws = build_search_workspace(tmp_path / "ws")
     other = tmp_path / "other.jsonl"
@@ -79,15 +77,14 @@ def test_resume_against_a_service_over_another_corpus_is_refused(tmp_path):
 
     with ServerProcess(ws / "index", ws / "corpus.jsonl") as first:
         first.wait_ready()
-        done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args(first.url, 1)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        done = main_ppo_in_process(*args(first.url, 1))
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     recorded = json.loads((out / RECORD_FILE).read_text())
     assert recorded["corpus_sha256"] == hashlib.sha256((ws / "corpus.jsonl").read_bytes()).hexdigest()
     assert recorded["retriever"] == "bm25" and recorded["passages"] == 8
     with ServerProcess(tmp_path / "other_index", other) as second:
         second.wait_ready()
-        done = main_ppo_in_process(*args(second.url, 2))  # refused: the trainer's main in this process
+        done = main_ppo_in_process(*args(second.url, 2))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout[-2000:] + done.stderr[-2000:]
     assert "(8 passages)" in done.stderr and "(9 passages)" in done.stderr
     assert not (out / "global_step_2").exists() and json.loads((out / RECORD_FILE).read_text()) == recorded

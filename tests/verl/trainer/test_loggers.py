@@ -57,11 +57,11 @@ def test_every_logger_combination_logs_and_closes(loggers, tmp_path, monkeypatch
 @pytest.mark.parametrize("loggers", [["wandb"], ["console"], ["console", "jsonl", "tensorboard", "wandb"]])
 def test_a_finished_run_exits_0_with_search_r1s_loggers(workspace, tmp_path, loggers):
     """main_ppo with Search-R1's trainer.logger=['wandb'] (offline, no network, no key) or console only: both steps
-    train, the checkpoint is saved and the run exits 0."""
+    train, the checkpoint is saved and the run exits 0 (the trainer's main in this process, tests/entry_points.py)."""
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo",
-                           *overrides(workspace, out, 2, f"trainer.logger={loggers}")],
-                          cwd=ROOT, env=offline_env(tmp_path), capture_output=True, text=True, timeout=600)
+    env = {**dict.fromkeys([k for k in os.environ if k.startswith("WANDB_")]), **offline_env(tmp_path)}
+    env.pop("PYTHONPATH")
+    done = main_ppo_in_process(*overrides(workspace, out, 2, f"trainer.logger={loggers}"), env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "actor/pg_loss" in r] == [1, 2]
     assert (out / "global_step_2").is_dir() and (out / "curves.png").is_file()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.entry_points import main_ppo_in_process
 from tests.verl.trainer.trainer_test_utils import RAY_WORLD_2, metrics, overrides
 
 pytestmark = pytest.mark.slow  # starts trainers and engines: not in `make test-fast`
@@ -77,14 +78,13 @@ def test_pipeline_bound_and_no_prompt_lost_or_repeated_across_a_kill_and_resume(
     assert any(r["perf/overlap_s"] > 0 for r in records)
 
 
-def test_pipeline_in_process_waits_for_in_flight_rows_at_a_sync(workspace, tmp_path, run_main):
+def test_pipeline_in_process_waits_for_in_flight_rows_at_a_sync(workspace, tmp_path):
     """The in-process backend, max_staleness=2, partial rollouts off (a sync waits for the batch being generated):
     the bound holds and every row of a batch was sampled by one version (no row continued on new weights)."""
     out, dump = tmp_path / "run", tmp_path / "rollouts"
-    proc = run_main(overrides(workspace, out, 5, "trainer.max_staleness=2", "actor_rollout_ref.actor.tis_cap=2",
-                              f"trainer.rollout_data_dir={dump}"))
-    log, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, log[-3000:]
+    done = main_ppo_in_process(*overrides(workspace, out, 5, "trainer.max_staleness=2",  # in this process
+                                          "actor_rollout_ref.actor.tis_cap=2", f"trainer.rollout_data_dir={dump}"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = trained_rows(dump)
     assert check_rows(rows, 5, k=2) >= 1
     assert all(r["min_version"] == r["max_version"] for records in rows.values() for r in records)

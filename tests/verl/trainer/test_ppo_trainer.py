@@ -65,11 +65,13 @@ def test_two_ranks_train_like_one(workspace, tmp_path, run_main):
     same_step = ["actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                  "critic.ppo_mini_batch_size=4", "trainer.save_freq=-1"]
     records = {}
-    for name, world in (("local", []), ("ray", RAY_WORLD_2)):
-        proc = run_main(overrides(workspace, tmp_path / name, 2, *same_step, *world))
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, out
-        records[name] = metrics(tmp_path / name)
+    done = main_ppo_in_process(*overrides(workspace, tmp_path / "local", 2, *same_step))  # one process: this one
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records["local"] = metrics(tmp_path / "local")
+    proc = run_main(overrides(workspace, tmp_path / "ray", 2, *same_step, *RAY_WORLD_2))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    records["ray"] = metrics(tmp_path / "ray")
     for one, two in zip(records["local"], records["ray"], strict=True):
         assert one["critic/score/mean"] == two["critic/score/mean"]
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "actor/entropy"):
@@ -84,16 +86,17 @@ def test_two_ranks_train_like_one(workspace, tmp_path, run_main):
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=3e-5, msg=name)
 
 
-def test_lora_grpo_run_end_to_end(workspace, tmp_path, run_main):
+def test_lora_grpo_run_end_to_end(workspace, tmp_path):
     """Guards against LoRA breaking the trainer's wiring: GRPO with a KL loss whose reference comes from
     the actor with adapters disabled (no reference worker), engines synced with merged weights, and
     an export that is a plain HF model of the base's names."""
     out = tmp_path / "lora"
-    proc = run_main(overrides(workspace, out, 2, "actor_rollout_ref.model.lora_rank=4", "algorithm.adv_estimator=grpo",
-                              "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.use_kl_loss=true",
-                              "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.optim.lr=0.01"))
-    log, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, log
+    done = main_ppo_in_process(*overrides(workspace, out, 2, "actor_rollout_ref.model.lora_rank=4",
+                                          "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+                                          "actor_rollout_ref.actor.use_kl_loss=true",
+                                          "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                                          "actor_rollout_ref.actor.optim.lr=0.01"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = metrics(out)
     assert [r["step"] for r in records] == [1, 2] and all("actor/kl_loss" in r for r in records)
     assert records[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)  # adapters start as a no-op
@@ -203,20 +206,19 @@ def test_grpo_needs_groups():
         load_config(["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"])
 
 
-def test_a_used_run_directory_is_resumed_or_refused_never_appended_to(workspace, trained_run, tmp_path, run_main):
+def test_a_used_run_directory_is_resumed_or_refused_never_appended_to(workspace, trained_run, tmp_path):
     """Guards against a second run in the same directory appending its steps to the first run's metrics.jsonl
     (steps 1,2,1,2) and overwriting its hf_model/: the same command continues from the checkpoint; a different
     config, or a directory whose run left no checkpoint, is refused with exit 2 naming why. The first runs are
     copies of the shared trained run's directory as it stood after step 1 (with its checkpoint, and without, as
-    trainer.save_freq=-1 leaves it); the refused launches run the trainer's main in this process."""
+    trainer.save_freq=-1 leaves it); the launches run the trainer's main in this process (tests/entry_points.py)."""
     def refused(out, steps, *extra):
         done = main_ppo_in_process(*trained_run_args(workspace, out, steps, *extra))
         return done.returncode, done.stdout + done.stderr
 
     saved = copy_run(trained_run, tmp_path / "saved", 1)
-    proc = run_main(trained_run_args(workspace, saved, 2))  # the same command with a larger budget: continues
-    text, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0 and "continuing global_step_1" in text, text
+    done = main_ppo_in_process(*trained_run_args(workspace, saved, 2))  # the same command, a larger budget: continues
+    assert done.returncode == 0 and "continuing global_step_1" in done.stdout, done.stdout + done.stderr
     assert [r["step"] for r in metrics(saved)] == [0, 1, 2]
     code, text = refused(saved, 3, "actor_rollout_ref.actor.optim.lr=5e-3")
     assert code == 2 and "different config" in text and "actor_rollout_ref.actor.optim.lr" in text, text

@@ -88,16 +88,17 @@ def runs():
         run.kill()
 
 
-def test_nan_updates_are_skipped_then_the_run_stops_naming_step_quantity_and_checkpoint(workspace, tmp_path, runs):
+def test_nan_updates_are_skipped_then_the_run_stops_naming_step_quantity_and_checkpoint(workspace, tmp_path):
     """From step 2 every reward is NaN: the updates are skipped and counted, and after
     trainer.max_skipped_updates=2 such steps the run stops (exit 3) naming the step, the quantity and the
     last good checkpoint. Also: the mismatch metrics of the fp32 HF engine are ~0 and the entropy alarm fires."""
     (tmp_path / "nan_reward.py").write_text(NAN_AFTER_FIRST_STEP)
     out = tmp_path / "run"
-    run = runs(overrides(workspace, out, 6, f"custom_reward_function.path={tmp_path / 'nan_reward.py'}",
-                         "trainer.max_skipped_updates=2", "trainer.alarm_entropy_below=1000"), tmp_path / "log")
-    assert run.finish() == 3, run.text()[-3000:]
-    log = run.text()
+    reward = f"custom_reward_function.path={tmp_path / 'nan_reward.py'}"
+    done = main_ppo_in_process(*overrides(workspace, out, 6, reward, "trainer.max_skipped_updates=2",  # here
+                                          "trainer.alarm_entropy_below=1000"))
+    log = done.stdout + done.stderr
+    assert done.returncode == 3, log[-3000:]
     assert (f"stopped at step 3: the actor update was skipped 2 steps in a row (trainer.max_skipped_updates=2) "
             f"because a advantage was NaN/Inf; last good checkpoint: {out / 'global_step_1'}") in log
     assert f"saved the last finite weights as checkpoint {out / 'global_step_3'}" in log
