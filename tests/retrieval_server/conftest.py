@@ -40,15 +40,17 @@ def flat_index(corpus_path, tmp_path_factory) -> Path:
 SERVER_ARGS = ["--threads", "1", "--topk", "3", "--max-topk", "10", "--max-queries", "8", "--max-query-chars", "64"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bm25_server(bm25_index, corpus_path):
+    """Shared by the modules that query it (none stops it): started once per test process."""
     with ServerProcess(bm25_index, corpus_path, SERVER_ARGS) as server:
         server.wait_ready()
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def flat_server(flat_index, corpus_path):
+    """Shared by the modules that query it (none stops it): started once per test process."""
     with ServerProcess(flat_index, corpus_path, SERVER_ARGS) as server:
         server.wait_ready()
         yield server
