@@ -153,11 +153,12 @@ class PPOTrainer:
                                                      total_steps=self.total_steps, **placed, **kw)
         # colocated engines generate on the actor ranks while they train when the rollout is pipelined
         self.actor = make(ActorRolloutWorker, max_concurrency=2 if t.max_staleness > 0 and not t.rollout_ranks else 1)
-        # The reference: its own frozen model, or under LoRA the actor with its adapters disabled.
+        # The reference: its own frozen model, or under LoRA the actor with its adapters disabled. The reference and
+        # the critic live in the actor's processes (Ray: one process per rank; single_controller/ray_group.py).
         self.ref = None
         if uses_reference(self.cfg):
-            self.ref = self.actor if uses_lora(self.cfg) else make(RefWorker)
-        self.critic = make(CriticWorker) if uses_critic(self.cfg) else None
+            self.ref = self.actor if uses_lora(self.cfg) else make(RefWorker, colocate_with=self.actor)
+        self.critic = make(CriticWorker, colocate_with=self.actor) if uses_critic(self.cfg) else None
         self.engines = self.actor
         if t.rollout_ranks:
             self.engines = create_worker_group(RolloutWorker, self.cfg, t.backend, t.rollout_ranks,
