@@ -10,9 +10,10 @@ code of the ``SystemExit`` argparse raises), and what it prints to stdout and st
 the subprocess's would be (an exception escaping ``main``, which would be a traceback and exit status 1, fails
 the test). The process-wide settings ``main`` makes for a run (logging levels and environment defaults, torch's
 seed and thread count) are put back afterwards; the trainer's workers run here on the local backend, as the
-in-process trainer tests' do (one torch.distributed group of this process alone). Launches that must be a real
+in-process trainer tests' do (one torch.distributed group of this process alone), or with ``ray_address`` on the
+test run's Ray instance, this process the driver. Launches that must be a real
 process stay subprocesses: a run resumed after a kill or compared with an uninterrupted one (a fresh process is
-the point), runs that are killed or read while they run, Ray backends, a Ray address that never answers (its
+the point), runs that are killed or read while they run, a Ray address that never answers (its
 join thread is abandoned, not stopped), runs whose environment must differ at interpreter start (thread counts,
 a shadowed package), entry points that install their own log handlers (the retrieval service and index builder),
 the command lines themselves (launchers, --help, console scripts), and one refusal per entry point that checks
@@ -84,6 +85,18 @@ def in_process(module: str, *args: object, env: dict[str, str | None] | None = N
     return subprocess.CompletedProcess(["python", "-m", module, *argv], code, out.getvalue(), err.getvalue())
 
 
-def main_ppo_in_process(*args: object, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
-    """``python -m verl.trainer.main_ppo args``, in this process."""
-    return in_process("verl.trainer.main_ppo", *args, env=env)
+def main_ppo_in_process(*args: object, env: dict[str, str | None] | None = None,
+                        ray_address: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m verl.trainer.main_ppo args``, in this process. ``ray_address``: a trainer.backend=ray run's
+    driver is this process, joined to that Ray instance (``RAY_ADDRESS``) and disconnected afterwards unless it was
+    connected before; the run's worker processes end with it (``PPOTrainer.shutdown``)."""
+    if ray_address is None:
+        return in_process("verl.trainer.main_ppo", *args, env=env)
+    import ray
+
+    connected = ray.is_initialized()
+    try:
+        return in_process("verl.trainer.main_ppo", *args, env={**(env or {}), "RAY_ADDRESS": ray_address})
+    finally:
+        if not connected and ray.is_initialized():
+            ray.shutdown()

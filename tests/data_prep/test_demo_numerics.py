@@ -97,8 +97,8 @@ def test_demo_training_steps_do_not_depend_on_the_thread_count(tree, tmp_path):
             done = subprocess.run(
                 [sys.executable, "-m", "verl.trainer.main_ppo", "--config", "configs/demo.yaml",
                  f"actor_rollout_ref.model.path={policy}", f"retriever.url={service.url}", "trainer.seed=2",
-                 "data.seed=2", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                 "critic.ppo_mini_batch_size=8", "trainer.total_training_steps=2", "trainer.test_freq=-1",
+                 "data.seed=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                 "critic.ppo_mini_batch_size=4", "trainer.total_training_steps=2", "trainer.test_freq=-1",
                  "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
                  f"trainer.default_local_dir={out}"],
                 cwd=tree, env=env, capture_output=True, text=True, timeout=900)

@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingStopped, EnvironmentUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 3
+    finally:
+        trainer.shutdown()
     if trainer.already_complete:
         print(f"run already complete: {trainer.step} of {trainer.total_steps} steps in {trainer.out_dir}; nothing to "
               "train (raise trainer.total_training_steps to continue it, or name another trainer.experiment_name)")

@@ -502,6 +502,12 @@ class PPOTrainer:
             metrics["critic/values/mean"] = _mean(batch["values"], mask)
         return metrics
 
+    def shutdown(self) -> None:
+        """Release every worker group (Ray: their processes end now, not when this driver exits; a driver that goes
+        on, a notebook or a test, keeps no workers or device memory of a finished run)."""
+        for group in self._groups():
+            group.shutdown()
+
     def _groups(self) -> list[WorkerGroup]:
         """The distinct worker groups (under LoRA the reference is the actor's group)."""
         return list({id(g): g for g in (self.actor, self.ref, self.critic, self.engines) if g is not None}.values())

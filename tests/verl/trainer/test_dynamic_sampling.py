@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.entry_points import main_ppo_in_process
 from tests.verl.trainer.trainer_test_utils import RAY_WORLD_2, metrics, overrides
 from verl.config import ConfigError, load_config
 from verl.protocol import Batch
@@ -124,19 +125,18 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 @pytest.mark.slow
-def test_grpo_with_dynamic_sampling_on_two_ranks_trains_only_groups_that_vary(workspace, tmp_path, run_main):
+def test_grpo_with_dynamic_sampling_on_two_ranks_trains_only_groups_that_vary(workspace, tmp_path, ray_address):
     """Guards against the filter being skipped or mis-applied in the real loop (Ray world 2, pipelined rollout: the
     filter runs in the producer thread): every step trains data.train_batch_size groups of rollout.n rows, none of
     an even row (constant reward) unless a step had to fill, and the metrics say how many rounds it took."""
     reward, out, dump = tmp_path / "reward.py", tmp_path / "run", tmp_path / "rollouts"
     reward.write_text(REWARD)
-    proc = run_main(overrides(workspace, out, 3, *RAY_WORLD_2, "algorithm.adv_estimator=grpo",
-                              "actor_rollout_ref.rollout.n=2", "algorithm.filter_groups.enable=true",
-                              "algorithm.filter_groups.max_num_gen_batches=6", f"custom_reward_function.path={reward}",
-                              "trainer.max_staleness=1", "actor_rollout_ref.actor.tis_cap=2",
-                              f"trainer.rollout_data_dir={dump}", "trainer.save_freq=-1"))
-    log, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, log[-4000:]
+    done = main_ppo_in_process(*overrides(
+        workspace, out, 3, *RAY_WORLD_2, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=6",
+        f"custom_reward_function.path={reward}", "trainer.max_staleness=1", "actor_rollout_ref.actor.tis_cap=2",
+        f"trainer.rollout_data_dir={dump}", "trainer.save_freq=-1"), ray_address=ray_address)  # driver: here
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     records = metrics(out)
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:

@@ -100,17 +100,16 @@ def test_pipeline_needs_importance_correction():
         load_config(["actor_rollout_ref.rollout.partial=true"])
 
 
-def test_disaggregated_rollout_ranks_get_every_update_directly(workspace, tmp_path, run_main):
+def test_disaggregated_rollout_ranks_get_every_update_directly(workspace, tmp_path, ray_address):
     """trainer.rollout_ranks=1 of 2 Ray ranks: one rank trains, one only generates. With the pipeline off, the
     engine's log-probs of what it sampled must equal the trainer's at every step (a missed or partial weight sync
     shows as a mismatch from step 2 on, since lr=1e-3 moves the policy each step), the weights reach the engine
     (bytes counted on the rollout rank) and almost nothing of them passes through the driver."""
     out = tmp_path / "run"
-    proc = run_main(overrides(workspace, out, 3, *RAY_WORLD_2, "trainer.rollout_ranks=1",
-                              "actor_rollout_ref.rollout.mode=async"))
-    log, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, log[-3000:]
-    assert "1 rank(s) + 1 rollout rank(s)" in log
+    done = main_ppo_in_process(*overrides(workspace, out, 3, *RAY_WORLD_2, "trainer.rollout_ranks=1",
+                                          "actor_rollout_ref.rollout.mode=async"), ray_address=ray_address)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "1 rank(s) + 1 rollout rank(s)" in done.stdout
     records = metrics(out)
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:

@@ -56,7 +56,7 @@ def test_kill_and_resume_matches_uninterrupted_run(request, workspace, tmp_path,
     assert any(not torch.equal(w0[n], wa[n]) for n in wa)
 
 
-def test_two_ranks_train_like_one(workspace, tmp_path, run_main):
+def test_two_ranks_train_like_one(workspace, tmp_path, ray_address):
     """Guards against a 2-rank run that trains on other data or other rollouts than one rank (rows
     split or gathered out of order, engines not synced from the shards, losses normalised per rank):
     with greedy rollouts and one mini-batch, a step through 2 Ray ranks, each generating with its own
@@ -68,9 +68,9 @@ def test_two_ranks_train_like_one(workspace, tmp_path, run_main):
     done = main_ppo_in_process(*overrides(workspace, tmp_path / "local", 2, *same_step))  # one process: this one
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records["local"] = metrics(tmp_path / "local")
-    proc = run_main(overrides(workspace, tmp_path / "ray", 2, *same_step, *RAY_WORLD_2))
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out
+    done = main_ppo_in_process(*overrides(workspace, tmp_path / "ray", 2, *same_step, *RAY_WORLD_2),
+                               ray_address=ray_address)  # the driver: this process too
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records["ray"] = metrics(tmp_path / "ray")
     for one, two in zip(records["local"], records["ray"], strict=True):
         assert one["critic/score/mean"] == two["critic/score/mean"]
