@@ -28,9 +28,9 @@ def test_every_yaml_key_is_documented_and_loads():
     assert len(rows) > 80
     undocumented = [key for key, _, comment in rows if not comment]
     assert undocumented == []
-    for key, value, _ in rows:
-        if "${" not in value:
-            load_config([f"{key}={value}"])
+    # all at once (one load, not ~200: each load is ~50 ms); a value that does not read back as its key's type is
+    # refused naming the key all the same
+    load_config([f"{key}={value}" for key, value, _ in rows if "${" not in value])
 
 
 def test_yaml_values_read_back_as_written():

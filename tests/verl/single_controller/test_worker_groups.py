@@ -22,11 +22,12 @@ OVERRIDES = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.acto
 
 @pytest.fixture(scope="module")
 def ray_groups(tiny_model_dir, ray_address):
-    """An actor and a critic group of 2 workers each on the session's Ray instance, started once for the module
-    (worker processes are the slow part)."""
+    """An actor and a critic group of 2 workers each on the session's Ray instance, the critic in the actor's
+    processes as the trainer places them, started once for the module (worker processes are the slow part)."""
     ray.init(address=ray_address)  # the session's Ray instance; ray.shutdown() only disconnects
     cfg = make_config(tiny_model_dir, *OVERRIDES)
-    groups = [create_worker_group(cls, cfg, "ray", 2, total_steps=1) for cls in (ActorWorker, CriticWorker)]
+    actor = create_worker_group(ActorWorker, cfg, "ray", 2, total_steps=1)
+    groups = [actor, create_worker_group(CriticWorker, cfg, "ray", 2, total_steps=1, colocate_with=actor)]
     yield cfg, groups
     for group in groups:
         group.shutdown()
@@ -68,6 +69,17 @@ def test_ray_group_rejects_a_batch_that_does_not_split_evenly(ray_groups):
         ray_critic.execute_split("compute_values", random_batch(seed=31, rows=7))
     per_rank = ray_critic.execute_all("compute_values", random_batch(seed=31, rows=2))
     assert len(per_rank) == 2 and torch.equal(per_rank[0]["values"], per_rank[1]["values"])
+
+
+def test_colocated_roles_share_the_processes_and_refuse_what_cannot_share(ray_groups):
+    """Guards against a colocated role starting processes of its own, and against a role built twice into the same
+    processes or into processes of another size (refused before anything is built)."""
+    cfg, (ray_actor, ray_critic) = ray_groups
+    assert ray_critic.workers is ray_actor.workers and not ray_critic.owns_processes
+    with pytest.raises(ValueError, match="already host a CriticWorker"):
+        create_worker_group(CriticWorker, cfg, "ray", 2, total_steps=1, colocate_with=ray_actor)
+    with pytest.raises(ValueError, match="1 ranks from bundle 0 against 2 from 0"):
+        create_worker_group(RefWorker, cfg, "ray", 1, total_steps=1, colocate_with=ray_actor)
 
 
 def test_local_group_and_factory_errors(tiny_model_dir):
