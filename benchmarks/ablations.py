@@ -47,6 +47,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -182,10 +183,16 @@ def evaluate(model: Path, out: Path, url: str, seed: int, overrides: list[str] =
 def warm_start(seed: int, out: Path, url: str) -> Path:
     """The seed's warm-started policy (built once) and its test figures under ``rows["warm_start"]``."""
     policy = out / f"seed{seed}" / "warm_start"
+    args = os.environ.get("DEMO_WARM_START_ARGS", "").split()
+    stamp = policy / ".warm_start_args"  # as the launcher records them: none recorded = none given
+    if (policy / "warm_start.json").exists() and (stamp.read_text().split() if stamp.exists() else []) != args:
+        print(f"{policy} was warm-started with other arguments: warm-starting it again", flush=True)
+        shutil.rmtree(policy)
     if not (policy / "warm_start.json").exists():
         run([sys.executable, "-m", "data_prep.tiny_policy", "--data", DEMO, "--out", str(policy),
-             "--retriever-url", url, "--seed", str(seed), *os.environ.get("DEMO_WARM_START_ARGS", "").split()],
-            out / f"seed{seed}" / "warm_start.log")
+             "--retriever-url", url, "--seed", str(seed), *args], out / f"seed{seed}" / "warm_start.log")
+        if args:
+            stamp.write_text(" ".join(args) + "\n")
     return policy
 
 

@@ -9,7 +9,8 @@
 #   numerics of configs/demo_numerics.env. DEMO_SEED=S (default 0; `make demo SEED=S`) builds the warm start with
 #   seed S (data/demo/tiny_policy, or tiny_policy_seedS) and trains with trainer.seed=data.seed=S+1, as
 #   benchmarks/ablations.py does; DEMO_PORT (default 8000) is the port of the demo's retrieval service;
-#   DEMO_WARM_START_ARGS adds arguments to the warm start (e.g. "--steps 1500"; ablations.py reads it too);
+#   DEMO_WARM_START_ARGS adds arguments to the warm start (e.g. "--steps 1500"; ablations.py reads it too; a policy
+#   warm-started with other arguments is warm-started again, not reused);
 #   DEMO_PREPARE_ONLY=1 stops once data, service and policy are ready.
 # Otherwise nothing is prepared and nothing is substituted: the run uses what the arguments name, and a retrieval
 #   service that does not answer at retriever.url is an error (exit 2) naming the URL and how to start one, unless
@@ -120,10 +121,19 @@ run_trainer() {
       sleep 1
     done
   fi
+  # The policy is reused only if it was warm-started with the same DEMO_WARM_START_ARGS (recorded in
+  # $policy/.warm_start_args; none recorded = none given), never a short experiment's policy as the demo's.
+  local ws_args; ws_args=$(echo ${DEMO_WARM_START_ARGS:-})
+  if [ -f "$policy/config.json" ] && [ "$(cat "$policy/.warm_start_args" 2>/dev/null || true)" != "$ws_args" ]; then
+    echo "[launcher] $policy was warm-started with other arguments" \
+         "('$(cat "$policy/.warm_start_args" 2>/dev/null || true)', now '$ws_args'): warm-starting it again"
+    rm -rf "$policy"
+  fi
   if [ ! -f "$policy/config.json" ]; then
     echo "[launcher] warm-starting the tiny demo policy in $policy (seed $seed)"
     "$PYTHON" -m data_prep.tiny_policy --data "$DEMO_DIR" --out "$policy" --retriever-url "$url" --seed "$seed" \
-      ${DEMO_WARM_START_ARGS:-}
+      $ws_args
+    [ -z "$ws_args" ] || echo "$ws_args" > "$policy/.warm_start_args"
   fi
   [ -z "${DEMO_PREPARE_ONLY:-}" ] || { echo "[launcher] demo prepared: $policy"; exit 0; }
   "$PYTHON" -m verl.trainer.main_ppo "${own[@]}" --config configs/demo.yaml \

@@ -6,6 +6,7 @@ PPO's outcome followed them. Here the warm start runs (a few steps, the real dem
 service) once through `make demo`'s path (the launcher, DEMO_PREPARE_ONLY=1, one thread) and once through
 benchmarks/ablations.py's (two threads), each a fresh process: the model files must be the same bytes. Then
 two PPO steps of the demo's trainer on that policy, with one thread and with two, must log the same figures.
+Also guards against a policy warm-started with other DEMO_WARM_START_ARGS being reused as this one.
 """
 
 from __future__ import annotations
@@ -54,11 +55,20 @@ def test_launcher_and_ablations_build_the_same_policy_bit_for_bit(tree, tmp_path
            "DEMO_PREPARE_ONLY": "1", "DEMO_WARM_START_ARGS": FEW_STEPS, "PYTHONPATH": str(tree)}
     for key in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
         env.pop(key, None)  # the launcher must pin them itself
+    # A policy of this seed warm-started earlier without DEMO_WARM_START_ARGS (none recorded) in a demo directory of
+    # the current code: it must be warm-started again with FEW_STEPS, not reused.
+    by_launcher = tree / "data" / "demo" / "tiny_policy_seed1"
+    by_launcher.mkdir(parents=True)
+    (by_launcher / "config.json").write_text("{}")
+    (tree / "data" / "demo" / ".source_hash").write_text(subprocess.run(
+        ["bash", "-c", "source scripts/launch_common.sh && demo_source_hash"], cwd=tree, capture_output=True,
+        text=True, check=True).stdout)
     launched = subprocess.run(["bash", "train_ppo.sh"], cwd=tree, env={**env, "OMP_NUM_THREADS": "1"},
                               capture_output=True, text=True, timeout=900)
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
-    by_launcher = tree / "data" / "demo" / "tiny_policy_seed1"
+    assert "was warm-started with other arguments ('', now '--steps 6 --copy-steps 6')" in launched.stdout
     assert (by_launcher / "model.safetensors").is_file()
+    assert (by_launcher / ".warm_start_args").read_text().split() == FEW_STEPS.split()
 
     # The ablation path: benchmarks/ablations.py's own warm_start() (its ROOT is the tree), in a fresh process
     # with two threads and without the pinned variables in its environment.
