@@ -37,6 +37,7 @@ from verl.algorithms.core_algos import agg_loss, kl_penalty, masked_mean, rollou
 from verl.algorithms.registry import POLICY_LOSSES, PolicyLossInputs, policy_loss_config
 from verl.config import Config, trajectories_per_step, uses_lora
 from verl.protocol import Batch
+from verl.workers.flops import measure_peak_flops
 from verl.workers.lora import LoraSpec
 from verl.workers.model_utils import (
     DTYPES,
@@ -120,6 +121,10 @@ class ActorWorker:
                                     lambda mini: micro_batches(mini, a.ppo_micro_batch_size_per_gpu, self.max_tokens),
                                     self._micro_batch_loss)
         return {f"actor/{name}": value for name, value in metrics.items()}
+
+    def peak_flops(self, dtypes: list[str]) -> dict[str, float]:
+        """This rank's device's dense matmul rate (FLOP/s) in each dtype (``flops.measure_peak_flops``)."""
+        return {dtype: measure_peak_flops(self.device, dtype) for dtype in dtypes}
 
     def peak_memory(self) -> dict[str, float]:
         """This rank's ``perf/max_rss_gb`` and, on a GPU, ``perf/max_memory_allocated_gb`` since the previous call."""
