@@ -14,6 +14,7 @@ from data_prep.tiny_model import build_model
 from search_r1.llm_agent.formatting import observation_ids
 from search_r1.prompts import make_prompt
 from search_r1.search.client import RetrievalClient
+from verl.utils.tokenizer import render_prompt
 
 TOPK = 2
 # question -> (query, answer); prompts of different lengths, so the engine left-pads one of them.
@@ -60,8 +61,7 @@ def memorised_policy(tokenizer, out, service_url):
     client = RetrievalClient(service_url, TOPK)
     prompts, responses, masks, examples = [], [], [], []
     for question, (query, answer) in QUESTIONS.items():
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": make_prompt(question)}],
-                                               add_generation_prompt=True, tokenize=True, return_dict=False)
+        prompt = render_prompt(tokenizer, [{"role": "user", "content": make_prompt(question)}])
         search = _encode(tokenizer, f"<think> I need to search </think><search> {query} </search>")
         (info, truncated), = observation_ids(tokenizer, client.search([query]), 96)
         assert not truncated, "keep the block under the default data.max_obs_length (used by infer)"
