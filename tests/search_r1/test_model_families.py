@@ -57,6 +57,9 @@ def test_prompt_is_rendered_as_the_family_expects(family_tokenizer, tmp_path):
     text = tokenizer.decode(ids)
     if family.template is None:
         assert text == f"{family.bos} {make_prompt(question)}" or text == family.bos + make_prompt(question)
+        # a prompt text that starts with the bos literal itself (data written for another pipeline): bos once
+        again = render_prompt(tokenizer, [{"role": "user", "content": family.bos + make_prompt(question)}])
+        assert again[0] == tokenizer.bos_token_id and again.count(tokenizer.bos_token_id) == 1
     else:
         assert make_prompt(question).strip() in text
     bos = tokenizer.bos_token_id
