@@ -76,6 +76,7 @@ from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.plots import plot_curves
 from verl.utils.rollout_log import write_rollouts
+from verl.utils.tokenizer import pad_token_id
 from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
@@ -272,7 +273,7 @@ class PPOTrainer:
         else:
             more = draw if draw is not None else lambda: prompts  # regenerating a dropped batch: the same prompts
             result = fill_batch(prompts, more, gen, groups=len(prompts), max_rounds=fg.max_num_gen_batches,
-                                pad_id=self.tokenizer.pad_token_id)
+                                pad_id=pad_token_id(self.tokenizer))
             result.batch.meta["filter_metrics"] = result.metrics
             made = Made(result.batch, result.prompts)
         made.batch.meta["make_s"] = time.perf_counter() - start
