@@ -7,7 +7,10 @@ rewards, log-probs, the update and the weight sync into the rank's engine) and p
 the mean step time and phases of the measured steps and the peak memory: on a GPU the largest
 ``perf/max_memory_allocated_gb`` of a step, and everywhere the process's peak resident set
 (``perf/max_rss_gb``; ``process_max_rss_gb`` is the same read by this script from the finished process,
-so it works for any checkout given by ``--code``), next to the start-up estimate (``verl.workers.memory``).
+so it works for any checkout given by ``--code``), next to the start-up estimate (``verl.workers.memory``, at the
+configured maximum lengths, without the process's own memory) and the trainer's per-step estimate at the step's
+longest row, with it (``step_estimate_gb``: ``perf/memory_estimate_gb``). ``--model DIR`` runs a model directory
+as it is (e.g. an imported real model) instead of a ``--shape``.
 
     python benchmarks/bench_memory.py --shape 0.5b [--modes full,lora,offload] [--steps 1] [--rows 2]
         [--response-length 64]
@@ -114,6 +117,7 @@ def run(mode: str, model: Path, data: Path, steps: int, overrides: list[str], ou
     row["peak_device_gb"] = max(r.get("perf/max_memory_allocated_gb", 0.0) for r in records)
     row["peak_rss_gb"] = max(r.get("perf/max_rss_gb", 0.0) for r in records)  # 0 where the code does not log it
     row["gen_tokens_per_s"] = mean("perf/gen_tokens_per_s")
+    row["step_estimate_gb"] = max(r.get("perf/memory_estimate_gb", 0.0) for r in records)  # at the longest row
     return row
 
 
@@ -129,6 +133,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2, help="prompts per step (x2 samples)")
     parser.add_argument("--response-length", type=int, default=64, help="tokens per response (prompts are ~130)")
     parser.add_argument("--keep", type=Path, default=None, help="build the model here and keep it (reused if there)")
+    parser.add_argument("--model", type=Path, default=None, help="an existing HF model directory instead of --shape")
     parser.add_argument("--code", type=Path, default=ROOT,
                         help="checkout whose trainer runs (e.g. an older commit's worktree, for before/after)")
     args, overrides = parser.parse_known_args()
@@ -142,7 +147,7 @@ def main() -> None:
             f"data.max_response_length={args.response_length}", f"data.max_trajectory_length={args.response_length}",
             "data.max_obs_length=64", "max_turns=1", *overrides]
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.keep or Path(tmp) / "model"
+        model = args.model or args.keep or Path(tmp) / "model"
         if not (model / "config.json").exists():
             build_model(args.shape, args.tokenizer, getattr(torch, dtype), model)
         data = build_data(Path(tmp) / "train.parquet", args.rows)
@@ -151,11 +156,13 @@ def main() -> None:
             results[mode] = run(mode, model, data, args.steps, base, Path(tmp) / mode, args.code.resolve())
             print(f"{mode}: {json.dumps(results[mode])}", flush=True)
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
-    print(f"\nQwen2.5-{args.shape} shape, random weights, {device}, {dtype}; {args.rows} prompts x 2 samples, "
+    what = str(args.model) if args.model else f"Qwen2.5-{args.shape} shape, random weights"
+    print(f"\n{what}, {device}, {dtype}; {args.rows} prompts x 2 samples, "
           f"responses <= {args.response_length} tokens; "
           + (f"mean of steps 2..{args.steps}" if args.steps > 1 else "one step, warm-up included"))
     print(f"{'':<24}" + "".join(f"{m:>12}" for m in results))
     keys = [*PHASES, "step", "gen_tokens_per_s", "peak_device_gb", "peak_rss_gb", "process_max_rss_gb", "estimate_gb",
+            "step_estimate_gb",
             "host_estimate_gb"]
     for key in keys:
         print(f"{key:<24}" + "".join(f"{r[key]:>12.2f}" if r["ok"] else f"{'-':>12}" for r in results.values()))

@@ -81,7 +81,7 @@ from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.flops import MfuMeter
-from verl.workers.memory import count_parameters, report_memory
+from verl.workers.memory import MemoryMeter
 from verl.workers.model_utils import check_models, check_positions
 from verl.workers.reference import RefWorker
 from verl.workers.rollout.base import SamplingParams
@@ -138,9 +138,10 @@ class PPOTrainer:
         self.already_complete = False  # fit() found every step of the run done (a rerun of a finished run)
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
-        report_memory(cfg)
+        self.memory = MemoryMeter(cfg)  # the estimate now and perf/memory_estimate_gb each step
+        self.memory.report()
         self._build_workers()
-        self.mfu = MfuMeter(cfg, count_parameters(cfg)[2], self.actor)  # perf/mfu/*
+        self.mfu = MfuMeter(cfg, self.memory.counted[2], self.actor)  # perf/mfu/*
         self.rollout = GroupRollout(self.engines, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
         self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)
         custom = cfg.custom_reward_function
@@ -539,5 +540,6 @@ class PPOTrainer:
         return {"perf/tokens_per_s": tokens / max(timing["timing/step"], 1e-9),
                 "perf/gen_tokens_per_s": float(batch["response_mask"].sum()) / max(timing["timing/gen"], 1e-9),
                 "perf/driver_bytes_to_workers": float(traffic.to_workers),
-                "perf/driver_bytes_from_workers": float(traffic.to_driver), **self.mfu.metrics(batch, timing)}
+                "perf/driver_bytes_from_workers": float(traffic.to_driver), **self.mfu.metrics(batch, timing),
+                **self.memory.metrics(batch)}
 

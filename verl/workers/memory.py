@@ -31,7 +31,16 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from verl.config import Config, max_sequence_length, uses_critic, uses_lora, uses_reference, world_size
+from verl.config import (
+    Config,
+    max_sequence_length,
+    rollout_world_size,
+    trajectories_per_step,
+    uses_critic,
+    uses_lora,
+    uses_reference,
+    world_size,
+)
 from verl.workers.model_utils import DTYPES, GRADIENT_CHECKPOINTING_ABOVE
 
 logger = logging.getLogger(__name__)
@@ -50,15 +59,17 @@ class MemoryEstimate:
     host: float
     params: int  # of the policy
     trainable: int  # of the policy (all, or the LoRA adapters)
+    runtime: float = 0.0  # on a CPU host: what the process held before any model (Python, torch, data)
 
     @property
     def device_total(self) -> float:
-        return self.weights + self.optimizer + self.activations + self.kv_cache
+        return self.weights + self.optimizer + self.activations + self.kv_cache + self.runtime
 
     def table(self) -> str:
         rows = [("weights", self.weights), ("optimizer + gradients", self.optimizer),
                 ("activations + logits", self.activations), ("rollout KV cache", self.kv_cache),
-                ("total per device", self.device_total), ("offloaded to host", self.host)]
+                ("process before models", self.runtime), ("total per device", self.device_total),
+                ("offloaded to host", self.host)]
         head = (f"expected memory per device (policy {self.params / 1e9:.2f}B parameters, "
                 f"{self.trainable / 1e6:.1f}M trained)")
         return "\n".join([head] + [f"  {name:<24}{value / GIB:9.2f} GiB" for name, value in rows])
@@ -79,9 +90,13 @@ def count_parameters(cfg: Config) -> tuple[int, int, nn.Module]:
     return total + adapters, adapters, model
 
 
-def estimate_memory(cfg: Config) -> MemoryEstimate:
-    """The estimate of the module docstring for ``cfg``."""
-    total, trained, model = count_parameters(cfg)
+def estimate_memory(cfg: Config, tokens: int | None = None, response_tokens: int | None = None,
+                    counted: tuple[int, int, nn.Module] | None = None) -> MemoryEstimate:
+    """The estimate of the module docstring for ``cfg``: at the configured maximum lengths (a row of
+    ``max_sequence_length`` tokens, ``data.max_trajectory_length`` of them response), or at the given ``tokens`` per
+    row and ``response_tokens`` (a step's longest row: ``perf/memory_estimate_gb``). ``counted``: a previous
+    ``count_parameters(cfg)``, to skip building the meta model again."""
+    total, trained, model = counted or count_parameters(cfg)
     hf = model.config
     world = world_size(cfg)
     rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
@@ -103,7 +118,8 @@ def estimate_memory(cfg: Config) -> MemoryEstimate:
         optimizer += (8 + 4) * total / world  # the critic trains every weight in float32
 
     layers, hidden = hf.num_hidden_layers, hf.hidden_size
-    tokens = max_sequence_length(cfg.data)
+    tokens = tokens or max_sequence_length(cfg.data)
+    response_tokens = response_tokens or cfg.data.max_trajectory_length
     rows = max(1, actor.ppo_max_token_len_per_gpu // tokens) if actor.use_dynamic_bsz \
         else actor.ppo_micro_batch_size_per_gpu
     checkpointing = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
@@ -112,13 +128,14 @@ def estimate_memory(cfg: Config) -> MemoryEstimate:
     precision = compute / 2  # the 34-byte figure is for 2-byte activations
     per_token_layer = (2 * hidden * layers + 34 * hidden) if checkpointing else 34 * hidden * layers
     activations = rows * tokens * per_token_layer * precision
-    activations += rows * cfg.data.max_trajectory_length * hf.vocab_size * compute  # logits, once
+    activations += rows * response_tokens * hf.vocab_size * compute  # logits, once
     activations += 2 * 4 * total / max(layers, 1)  # one gathered layer and its gradient, float32
 
     head_dim = getattr(hf, "head_dim", None) or hidden // hf.num_attention_heads
     kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-    if rollout.name == "hf":
-        kv_cache = rollout.micro_batch_size * tokens * layers * 2 * kv_heads * head_dim * engine
+    if rollout.name == "hf":  # a micro-batch of the rows one engine generates
+        engine_rows = min(rollout.micro_batch_size, -(-trajectories_per_step(cfg) // rollout_world_size(cfg)))
+        kv_cache = engine_rows * tokens * layers * 2 * kv_heads * head_dim * engine
     elif torch.cuda.is_available():
         kv_cache = max(0.0, rollout.gpu_memory_utilization * device_memory() - rollout_weights)
     else:
@@ -134,16 +151,54 @@ def device_memory() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def report_memory(cfg: Config) -> MemoryEstimate:
-    """Log the estimate; warn when it exceeds the device (on a CPU host: all ranks of the node together)."""
-    estimate = estimate_memory(cfg)
-    logger.info("%s", estimate.table())
-    on_gpu = torch.cuda.is_available() and cfg.trainer.device != "cpu"
-    ranks_sharing = 1 if on_gpu else (cfg.trainer.n_gpus_per_node if cfg.trainer.backend == "ray" else 1)
-    need, have = estimate.device_total * ranks_sharing, device_memory()
-    if need > have:
-        logger.warning("the run may not fit: about %.1f GiB expected per %s, %.1f GiB available; consider "
-                       "actor_rollout_ref.model.lora_rank, actor_rollout_ref.actor.fsdp_config.param_offload=true, "
-                       "actor_rollout_ref.actor.optim_state_dtype=bfloat16, gradient checkpointing or smaller "
-                       "micro-batches", need / GIB, "GPU" if on_gpu else "host", have / GIB)
-    return estimate
+class MemoryMeter:
+    """The estimate for one run: at start-up at the configured maximum lengths (logged, with a warning when it
+    exceeds the device), then each step at the step's longest row (``perf/memory_estimate_gb``, next to the measured
+    ``perf/max_rss_gb`` / ``perf/max_memory_allocated_gb``). On a CPU host the process's resident memory before any
+    model is counted too (``runtime``): a rank's peak RSS holds it."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.on_gpu = torch.cuda.is_available() and cfg.trainer.device != "cpu"
+        self.runtime = 0.0 if self.on_gpu else float(resident_bytes())
+        self.counted = count_parameters(cfg)
+
+    def estimate(self, tokens: int | None = None, response_tokens: int | None = None) -> MemoryEstimate:
+        estimate = estimate_memory(self.cfg, tokens, response_tokens, self.counted)
+        estimate.runtime = self.runtime
+        return estimate
+
+    def report(self) -> MemoryEstimate:
+        """Log the estimate at the maximum lengths; warn when it exceeds the device (on a CPU host: all ranks of the
+        node together)."""
+        cfg, estimate = self.cfg, self.estimate()
+        logger.info("%s\n  (at the configured maximum lengths: %d tokens a row, %d of them response)", estimate.table(),
+                    max_sequence_length(cfg.data), cfg.data.max_trajectory_length)
+        ranks_sharing = 1 if self.on_gpu else (cfg.trainer.n_gpus_per_node if cfg.trainer.backend == "ray" else 1)
+        need, have = estimate.device_total * ranks_sharing, device_memory()
+        if need > have:
+            logger.warning("the run may not fit: about %.1f GiB expected per %s at the maximum lengths (%d tokens a "
+                           "row: data.max_prompt_length / max_response_length / max_start_length / "
+                           "max_trajectory_length), %.1f GiB available; each step logs perf/memory_estimate_gb at "
+                           "its longest row. Consider actor_rollout_ref.model.lora_rank, "
+                           "actor_rollout_ref.actor.fsdp_config.param_offload=true, "
+                           "actor_rollout_ref.actor.optim_state_dtype=bfloat16, gradient checkpointing, "
+                           "actor_rollout_ref.actor.use_dynamic_bsz or smaller micro-batches or lengths",
+                           need / GIB, "GPU" if self.on_gpu else "host", max_sequence_length(cfg.data), have / GIB)
+        return estimate
+
+    def metrics(self, batch) -> dict[str, float]:
+        """``perf/memory_estimate_gb`` at the longest row of ``batch`` (trained batch: attention_mask [B, P + R],
+        response_mask [B, R])."""
+        tokens = int(batch["attention_mask"].sum(-1).max())
+        response = int(batch["response_mask"].sum(-1).max())
+        return {"perf/memory_estimate_gb": self.estimate(tokens, max(response, 1)).device_total / GIB}
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0

@@ -104,6 +104,8 @@ def test_lora_grpo_run_end_to_end(workspace, tmp_path):
     # one epoch over one mini-batch: on-policy, so the old log-probs come from the update's own forward pass
     assert all("timing/old_log_prob" not in r and "timing/ref" in r for r in records)
     assert records[0]["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-9) and records[0]["actor/pg_clipfrac"] == 0
+    # the estimate at the step's longest row, next to the measured peak (the process before the models included)
+    assert all(0.5 < r["perf/memory_estimate_gb"] / r["perf/max_rss_gb"] < 2 for r in records), records
     assert records[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)  # adapters start as a no-op
     assert records[1]["actor/kl_loss"] > 0  # ... and then the policy moved away from the base
     base, trained = final_weights(workspace, workspace / "model"), final_weights(workspace, out)
