@@ -72,8 +72,9 @@ def build_trainer(cfg: Config) -> PPOTrainer:
     return PPOTrainer(cfg, load_recipe(cfg.recipe))
 
 
-def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``--config FILE`` (repeatable, also ``--config=FILE``) and ``key=value`` overrides, in their order."""
+def split_args(argv: list[str], base: str = "configs/ppo_trainer.yaml") -> tuple[list[str], list[str]]:
+    """``--config FILE`` (repeatable, also ``--config=FILE``) and ``key=value`` overrides, in their order (``base``:
+    the YAML of defaults the files are layered over, as the error for a missing file names it)."""
     files, overrides, rest = [], [], list(argv)
     while rest:
         arg = rest.pop(0)
@@ -91,7 +92,7 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
             overrides.append(arg)
     for f in files:
         if not os.path.isfile(f):
-            raise ConfigError(f"--config {f!r}: no such file (a YAML of keys to layer over configs/ppo_trainer.yaml)")
+            raise ConfigError(f"--config {f!r}: no such file (a YAML of keys to layer over {base})")
     return files, overrides
 
 
