@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from data_prep.qa_search import make_row, rows_to_parquet
 from search_r1.prompts import make_prompt
 from tests.verl.trainer.sft_test_utils import TEMPLATE, question, scripted_rows, tiny_sft_model, write_rows
-from verl.trainer.main_sft import main
+from tests.entry_points import in_process
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,6 +44,14 @@ def args(root: Path, out: Path, *extra: str) -> list[str]:
     return [f"model.partial_pretrain={root / 'model'}", f"data.train_files={root / 'train.parquet'}",
             f"trainer.default_local_dir={out}", "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4",
             "trainer.logger=[jsonl]", "trainer.device=cpu", *extra]
+
+
+def main(argv: list[str]) -> int:
+    """``python -m verl.trainer.main_sft argv`` in this process (``tests/entry_points.py``); its exit status, its
+    stderr echoed to this test's (pytest shows it on failure)."""
+    done = in_process("verl.trainer.main_sft", *argv)
+    sys.stderr.write(done.stderr)
+    return done.returncode
 
 
 def losses(out: Path) -> dict[int, float]:
