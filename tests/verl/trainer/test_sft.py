@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_prep.qa_search import make_row, rows_to_parquet
 from search_r1.prompts import make_prompt
-from tests.verl.trainer.sft_test_utils import TEMPLATE, question, scripted_rows, tiny_sft_model, write_rows
 from tests.entry_points import in_process
+from tests.verl.trainer.sft_test_utils import TEMPLATE, question, scripted_rows, tiny_sft_model, write_rows
 
 
 @pytest.fixture(scope="module", autouse=True)
