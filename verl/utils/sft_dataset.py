@@ -24,7 +24,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import torch
 
 from verl.protocol import Batch
 from verl.utils.dataset import DataError, PromptDataset
@@ -94,4 +93,4 @@ class TrajectoryDataset:
         packed = pack_trajectories([self.prompt_ids[i] for i in idx], [self.response_ids[i] for i in idx],
                                    [self.info_masks[i] for i in idx], self.pad_id)
         packed["loss_mask"] = packed["response_mask"] * packed["info_mask"]  # [B, R]
-        return Batch(packed, {"row": torch.tensor(idx).tolist()})
+        return Batch(packed, {"row": idx})
