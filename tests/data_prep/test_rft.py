@@ -22,8 +22,9 @@ ROWS = [(FRANCE, ["Paris"]), (TOKYO, ["Japan"]), (FRANCE, ["Lyon"]), (TOKYO, ["N
 
 def test_rejection_keeps_only_exact_matches(policy, service_url, tmp_path):  # noqa: F811 (fixtures)
     """At a low temperature the samples are (nearly) the memorised trajectories: right for the first two rows, wrong
-    for the last two, whose gold answers the policy never gives. Guards against keeping rollouts whose answer is wrong (or missing), which would train the policy on its own
-    mistakes, and against turns that are not the loop's (sampled text and inserted passages, in order)."""
+    for the last two, whose gold answers the policy never gives. Guards against keeping rollouts whose answer is
+    wrong (or missing), which would train the policy on its own mistakes, and against turns that are not the loop's
+    (sampled text and inserted passages, in order)."""
     rows_to_parquet([make_row("toy", q, golds, "train", i) for i, (q, golds) in enumerate(ROWS)],
                     tmp_path / "qa.parquet")
     out = tmp_path / "rft.parquet"

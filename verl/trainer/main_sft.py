@@ -14,7 +14,7 @@ import torch
 
 from verl.config_sft import load_sft_config
 from verl.errors import ConfigError
-from verl.trainer.main_ppo import HelpRequested, split_args
+from verl.trainer.cli import HelpRequested, split_args
 from verl.trainer.sft_trainer import SFTTrainer
 from verl.utils.checkpoint import CheckpointError
 from verl.utils.dataset import DataError

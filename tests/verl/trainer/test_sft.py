@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from data_prep.qa_search import make_row, rows_to_parquet
 from search_r1.prompts import make_prompt
 from tests.entry_points import in_process
 from tests.verl.trainer.sft_test_utils import TEMPLATE, question, scripted_rows, tiny_sft_model, write_rows
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -156,3 +159,16 @@ def test_bad_input_fails_naming_it(workspace, tmp_path, capsys, case):
     assert code == 2, err
     assert all(text in err for text in expected), err
     assert "Traceback" not in err
+
+
+@pytest.mark.slow  # a new interpreter
+def test_the_command_refuses_a_bad_key_with_exit_status_2(tmp_path):
+    """Guards against ``python -m verl.trainer.main_sft`` exiting 0 or 1 (a traceback) on a config error: the process
+    itself exits 2 naming the key, before it writes anything; --help (in this process) is exit 0."""
+    done = subprocess.run([sys.executable, "-m", "verl.trainer.main_sft", "optim.learning_rate=1e-5",
+                           f"trainer.default_local_dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 2 and "unknown config key 'optim.learning_rate'" in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
+    shown = in_process("verl.trainer.main_sft", "--help")
+    assert shown.returncode == 0 and "model.partial_pretrain" in shown.stdout
