@@ -92,6 +92,8 @@ class SFTTrainer:
         if self.step >= self.total_steps:
             self.already_complete = True
             self.tracker.close()
+            if not (self.out_dir / "hf_model").is_dir():  # killed between the last checkpoint and the export
+                self.export()
             return {}
         metrics: dict[str, float] = {}
         batches = self._batch_stream()
@@ -110,10 +112,14 @@ class SFTTrainer:
                 bar.set_postfix(loss=f"{metrics['train/loss']:.3f}")
                 bar.update()
         self.tracker.close()
-        m = self.cfg.model
-        save_hf_model(self.model, self.lora, m.partial_pretrain, m.trust_remote_code, str(self.out_dir / "hf_model"))
+        self.export()
         plot_curves(self.tracker.jsonl_path, self.out_dir / "curves.png", self.cfg.trainer.experiment_name, PANELS)
         return metrics
+
+    def export(self) -> None:
+        """``hf_model/``: the trained model as a Hugging Face directory (merged under LoRA), RL's starting point."""
+        m = self.cfg.model
+        save_hf_model(self.model, self.lora, m.partial_pretrain, m.trust_remote_code, str(self.out_dir / "hf_model"))
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimiser step on ``batch``: ``train/loss`` (mean NLL per policy token), ``train/grad_norm``,

@@ -89,7 +89,8 @@ def test_a_short_sft_teaches_a_tiny_model_to_start_a_search(workspace, tmp_path)
 def test_a_rerun_resumes_from_the_last_checkpoint_exactly(workspace, tmp_path):
     """Guards against a resume that restarts the data order, the optimiser or the LR schedule: a 4-step run whose
     last checkpoint and model are lost (a kill during the last save) is rerun; it continues from step 2 and ends
-    with the same losses and weights; a rerun of the finished run trains nothing."""
+    with the same losses and weights; a rerun of the finished run trains nothing (and writes hf_model/ if a kill
+    lost it)."""
     out = tmp_path / "run"
     argv = args(workspace, out, "trainer.save_freq=2", "optim.lr=1e-3", "optim.warmup_steps_ratio=0.5",
                 "trainer.total_training_steps=4")
@@ -102,8 +103,10 @@ def test_a_rerun_resumes_from_the_last_checkpoint_exactly(workspace, tmp_path):
     again = load_file(out / "hf_model" / "model.safetensors")
     for name in weights:
         torch.testing.assert_close(again[name], weights[name], rtol=1e-6, atol=1e-7)
+    shutil.rmtree(out / "hf_model")  # a kill between the last checkpoint and the export: the rerun exports only
     assert main(argv) == 0
     assert (out / "metrics.jsonl").read_text().count("\n") == 4
+    assert load_file(out / "hf_model" / "model.safetensors").keys() == weights.keys()
 
 
 def test_lora_trains_only_the_adapters_and_exports_merged_weights(workspace, tmp_path):
