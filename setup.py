@@ -22,12 +22,14 @@ setup(
         "search-r1-prepare-data = data_prep.qa_search:main",
         "search-r1-eval = search_r1.evaluate:main",
         "search-r1-infer = search_r1.infer:main",
+        "search-r1-import-model = data_prep.import_model:main",
     ]},
     install_requires=[
         "torch>=2.5",
         "transformers>=5.16.1,<5.20",
         "peft>=0.21",
         "tokenizers>=0.23",
+        "gguf>=0.10",  # transformers' GGUF loader (search-r1-import-model, data_prep/import_model.py)
         "numpy",
         "omegaconf>=2.3",
         "pyarrow",

@@ -32,6 +32,7 @@ from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager  # 
 from search_r1.prompts import make_prompt  # noqa: E402
 from search_r1.search.client import RetrievalClient  # noqa: E402
 from verl.config import DEMO_CONFIG, load_config  # noqa: E402
+from verl.utils.tokenizer import render_prompt  # noqa: E402
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams  # noqa: E402
 
 
@@ -110,9 +111,7 @@ def _bench(args: argparse.Namespace, url: str) -> int:
                        f"retriever.url={url}", "trainer.device=cpu"], [DEMO_CONFIG])
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     questions = load_questions(args.data, "test")[:args.rows]
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": make_prompt(q.question)}],
-                                             add_generation_prompt=True, tokenize=True, return_dict=False)
-               for q in questions]
+    prompts = [render_prompt(tokenizer, [{"role": "user", "content": make_prompt(q.question)}]) for q in questions]
     start = time.perf_counter()
     engine = TimedEngine(build_rollout(cfg))
     print(f"engine {args.engine} loaded in {time.perf_counter() - start:.1f}s")

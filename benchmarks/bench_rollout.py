@@ -1,14 +1,23 @@
-"""Throughput of the two rollout engines and the cost of a weight sync (figures, never pass/fail).
+"""Each rollout engine against the library call it wraps, and the cost of a weight sync (figures, never pass/fail).
 
-    python benchmarks/bench_rollout.py [--model DIR] [--prompts 64] [--max-tokens 128] [--repeats 3]
-                                       [--engines vllm,hf] [--threads N] [--hidden-size 128] [--layers 2]
+    python benchmarks/bench_rollout.py [--model DIR] [--random-weights] [--device cpu|cuda] [--dtype float32]
+                                       [--prompts 16] [--prompt-tokens 100-200] [--max-tokens 64] [--repeats 3]
+                                       [--engines hf,vllm] [--threads N] [--hidden-size 128] [--layers 2]
 
-Both engines get the same prompts (random token ids, 16-64 long, fixed seed) and sample
-``--max-tokens`` new tokens at temperature 1 with no stop strings, so nearly every row runs to the
-limit; tokens/s counts the tokens actually returned. Each engine is warmed up with one call, then
-timed over ``--repeats`` calls (median). Weight sync: median seconds of ``sync_weights`` with the
-model's full state dict. Without ``--model`` a tiny project model (Qwen2, head_dim 64, by default
-hidden 128 and 2 layers; see ``--hidden-size``/``--layers``) is built in a temporary directory.
+For each engine the same prompts (random token ids of ``--prompt-tokens`` length, fixed seed) are continued at
+temperature 1 with up to ``--max-tokens`` new tokens, alternately by:
+  * the engine (``HFRollout`` / ``VLLMRollout.generate``) with what the agent loop asks of it: its log-probs and the
+    stop strings ``</search>`` and ``</answer>`` (found in the decoded text), and
+  * the plain library call on the engine's own model: ``model.generate`` (left-padded batch, the same sampling,
+    eos and pad) / ``vllm.LLM.generate`` (token prompts, the same sampling, no log-probs, no stop strings).
+Tokens/s counts the tokens each returned (up to and including eos); the ratio engine / plain is the engine's
+overhead (1.0 = none). MFU: the model FLOPs of the prompts and the returned tokens (``verl.workers.flops``) over
+the time and the device's measured matmul peak in the engine's dtype. Medians over ``--repeats`` pairs after one
+warm-up pair. Weight sync: the median seconds of ``sync_weights`` with the model's full state dict.
+
+Without ``--model`` a tiny project model (Qwen2, head_dim 64, ``--hidden-size`` / ``--layers``) is built in a
+temporary directory. ``--random-weights`` keeps ``--model``'s config and tokenizer but draws new weights (the speed
+of a real model's shape where its weights cannot be copied, e.g. a GPU machine without network).
 """
 
 from __future__ import annotations
@@ -22,81 +31,142 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from data_prep.tiny_model import save_tiny_model  # noqa: E402
+from verl.workers.flops import ModelFlops, measure_peak_flops  # noqa: E402
 from verl.workers.rollout.base import SamplingParams  # noqa: E402
 
+STOPS = ["</search>", "</answer>"]
 
-def build_engine(name: str, model: str, max_model_len: int):
-    if name == "vllm":
-        from verl.workers.rollout.vllm_rollout import VLLMRollout
 
-        return VLLMRollout(model, max_model_len=max_model_len)
+def make_prompts(count: int, vocab: int, lengths: tuple[int, int], seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(rng.randint(*lengths))] for _ in range(count)]
+
+
+def hf_pair(model: str, args):
+    """(engine call, plain call) for the HF engine; each returns the generated ids per row."""
     from verl.workers.rollout.hf_rollout import HFRollout
 
-    return HFRollout(model)
+    engine = HFRollout(model, dtype=args.dtype, device=args.device, micro_batch_size=args.prompts)
+
+    def engine_call(prompts, seed):
+        outs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=seed,
+                                                       logprobs=True, stop=STOPS))
+        return [o.token_ids for o in outs]
+
+    def plain_call(prompts, seed):
+        torch.manual_seed(seed)
+        ids, mask = engine._left_pad(prompts)  # [B, P]
+        config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.max_tokens,
+                                  eos_token_id=engine.eos_ids, pad_token_id=engine.pad_id)
+        with torch.inference_mode():
+            out = engine.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        rows = out[:, ids.shape[1]:].tolist()
+        eos = set(engine.eos_ids)
+        return [row[:next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))] for row in rows]
+
+    return engine, engine_call, plain_call
 
 
-def make_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab) for _ in range(rng.randint(16, 64))] for _ in range(count)]
+def vllm_pair(model: str, args):
+    from vllm import SamplingParams as VllmParams
+    from vllm.inputs import TokensPrompt
+
+    from verl.workers.rollout.vllm_rollout import VLLMRollout
+
+    engine = VLLMRollout(model, max_model_len=args.prompt_tokens[1] + args.max_tokens, dtype=args.dtype)
+
+    def engine_call(prompts, seed):
+        outs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=seed,
+                                                       logprobs=True, stop=STOPS))
+        return [o.token_ids for o in outs]
+
+    def plain_call(prompts, seed):
+        params = [VllmParams(temperature=1.0, max_tokens=args.max_tokens, seed=seed + i) for i in range(len(prompts))]
+        results = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [list(r.outputs[0].token_ids) for r in results]
+
+    return engine, engine_call, plain_call
 
 
-def bench(name: str, model: str, prompts: list[list[int]], max_tokens: int, repeats: int) -> dict[str, float]:
+def bench(name: str, model: str, prompts: list[list[int]], args) -> dict[str, float]:
     start = time.perf_counter()
-    engine = build_engine(name, model, max_model_len=64 + max_tokens)
+    engine, engine_call, plain_call = (vllm_pair if name == "vllm" else hf_pair)(model, args)
     load_s = time.perf_counter() - start
-    engine.generate(prompts[:4], SamplingParams(max_tokens=8))  # warm-up
-    seconds, tokens = [], []
-    for rep in range(repeats):
-        start = time.perf_counter()
-        outputs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=rep))
-        seconds.append(time.perf_counter() - start)
-        tokens.append(sum(len(o.token_ids) for o in outputs))
+    flops = ModelFlops.of(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).to("meta"))
+    rates: dict[str, list[float]] = {"engine": [], "plain": []}
+    work: dict[str, list[float]] = {"engine": [], "plain": []}
+    for rep in range(args.repeats + 1):  # rep 0 warms both up
+        for kind, call in (("plain", plain_call), ("engine", engine_call)):
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            rows = call(prompts, rep)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            if rep:
+                rates[kind].append(sum(map(len, rows)) / seconds)
+                lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, rows, strict=True)])
+                work[kind].append(flops.forward(lengths) / seconds)
     state = AutoModelForCausalLM.from_pretrained(model).state_dict()
     sync_s = []
-    for _ in range(repeats):
+    for _ in range(args.repeats):
         start = time.perf_counter()
         engine.sync_weights(state.items())
         sync_s.append(time.perf_counter() - start)
-    gen_s = statistics.median(seconds)
-    return {"load_s": load_s, "gen_s": gen_s, "tokens": statistics.median(tokens),
-            "tokens_per_s": statistics.median(tokens) / gen_s, "sync_s": statistics.median(sync_s)}
+    return {"load_s": load_s, "sync_s": statistics.median(sync_s),
+            **{f"{kind}_tokens_per_s": statistics.median(v) for kind, v in rates.items()},
+            **{f"{kind}_flops": statistics.median(v) for kind, v in work.items()}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="HF model directory (default: build the tiny model)")
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--random-weights", action="store_true", help="--model's config and tokenizer, new weights")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompt-tokens", default="100-200", help="min-max prompt length")
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--engines", default="vllm,hf")
+    parser.add_argument("--engines", default="hf,vllm")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--hidden-size", type=int, default=128, help="of the built model (heads = hidden / 64)")
     parser.add_argument("--layers", type=int, default=2, help="of the built model")
     args = parser.parse_args()
+    args.prompt_tokens = tuple(int(x) for x in args.prompt_tokens.split("-"))
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        texts = [f"sentence number {i} <search> q </search>" for i in range(300)]
-        model = args.model or str(save_tiny_model(
-            tmp, texts, vocab_size=512, hidden_size=args.hidden_size, num_layers=args.layers,
-            num_heads=args.hidden_size // 64, intermediate_size=4 * args.hidden_size))
-        vocab = AutoModelForCausalLM.from_pretrained(model).config.vocab_size
-        prompts = make_prompts(args.prompts, vocab)
-        results = {name: bench(name, model, prompts, args.max_tokens, args.repeats)
-                   for name in args.engines.split(",")}
-    print(f"{args.prompts} prompts x {args.max_tokens} new tokens, torch threads {torch.get_num_threads()}, "
-          f"median of {args.repeats}")
+        model = args.model
+        if model is None:
+            texts = [f"sentence number {i} <search> q </search>" for i in range(300)]
+            model = str(save_tiny_model(tmp, texts, vocab_size=512, hidden_size=args.hidden_size,
+                                        num_layers=args.layers, num_heads=args.hidden_size // 64,
+                                        intermediate_size=4 * args.hidden_size))
+        elif args.random_weights:
+            torch.manual_seed(0)
+            AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(model).save_pretrained(tmp)
+            model = tmp
+        vocab = AutoConfig.from_pretrained(model).vocab_size
+        prompts = make_prompts(args.prompts, vocab, args.prompt_tokens)
+        peak = measure_peak_flops(args.device, args.dtype)
+        results = {name: bench(name, model, prompts, args) for name in args.engines.split(",")}
+    print(f"{args.prompts} prompts of {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens, up to "
+          f"{args.max_tokens} new tokens, {args.device} {args.dtype}, torch threads {torch.get_num_threads()}, "
+          f"matmul peak {peak / 1e12:.2f} TFLOP/s, median of {args.repeats}")
     for name, r in results.items():
-        print(f"{name:5s} load {r['load_s']:6.1f} s | generate {r['gen_s']:6.2f} s, {r['tokens']:.0f} tokens, "
-              f"{r['tokens_per_s']:8.0f} tokens/s | weight sync {1000 * r['sync_s']:7.1f} ms")
-    if {"vllm", "hf"} <= results.keys():
-        print(f"vllm / hf tokens/s ratio: {results['vllm']['tokens_per_s'] / results['hf']['tokens_per_s']:.2f}")
+        print(f"{name:5s} engine {r['engine_tokens_per_s']:9.1f} tokens/s (MFU {r['engine_flops'] / peak:6.2%}) | "
+              f"plain {r['plain_tokens_per_s']:9.1f} tokens/s (MFU {r['plain_flops'] / peak:6.2%}) | "
+              f"engine / plain {r['engine_tokens_per_s'] / r['plain_tokens_per_s']:5.2f} | load {r['load_s']:5.1f} s "
+              f"| weight sync {1000 * r['sync_s']:7.1f} ms")
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ from search_r1.llm_agent import formatting
 from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, format_passages
 from search_r1.prompts import make_prompt
 from verl.utils.progress import progress
+from verl.utils.tokenizer import render_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -184,9 +185,8 @@ def script_trajectories(questions: list[Question], search: SearchFn, cfg: WarmSt
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerFast, question: str) -> list[int]:
-    """Token ids of the chat-templated prompt, as the dataset builds them."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": make_prompt(question)}],
-                                         add_generation_prompt=True, tokenize=True, return_dict=False)
+    """Token ids of the prompt, as the dataset builds them."""
+    return render_prompt(tokenizer, [{"role": "user", "content": make_prompt(question)}])
 
 
 def observation_ids(tokenizer: PreTrainedTokenizerFast, docs: list[dict], max_obs_length: int) -> list[int]:

@@ -24,6 +24,7 @@ from search_r1.prompts import make_prompt
 from search_r1.reward.qa_em import extract_answer
 from search_r1.search.client import RetrievalError
 from verl.config import ConfigError
+from verl.utils.tokenizer import render_prompt
 from verl.workers.rollout.base import SamplingParams
 
 INSERTED_OPEN = "\n[[inserted by the environment >>>"
@@ -78,8 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         messages = [{"role": "user", "content": make_prompt(args.question)}]
-        prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                   return_dict=False)
+        prompt_ids = render_prompt(tokenizer, messages)
         if len(prompt_ids) > cfg.data.max_prompt_length:  # the loop refuses it (training drops such rows)
             raise EvalInputError(f"--question of {len(args.question):,} characters makes a prompt of "
                                  f"{len(prompt_ids):,} tokens; allowed at most data.max_prompt_length="

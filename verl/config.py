@@ -36,6 +36,7 @@ from verl import config_checks
 from verl.config_checks import (
     adv_estimator,
     max_sequence_length,
+    recomputes_old_log_probs,
     rollout_world_size,
     trajectories_per_step,
     uses_critic,
@@ -74,10 +75,10 @@ __all__ = [  # the sections and helpers are re-exported: callers import them fro
     "DTYPE_NAMES", "LOGGERS", "ActorConfig", "ActorRolloutRefConfig", "AlgorithmConfig", "Config", "ConfigError",
     "CriticConfig", "CriticModelConfig", "CustomRewardConfig", "DataConfig", "FSDPConfig", "FilterGroupsConfig",
     "KLControlConfig", "ModelConfig", "OptimConfig", "OverlongConfig", "PolicyLossConfig", "RefConfig",
-    "RefFSDPConfig", "RolloutConfig", "TrainerConfig", "ValKwargs", "adv_estimator", "check_paths",
-    "import_plugins", "load_config", "max_sequence_length", "recipe_config", "recipe_module", "rollout_world_size",
-    "run_name", "to_yaml", "trajectories_per_step", "uses_critic", "uses_lora", "uses_reference", "validate",
-    "world_size",
+    "RefFSDPConfig", "RolloutConfig", "TrainerConfig", "ValKwargs", "adv_estimator", "check_paths", "import_plugins",
+    "load_config", "max_sequence_length", "recipe_config", "recipe_module", "recomputes_old_log_probs",
+    "rollout_world_size", "run_name", "to_yaml", "trajectories_per_step", "uses_critic", "uses_lora",
+    "uses_reference", "validate", "world_size",
 ]
 
 logger = logging.getLogger(__name__)

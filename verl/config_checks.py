@@ -49,6 +49,19 @@ def uses_reference(cfg: Config) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
+def recomputes_old_log_probs(cfg: Config) -> bool:
+    """Whether the step needs the separate old-log-prob pass.
+
+    Not when the update is on-policy: one PPO epoch over one mini-batch makes a single optimiser step, so every
+    micro-batch's forward pass runs on the weights the pass would have used and its detached log-probs are the old
+    ones (ratio 1, as verl's on-policy shortcut). Still needed when the KL penalty in the reward reads them before
+    the update (``algorithm.use_kl_in_reward``).
+    """
+    a = cfg.actor_rollout_ref.actor
+    on_policy = a.ppo_epochs == 1 and a.ppo_mini_batch_size >= trajectories_per_step(cfg)
+    return not on_policy or cfg.algorithm.use_kl_in_reward
+
+
 def uses_lora(cfg: Config) -> bool:
     """The actor trains LoRA adapters; the reference is then the actor with its adapters disabled."""
     return cfg.actor_rollout_ref.model.lora_rank > 0

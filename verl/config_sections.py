@@ -463,6 +463,10 @@ class TrainerConfig:
     seed: int = setting(1, "Seed of model init noise, sampling and dropout.")
     device: str = setting("auto", "Device for the workers: auto (cuda if available) | cpu | cuda.",
                           choices=("auto", "cpu", "cuda"), steers=True)
+    peak_tflops: float | None = setting(
+        None, "One device's dense matmul peak in TFLOP/s, the denominator of perf/mfu/*; null = measured on rank 0 at "
+        "start-up in each pass's dtype (benchmarks/bench_peak.py prints it).", low=0, low_open=True,
+        null_means="measured at start-up", what="a matmul rate")
     max_skipped_updates: int = setting(
         3, "Stop the run after this many training steps in a row whose update was skipped because a loss, gradient "
         "norm or advantage was NaN/Inf (a skipped update never changes the weights; each is counted in "

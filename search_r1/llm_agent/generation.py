@@ -85,6 +85,7 @@ from search_r1.llm_agent.trajectory import (
 )
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
+from verl.utils.tokenizer import pad_token_id
 from verl.workers.rollout.base import GenerationOutput, Generator, SamplingParams, as_pool
 from verl.workers.rollout.scheduler import Coalescer, EngineScheduler, Lockstep
 
@@ -459,11 +460,8 @@ class LLMGenerationManager:
         prompts = [[int(t) for t in ids] for ids in batch.non_tensors["raw_prompt_ids"]]
         result = self.run(prompts, params)
         trajs = result.trajectories
-        pad_id = self.tokenizer.pad_token_id
-        if pad_id is None:
-            pad_id = self.tokenizer.eos_token_id
         tensors = pack_trajectories([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                                    [t.info_mask for t in trajs], pad_id,
+                                    [t.info_mask for t in trajs], pad_token_id(self.tokenizer),
                                     [t.rollout_log_probs for t in trajs] if params.logprobs else None)
         non_tensors = dict(batch.non_tensors)
         non_tensors["stop_reason"] = [t.stop_reason.value for t in trajs]

@@ -14,6 +14,7 @@ from data_prep.tiny_model import build_model
 from search_r1.llm_agent.formatting import observation_ids
 from search_r1.prompts import make_prompt
 from search_r1.search.client import RetrievalClient
+from verl.utils.tokenizer import render_prompt
 
 TOPK = 2
 # question -> (query, answer); prompts of different lengths, so the engine left-pads one of them.
@@ -45,25 +46,25 @@ def memorise(model, examples: list[tuple[list[int], list[int]]], steps: int = 40
                 loss = torch.nn.functional.cross_entropy(logits, target[keep])
                 loss.backward()
                 correct &= bool((logits.argmax(-1) == target[keep]).all())
+            if correct:  # before the step: the weights returned are the ones that were checked
+                return
             optimiser.step()
             optimiser.zero_grad()
-            if correct:
-                return
     finally:
         embedding.requires_grad_(True)
     raise AssertionError("the tiny policy did not memorise its trajectories")
 
 
-def memorised_policy(tokenizer, out, service_url):
-    """A tiny Qwen2 model for ``tokenizer``'s vocabulary, saved to ``out``, that greedily searches once and then
-    answers each question -> (model dir, tokenizer, prompts, expected responses, expected info masks)."""
+def memorised_policy(tokenizer, out, service_url, model=None, max_obs_length: int = 96):
+    """A tiny model for ``tokenizer``'s vocabulary (``model``, else a Qwen2 one), saved to ``out``, that greedily
+    searches once and then answers each question -> (model dir, tokenizer, prompts, expected responses, expected
+    info masks). ``max_obs_length``: the loop's budget of one inserted block, which the passages must fit."""
     client = RetrievalClient(service_url, TOPK)
     prompts, responses, masks, examples = [], [], [], []
     for question, (query, answer) in QUESTIONS.items():
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": make_prompt(question)}],
-                                               add_generation_prompt=True, tokenize=True, return_dict=False)
+        prompt = render_prompt(tokenizer, [{"role": "user", "content": make_prompt(question)}])
         search = _encode(tokenizer, f"<think> I need to search </think><search> {query} </search>")
-        (info, truncated), = observation_ids(tokenizer, client.search([query]), 96)
+        (info, truncated), = observation_ids(tokenizer, client.search([query]), max_obs_length)
         assert not truncated, "keep the block under the default data.max_obs_length (used by infer)"
         final = _encode(tokenizer, f"<think> found it </think><answer> {answer} </answer>")
         prompts.append(prompt)
@@ -72,10 +73,11 @@ def memorised_policy(tokenizer, out, service_url):
         ids = prompt + search + info + final
         labels = [-100] * len(prompt) + search + [-100] * len(info) + final
         examples.append((ids, labels))
-    torch.manual_seed(0)
-    model = build_model(tokenizer)
+    if model is None:
+        torch.manual_seed(0)
+        model = build_model(tokenizer)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
     memorise(model, examples)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out, tokenizer, prompts, responses, masks

@@ -6,15 +6,16 @@ Shapes: B rows, T response tokens, V vocabulary. Choices:
   kept for backward (half-precision logits are upcast one row at a time).
 * **Entropy** computed on logits shifted by their (detached) maximum: without the shift both of
   its terms grow with the logits and cancel catastrophically.
-* **Chunked** over tokens (``logprobs_and_entropy``), each chunk under activation checkpointing when
-  gradients are on, so with a 151k vocabulary nothing beyond the logits themselves spans [B, T, V].
+* **Chunked** over tokens (``logprobs_and_entropy``) in both passes, with a backward written out
+  (``_ChunkedLogprobs``) that fills one gradient of the logits' shape chunk by chunk: with a 151k or 262k
+  vocabulary nothing but the logits and their gradient spans [B, T, V]. (Activation checkpointing of
+  sliced chunks, used before, made autograd allocate a whole-size gradient per chunk.)
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
@@ -45,43 +46,70 @@ def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
 LOGITS_CHUNK_BYTES = 256 << 20
 
 
-def _chunk_logprobs_and_entropy(logits: Tensor, labels: Tensor, with_entropy: bool,
-                                entropy_grad: bool) -> tuple[Tensor, Tensor]:
-    """``logprobs_from_logits`` and ``entropy_from_logits`` of a [N, V] chunk, in float32 -> ([N], [N])."""
-    z = logits.float()  # [N, V]
-    log_prob = logprobs_from_logits(z, labels)
-    if not with_entropy:
-        return log_prob, torch.zeros_like(log_prob)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = entropy_from_logits(z)
-    return log_prob, entropy
+def _chunks(B: int, T: int, tokens: int) -> list[tuple[int, slice]]:
+    """(row, token slice) pieces of at most ``tokens`` tokens covering a [B, T] grid, row by row (views of a
+    [B, T, V] tensor cut this way are never copies, even when its rows are strided)."""
+    return [(b, slice(t, min(t + tokens, T))) for b in range(B) for t in range(0, T, tokens)]
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """Log-probs and entropy of [B, T, V] logits, chunk by chunk in both passes.
+
+    The backward writes each chunk's gradient straight into one gradient tensor of the logits' shape and dtype,
+    from the closed forms d log p(y) / dz = onehot(y) - p and dH / dz = -p * (log p + H). Autograd through sliced
+    chunks (what activation checkpointing of a slice gives) instead allocates a zero-filled gradient of the whole
+    [B, T, V] per chunk and sums them: several copies of the logits alive, and every chunk touching all of them.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor, with_entropy: bool, entropy_grad: bool,
+                tokens: int) -> tuple[Tensor, Tensor]:
+        B, T, _ = logits.shape
+        log_prob = logits.new_zeros(B, T, dtype=torch.float32)  # [B, T]
+        entropy = logits.new_zeros(B, T, dtype=torch.float32)  # [B, T]
+        for b, cut in _chunks(B, T, tokens):
+            z = logits[b, cut].float()  # [c, V]
+            log_prob[b, cut] = logprobs_from_logits(z, labels[b, cut])
+            if with_entropy:
+                entropy[b, cut] = entropy_from_logits(z)
+        ctx.save_for_backward(logits, labels)
+        ctx.entropy_grad, ctx.tokens = with_entropy and entropy_grad, tokens
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return log_prob, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_prob: Tensor, grad_entropy: Tensor):
+        logits, labels = ctx.saved_tensors
+        B, T, _ = logits.shape
+        grad = torch.empty_like(logits)  # [B, T, V], the logits' dtype
+        for b, cut in _chunks(B, T, ctx.tokens):
+            log_p = torch.log_softmax(logits[b, cut].float(), dim=-1)  # [c, V]
+            p = log_p.exp()
+            g_lp = grad_log_prob[b, cut].unsqueeze(-1)  # [c, 1]
+            g = -p * g_lp  # [c, V]
+            g.scatter_add_(-1, labels[b, cut].unsqueeze(-1), g_lp)
+            if ctx.entropy_grad:
+                h = -(p * log_p).sum(dim=-1, keepdim=True)  # [c, 1]
+                g -= grad_entropy[b, cut].unsqueeze(-1) * p * (log_p + h)
+            grad[b, cut] = g
+        return grad, None, None, None, None
 
 
 def logprobs_and_entropy(logits: Tensor, labels: Tensor, with_entropy: bool = False, entropy_grad: bool = False,
                          chunk_bytes: int = LOGITS_CHUNK_BYTES) -> tuple[Tensor, Tensor | None]:
     """Log-probs of ``labels`` [B, T] under ``logits`` [B, T, V], and the entropy [B, T] if asked, in float32.
 
-    Computed over chunks of tokens whose float32 temporaries (the upcast, the softmax) take at most
-    ``chunk_bytes``, so with a 151k vocabulary nothing beyond the logits themselves spans
-    [B, T, V]. With gradients each chunk runs under activation checkpointing: its temporaries are
-    recomputed in the backward pass instead of being kept, so the backward holds no second
-    [B, T, V] tensor either. ``entropy_grad`` keeps the entropy in the autograd graph (a bonus
-    term); otherwise it is computed without gradient (a metric).
+    Computed over chunks of tokens whose float32 temporaries (the upcast, the softmax) take about
+    ``chunk_bytes``, in the forward and the backward pass (``_ChunkedLogprobs``), so with a 151k or 262k
+    vocabulary the only [B, T, V] tensors are the logits and, with gradients, their gradient.
+    ``entropy_grad`` keeps the entropy in the autograd graph (a bonus term); otherwise it is computed
+    without gradient (a metric).
     """
     B, T, V = logits.shape
     if B * T == 0:
         zeros = logits.new_zeros(B, T, dtype=torch.float32)
         return zeros, (zeros.clone() if with_entropy else None)
-    flat_logits, flat_labels = logits.reshape(B * T, V), labels.reshape(B * T)  # [N, V], [N]
-    chunk = max(1, chunk_bytes // (4 * V))
-    checkpointed = torch.is_grad_enabled() and logits.requires_grad
-    log_probs, entropies = [], []
-    for start in range(0, B * T, chunk):
-        args = (flat_logits[start:start + chunk], flat_labels[start:start + chunk], with_entropy, entropy_grad)
-        if checkpointed:
-            log_prob, entropy = checkpoint(_chunk_logprobs_and_entropy, *args, use_reentrant=False)
-        else:
-            log_prob, entropy = _chunk_logprobs_and_entropy(*args)
-        log_probs.append(log_prob)
-        entropies.append(entropy)
-    return torch.cat(log_probs).reshape(B, T), (torch.cat(entropies).reshape(B, T) if with_entropy else None)
+    tokens = max(1, chunk_bytes // (4 * V))
+    log_prob, entropy = _ChunkedLogprobs.apply(logits, labels, with_entropy, entropy_grad, tokens)
+    return log_prob, (entropy if with_entropy else None)

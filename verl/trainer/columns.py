@@ -139,8 +139,10 @@ STEP: tuple[Phase, ...] = (
           }),
     Phase("update_critic", "CriticWorker.update_critic", reads=(*MODEL_INPUTS, "loss_mask", "values", "returns")),
     Phase("update_actor", "ActorRolloutWorker.update_actor",
-          reads=(*MODEL_INPUTS, "loss_mask", "old_log_probs", "advantages"),
-          may_read=("ref_log_prob", "rollout_log_probs")),  # actor.use_kl_loss, actor.tis_cap
+          reads=(*MODEL_INPUTS, "loss_mask", "advantages"),
+          # old_log_probs: absent when the update is on-policy (config.recomputes_old_log_probs); ref_log_prob:
+          # actor.use_kl_loss; rollout_log_probs: actor.tis_cap and rollout/*; info_mask: rollout/* then
+          may_read=("old_log_probs", "ref_log_prob", "rollout_log_probs", "response_mask", "info_mask")),
 )
 
 PHASES: dict[str, Phase] = {p.name: p for p in STEP}

@@ -52,6 +52,7 @@ from verl.algorithms import core_algos
 from verl.config import (
     Config,
     check_paths,
+    recomputes_old_log_probs,
     to_yaml,
     uses_critic,
     uses_lora,
@@ -75,16 +76,22 @@ from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.plots import plot_curves
 from verl.utils.rollout_log import write_rollouts
+from verl.utils.tokenizer import pad_token_id
 from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
-from verl.workers.memory import report_memory
+from verl.workers.flops import MfuMeter
+from verl.workers.memory import count_parameters, report_memory
 from verl.workers.model_utils import check_models, check_positions
 from verl.workers.reference import RefWorker
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout_worker import RolloutWorker
 
 logger = logging.getLogger(__name__)
+
+# rollout/* of an on-policy step come from the update's forward pass (actor.py), under the actor's prefix
+_FUSED_MISMATCH = {f"actor/rollout_{name}": f"rollout/{name}" for name in ("logprob_diff_mean", "logprob_diff_max",
+                                                                             "kl_k3")}
 
 
 @contextmanager
@@ -133,6 +140,7 @@ class PPOTrainer:
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         report_memory(cfg)
         self._build_workers()
+        self.mfu = MfuMeter(cfg, count_parameters(cfg)[2], self.actor)  # perf/mfu/*
         self.rollout = GroupRollout(self.engines, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
         self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)
         custom = cfg.custom_reward_function
@@ -159,6 +167,10 @@ class PPOTrainer:
         if uses_reference(self.cfg):
             self.ref = self.actor if uses_lora(self.cfg) else make(RefWorker, colocate_with=self.actor)
         self.critic = make(CriticWorker, colocate_with=self.actor) if uses_critic(self.cfg) else None
+        self.recompute_old = recomputes_old_log_probs(self.cfg)
+        if not self.recompute_old:
+            logger.info("on-policy update (one PPO epoch, one mini-batch): the old-log-prob pass is skipped; the "
+                        "update's own forward pass gives them")
         self.engines = self.actor
         if t.rollout_ranks:
             self.engines = create_worker_group(RolloutWorker, self.cfg, t.backend, t.rollout_ranks,
@@ -261,7 +273,7 @@ class PPOTrainer:
         else:
             more = draw if draw is not None else lambda: prompts  # regenerating a dropped batch: the same prompts
             result = fill_batch(prompts, more, gen, groups=len(prompts), max_rounds=fg.max_num_gen_batches,
-                                pad_id=self.tokenizer.pad_token_id)
+                                pad_id=pad_token_id(self.tokenizer))
             result.batch.meta["filter_metrics"] = result.metrics
             made = Made(result.batch, result.prompts)
         made.batch.meta["make_s"] = time.perf_counter() - start
@@ -288,8 +300,9 @@ class PPOTrainer:
 
         A NaN/Inf advantage or return skips both updates: nothing changes.
         """
-        with _timed("old_log_prob", timing):
-            batch = columns.run(batch, "old_log_prob", lambda b: self.actor.execute_split("compute_log_prob", b))
+        if self.recompute_old:  # else the update's own forward gives them (config.recomputes_old_log_probs)
+            with _timed("old_log_prob", timing):
+                batch = columns.run(batch, "old_log_prob", lambda b: self.actor.execute_split("compute_log_prob", b))
         if self.ref is not None:
             with _timed("ref", timing):
                 batch = columns.run(batch, "ref", lambda b: self.ref.execute_split("compute_ref_log_prob", b))
@@ -311,7 +324,8 @@ class PPOTrainer:
         updated = self.step >= self.cfg.trainer.critic_warmup
         if updated:
             with _timed("update_actor", timing):
-                metrics.update(self.actor.execute_split("update_actor", columns.require(batch, "update_actor")))
+                actor_metrics = self.actor.execute_split("update_actor", columns.require(batch, "update_actor"))
+            metrics.update({_FUSED_MISMATCH.get(name, name): value for name, value in actor_metrics.items()})
         per_rank = self.actor.execute_all("peak_memory")  # the largest rank's peak of this step
         metrics.update({key: max(rank[key] for rank in per_rank) for key in per_rank[0]})
         return {**metrics, **self._data_metrics(batch)}, updated
@@ -335,7 +349,7 @@ class PPOTrainer:
     def _mismatch_metrics(self, batch: Batch) -> dict[str, float]:
         """``rollout/*``: the engines' log-probs against the trainer's old log-probs over the policy tokens
         (response tokens the policy sampled, whatever ``state_masking`` says)."""
-        if "rollout_log_probs" not in batch:
+        if "rollout_log_probs" not in batch or "old_log_probs" not in batch:  # on-policy: the update logs them
             return {}
         policy_tokens = batch["response_mask"] * batch["info_mask"]  # [B, R], 1 = sampled by the policy
         mismatch = core_algos.rollout_mismatch(batch["old_log_probs"], batch["rollout_log_probs"], policy_tokens)
@@ -525,4 +539,5 @@ class PPOTrainer:
         return {"perf/tokens_per_s": tokens / max(timing["timing/step"], 1e-9),
                 "perf/gen_tokens_per_s": float(batch["response_mask"].sum()) / max(timing["timing/gen"], 1e-9),
                 "perf/driver_bytes_to_workers": float(traffic.to_workers),
-                "perf/driver_bytes_from_workers": float(traffic.to_driver)}
+                "perf/driver_bytes_from_workers": float(traffic.to_driver), **self.mfu.metrics(batch, timing)}
+

@@ -1,9 +1,10 @@
 """Parquet rows (Search-R1 schema) -> tokenised prompt batches, with a resumable position.
 
-Choices: the chat template is applied once, here, and prompts travel as token ids
-(``raw_prompt_ids``) from then on; rows whose prompt exceeds ``data.max_prompt_length`` are
-dropped at load time with a logged count and their row numbers (never silently truncated, which
-would cut the question); a file in which every prompt is too long is an error saying how long they are.
+Choices: the prompt is rendered once, here (``verl.utils.tokenizer.render_prompt``: the chat template, or plain
+text for a base model without one), and prompts travel as token ids (``raw_prompt_ids``) from then on; rows
+whose prompt exceeds ``data.max_prompt_length`` are dropped at load time with a logged count and their row
+numbers (never silently truncated, which would cut the question); a file in which every prompt is too long is
+an error saying how long they are.
 Rows are checked when loaded, so bad data fails before any worker starts, with a ``DataError`` that
 names the file, the row and the fix: the prompt column and ``reward_model`` must exist, the prompt
 must be a non-empty list of chat messages and ``reward_model.ground_truth`` must hold at least one
@@ -22,6 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from verl.protocol import Batch
+from verl.utils.tokenizer import render_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +98,7 @@ class PromptDataset:
         too_long: dict[int, int] = {}  # row -> prompt tokens, for rows over max_prompt_length
         for i, row in enumerate(rows):
             check_row(row, prompt_key, f"row {i} of {files!r}")
-            ids = tokenizer.apply_chat_template(row[prompt_key], add_generation_prompt=True, tokenize=True)
-            if hasattr(ids, "input_ids"):  # transformers may return a BatchEncoding
-                ids = ids["input_ids"]
+            ids = render_prompt(tokenizer, row[prompt_key])
             if len(ids) > max_prompt_length:
                 too_long[i] = len(ids)
                 continue

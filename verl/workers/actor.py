@@ -33,10 +33,11 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
-from verl.algorithms.core_algos import agg_loss, kl_penalty, masked_mean, truncated_is_weights
+from verl.algorithms.core_algos import agg_loss, kl_penalty, masked_mean, rollout_mismatch, truncated_is_weights
 from verl.algorithms.registry import POLICY_LOSSES, PolicyLossInputs, policy_loss_config
 from verl.config import Config, trajectories_per_step, uses_lora
 from verl.protocol import Batch
+from verl.workers.flops import measure_peak_flops
 from verl.workers.lora import LoraSpec
 from verl.workers.model_utils import (
     DTYPES,
@@ -109,8 +110,8 @@ class ActorWorker:
         """PPO epochs x mini-batches x micro-batches over this rank's rows; metrics ``actor/*`` over all ranks.
 
         Needs ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``, ``loss_mask``,
-        ``old_log_probs``, ``advantages`` (and ``ref_log_prob`` with ``use_kl_loss``, ``rollout_log_probs``
-        with ``tis_cap``).
+        ``advantages``, ``old_log_probs`` unless on-policy (and ``ref_log_prob`` with ``use_kl_loss``,
+        ``rollout_log_probs`` with ``tis_cap``).
         """
         a = self.actor_cfg
         if a.tis_cap is not None and "rollout_log_probs" not in batch:
@@ -120,6 +121,10 @@ class ActorWorker:
                                     lambda mini: micro_batches(mini, a.ppo_micro_batch_size_per_gpu, self.max_tokens),
                                     self._micro_batch_loss)
         return {f"actor/{name}": value for name, value in metrics.items()}
+
+    def peak_flops(self, dtypes: list[str]) -> dict[str, float]:
+        """This rank's device's dense matmul rate (FLOP/s) in each dtype (``flops.measure_peak_flops``)."""
+        return {dtype: measure_peak_flops(self.device, dtype) for dtype in dtypes}
 
     def peak_memory(self) -> dict[str, float]:
         """This rank's ``perf/max_rss_gb`` and, on a GPU, ``perf/max_memory_allocated_gb`` since the previous call."""
@@ -134,7 +139,10 @@ class ActorWorker:
         low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
         high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
         agg = {"mask": mask, "mode": a.loss_agg_mode, "global_tokens": counts.tokens, "global_seqs": counts.seqs}
-        old_log_prob = to_device("old_log_probs")
+        # on-policy (no old-log-prob pass, config.recomputes_old_log_probs): this forward runs on the weights that
+        # pass would have used, so its detached log-probs are the old ones
+        fused = "old_log_probs" not in micro
+        old_log_prob = log_prob.detach() if fused else to_device("old_log_probs")
         tis = None if a.tis_cap is None else truncated_is_weights(old_log_prob, to_device("rollout_log_probs"),
                                                                   a.tis_cap)  # [b, R]
         pg_loss, pg_metrics = self.policy_loss(PolicyLossInputs(
@@ -148,6 +156,11 @@ class ActorWorker:
             metrics["tis_weight_mean"] = masked_mean(tis, mask).item() * share
             capped = (old_log_prob - to_device("rollout_log_probs")) >= math.log(a.tis_cap)  # [b, R]
             metrics["tis_capped_frac"] = masked_mean(capped.float(), mask).item() * share
+        if fused and "rollout_log_probs" in micro:  # rollout/* from this pass, over the tokens the policy sampled
+            policy = mask * to_device("info_mask").float()  # [b, R]
+            mismatch = rollout_mismatch(old_log_prob, to_device("rollout_log_probs"), policy)
+            metrics.update({f"rollout_{name}": value if name.endswith("_max") else value * share
+                            for name, value in mismatch.items()})  # *_max: a maximum (train_utils.MAX_SUFFIX)
         loss = pg_loss
         if a.entropy_coeff != 0:
             loss = loss - a.entropy_coeff * agg_loss(entropy, **agg)

@@ -87,6 +87,7 @@ LossFn = Callable[[Batch, GlobalCounts], tuple[Tensor, dict[str, float]]]
 
 # Metrics that are counts: summed over mini-batches and epochs (the others are averaged).
 COUNTS = ("skipped_updates", "nonfinite_loss", "nonfinite_grad_norm", "nonfinite_update")
+MAX_SUFFIX = "_max"  # a loss_fn metric named *_max is a maximum: over micro-batches, ranks and mini-batches
 
 
 def optimizer_steps_per_training_step(rows: int, mini_batch_size: int, epochs: int) -> int:
@@ -117,8 +118,8 @@ class TrainState:
             mini_batch_size: rows per optimiser step over all ranks; each rank takes its share.
             split_micro: splits a mini-batch into micro-batches (gradients are accumulated).
             loss_fn: the role's micro-batch loss.
-        Returns metrics averaged over mini-batches: the loss_fn's sums plus ``grad_norm`` and ``lr``; and
-        summed (``COUNTS``): ``skipped_updates``, ``nonfinite_loss`` (micro-batches, all ranks),
+        Returns metrics averaged over mini-batches: the loss_fn's sums plus ``grad_norm`` and ``lr``; maxima for its
+        ``*_max`` metrics; and summed (``COUNTS``): ``skipped_updates``, ``nonfinite_loss`` (micro-batches, all ranks),
         ``nonfinite_grad_norm`` and ``nonfinite_update``.
         """
         world_size = world()[1]
@@ -129,7 +130,8 @@ class TrainState:
             for mini in batch.split(mini_batch_size // world_size):
                 for name, value in self._update_mini_batch(mini, split_micro, loss_fn).items():
                     history[name].append(value)
-        return {name: sum(values) if name in COUNTS else sum(values) / len(values) for name, values in history.items()}
+        return {name: sum(values) if name in COUNTS else max(values) if name.endswith(MAX_SUFFIX)
+                else sum(values) / len(values) for name, values in history.items()}
 
     def _update_mini_batch(self, mini: Batch, split_micro: Callable[[Batch], list[Batch]],
                            loss_fn: LossFn) -> dict[str, float]:
@@ -145,10 +147,14 @@ class TrainState:
             (loss * world_size).backward()  # even when non-finite: FSDP's collectives run on every rank
             sums["nonfinite_loss"] += float(not torch.isfinite(loss.detach()).item())
             for name, value in metrics.items():
-                sums[name] += value
-        names = sorted(sums)
+                sums[name] = max(sums.get(name, value), value) if name.endswith(MAX_SUFFIX) else sums[name] + value
+        names = sorted(n for n in sums if not n.endswith(MAX_SUFFIX))
+        maxima = sorted(n for n in sums if n.endswith(MAX_SUFFIX))  # the same on every rank: every loss_fn logs them
         reduced = dict(zip(names, all_reduce_(torch.tensor([sums[n] for n in names], dtype=torch.float64)).tolist(),
                            strict=True))
+        if maxima:
+            reduced.update(zip(maxima, all_reduce_(torch.tensor([sums[n] for n in maxima], dtype=torch.float64),
+                                                   dist.ReduceOp.MAX).tolist(), strict=True))
         grad_norm, lr, undone = self._optimizer_step(skip=reduced["nonfinite_loss"] > 0)
         finite_norm = math.isfinite(grad_norm)
         skipped = reduced["nonfinite_loss"] > 0 or not finite_norm or undone

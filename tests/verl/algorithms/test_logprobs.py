@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from tests.verl.algorithms.memory_meter import LiveBytes
 from verl.algorithms import logprobs as lp
 
 
@@ -66,3 +67,30 @@ def test_chunked_logprobs_and_entropy_equal_the_plain_ones(dtype) -> None:
                                                 chunk_bytes=3 * 4 * 13)
     assert log_prob.requires_grad and not entropy.requires_grad
     assert lp.logprobs_and_entropy(leaves[0], labels)[1] is None
+
+
+def test_chunked_logprobs_memory_stays_flat_for_a_262k_vocabulary() -> None:
+    """Guards against chunking that bounds the forward only: with Gemma 3's 262,144-token vocabulary, what the
+    log-probs and the entropy bonus hold at once in the forward and backward passes beyond the logits' own gradient
+    must be a few chunks' worth whatever the number of tokens (16 or 128). Autograd through sliced, checkpointed
+    chunks allocated a whole-size gradient per chunk: 8 chunks' worth at 16 tokens, 16 at 128. The plain
+    (unchunked) computation measured the same way holds several float32 copies of the logits."""
+    vocab, chunk_tokens = 262_144, 8
+    chunk_bytes = chunk_tokens * 4 * vocab  # 8 MiB of float32 temporaries per chunk
+    gen = torch.Generator().manual_seed(0)
+    extra_chunks = {}
+    for tokens in (16, 128):
+        logits = torch.randn(1, tokens, vocab, generator=gen).to(torch.bfloat16).requires_grad_(True)  # 64 MiB at 128
+        labels = torch.randint(0, vocab, (1, tokens), generator=gen)
+        with LiveBytes(known=[logits, labels]) as meter:
+            log_prob, entropy = lp.logprobs_and_entropy(logits, labels, with_entropy=True, entropy_grad=True,
+                                                        chunk_bytes=chunk_bytes)
+            (log_prob - 0.01 * entropy).sum().backward()
+        gradient = logits.numel() * logits.element_size()  # the logits' gradient: [1, T, V] bf16, unavoidable
+        extra_chunks[tokens] = (meter.peak - gradient) / chunk_bytes
+    assert extra_chunks[128] <= 7 and abs(extra_chunks[128] - extra_chunks[16]) < 0.01, extra_chunks  # + [B, T] columns
+    logits, labels = logits[:, :16].detach().requires_grad_(True), labels[:, :16]
+    with LiveBytes(known=[logits, labels]) as meter:
+        z = logits.float()  # [1, 16, V]
+        (lp.logprobs_from_logits(z, labels) - 0.01 * lp.entropy_from_logits(z)).sum().backward()
+    assert meter.peak >= 3 * z.numel() * 4  # the meter sees the plain path's float32 copies

@@ -120,8 +120,8 @@ def test_reading_a_column_before_its_phase_ran_fails_naming_the_phase_and_the_co
     with pytest.raises(ColumnError, match="phase 'advantages' reads column 'token_level_scores' before any phase made "
                                           "it \\(phase 'reward' adds it"):
         columns.require(made(prompts()), "advantages")
-    with pytest.raises(ColumnError, match="phase 'update_actor' reads column 'old_log_probs' before any phase made it "
-                                          "\\(phase 'old_log_prob' adds it"):
+    with pytest.raises(ColumnError, match="phase 'update_actor' reads column 'advantages' before any phase made it "
+                                          "\\(phase 'advantages' adds it"):
         columns.require(batch, "update_actor")
     with pytest.raises(ColumnError, match="phase 'update_critic' reads column 'values'"):
         columns.run(batch, "update_critic", lambda b: Batch())

@@ -20,7 +20,8 @@ def main_ppo(*args: str) -> subprocess.CompletedProcess:
 
 
 ENTRY_POINTS = ["verl.trainer.main_ppo", "retrieval_server.serve", "retrieval_server.build_index",
-                "retrieval_server.import_index", "data_prep.qa_search", "search_r1.evaluate", "search_r1.infer"]
+                "retrieval_server.import_index", "data_prep.qa_search", "search_r1.evaluate", "search_r1.infer",
+                "data_prep.import_model"]
 
 # `python -m MODULE --help` for each module, in one interpreter: runpy.run_module(run_name="__main__") is what -m
 # runs; the exit status is the SystemExit's code (0 when the module ends without one, as `python -m` exits).

@@ -23,6 +23,7 @@ from tests.verl.workers.worker_test_utils import (
     real_vocab_batch,
 )
 from verl.algorithms.core_algos import rollout_mismatch, truncated_is_weights
+from verl.config import recomputes_old_log_probs
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
 from verl.workers.actor import ActorWorker
@@ -306,3 +307,36 @@ def test_non_finite_loss_never_reaches_the_weights(tiny_model_dir):
     assert any(not torch.equal(before[n], p) for n, p in parameters(actor).items())
     assert_equal_parameters(actor, reference)
     assert actor.update_actor(batch)["actor/skipped_updates"] == 0
+
+
+def test_on_policy_update_without_the_old_log_prob_pass_is_the_same_update(tiny_model_dir):
+    """Guards the skipped pass (config.recomputes_old_log_probs): with one epoch over one mini-batch, an update whose
+    old log-probs come from its own (detached) forward pass equals the update after a separate no-grad pass, in loss,
+    gradients, weights, TIS weights and the rollout/* mismatch; a fused old log-prob left attached to the graph
+    doubles the policy gradient and fails here."""
+    engine = HFRollout(str(tiny_model_dir), dtype="float32")
+    gen = torch.Generator().manual_seed(1)
+    engine.sync_weights((name, t + 0.05 * torch.randn(t.shape, generator=gen))
+                        for name, t in engine.model.state_dict().items())  # off the trainer's weights: TIS bites
+    batch = add_targets(engine_batch(engine, seed=13), seed=13)
+    batch = Batch({k: v for k, v in batch.tensors.items() if k != "old_log_probs"}, dict(batch.non_tensors))
+    cfg = make_config(tiny_model_dir, "actor_rollout_ref.actor.tis_cap=1.2", "actor_rollout_ref.actor.grad_clip=null",
+                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", *FULL_LOSS[2:])
+    assert not recomputes_old_log_probs(cfg)
+    assert recomputes_old_log_probs(make_config(tiny_model_dir, "actor_rollout_ref.actor.ppo_mini_batch_size=4"))
+    assert recomputes_old_log_probs(make_config(tiny_model_dir, "actor_rollout_ref.actor.ppo_epochs=2"))
+    assert recomputes_old_log_probs(make_config(tiny_model_dir, "algorithm.use_kl_in_reward=true"))
+
+    separate, fused = ActorWorker(cfg, total_steps=1), ActorWorker(cfg, total_steps=1)
+    with_pass = batch.union(separate.compute_log_prob(batch))
+    metrics_pass = separate.update_actor(with_pass)
+    metrics_fused = fused.update_actor(batch)
+    mismatch = rollout_mismatch(with_pass["old_log_probs"], batch["rollout_log_probs"], batch["loss_mask"])
+    assert metrics_fused.pop("actor/rollout_logprob_diff_mean") == pytest.approx(mismatch["logprob_diff_mean"],
+                                                                                rel=1e-5)
+    assert metrics_fused.pop("actor/rollout_logprob_diff_max") == pytest.approx(mismatch["logprob_diff_max"],
+                                                                               rel=1e-5)
+    assert metrics_fused.pop("actor/rollout_kl_k3") == pytest.approx(mismatch["kl_k3"], rel=1e-4, abs=1e-9)
+    assert metrics_pass["actor/tis_capped_frac"] > 0
+    assert_same_update((metrics_pass, parameters(separate), gradients(separate)),
+                       (metrics_fused, parameters(fused), gradients(fused)))

@@ -1,0 +1,118 @@
+"""The actor's training passes on a model: log-prob pass and PPO update, tokens/s and MFU (figures, never pass/fail).
+
+    python benchmarks/bench_update.py --model DIR [--random-weights] [--device cpu|cuda] [--dtype float32]
+                                      [--rows 16] [--prompt-tokens 200] [--response-tokens 300]
+                                      [--micro-batch 4] [--repeats 3] [key=value ...]
+
+One ``ActorWorker`` (the trainer's own, built from the trainer's config with the given overrides) on ``--device``,
+compute dtype ``--dtype`` (weights and optimiser in float32, as in training). A batch of ``--rows`` rows of random
+token ids (``--prompt-tokens`` prompt, ``--response-tokens`` response of which every third 20-token block is an
+inserted, masked block) with random advantages, and per repeat, timed: the old-log-prob pass
+(``compute_log_prob``), an update that reads those old log-probs, and an on-policy update without them (one epoch,
+one mini-batch: the trainer then skips the pass, ``config.recomputes_old_log_probs``). Tokens/s counts every token
+of every row (prompt and response); MFU = model FLOPs (``verl.workers.flops``: 1 forward for the pass, 3 for an
+update) over the time and the device's measured matmul peak in ``--dtype``. Medians after one warm-up.
+``--random-weights`` keeps ``--model``'s config and draws new weights (the speed of a real model's shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from verl.config import load_config  # noqa: E402
+from verl.protocol import Batch  # noqa: E402
+from verl.utils.seq import pack_trajectories  # noqa: E402
+from verl.workers.actor import ActorWorker  # noqa: E402
+from verl.workers.flops import ModelFlops, measure_peak_flops  # noqa: E402
+
+
+def make_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> Batch:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(10, vocab) for _ in range(prompt)] for _ in range(rows)]
+    responses = [[rng.randrange(10, vocab) for _ in range(response)] for _ in range(rows)]
+    info = [[0 if (t // 20) % 3 == 2 else 1 for t in range(response)] for _ in range(rows)]
+    tensors = pack_trajectories(prompts, responses, info, pad_id=0)
+    tensors["loss_mask"] = tensors["response_mask"] * tensors["info_mask"]
+    tensors["advantages"] = torch.randn(tensors["responses"].shape, generator=torch.Generator().manual_seed(seed))
+    return Batch(tensors)
+
+
+def timed(fn, device: str) -> tuple[float, object]:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--random-weights", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", help="compute dtype (actor.fsdp_config.dtype)")
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=200)
+    parser.add_argument("--response-tokens", type=int, default=300)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("overrides", nargs="*", help="trainer config key=value")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if args.random_weights:
+            torch.manual_seed(0)
+            AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(model).save_pretrained(tmp)
+            model = tmp
+        cfg = load_config([f"actor_rollout_ref.model.path={model}", f"trainer.device={args.device}",
+                           f"actor_rollout_ref.actor.fsdp_config.dtype={args.dtype}",
+                           f"data.train_batch_size={args.rows // 2}", "actor_rollout_ref.rollout.n=2",
+                           f"actor_rollout_ref.actor.ppo_mini_batch_size={args.rows}",
+                           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}",
+                           f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro_batch}",
+                           "algorithm.adv_estimator=grpo", *args.overrides])
+        actor = ActorWorker(cfg, total_steps=100)
+        flops = ModelFlops.of(actor.model)
+        batch = make_batch(args.rows, args.prompt_tokens, args.response_tokens, AutoConfig.from_pretrained(model)
+                           .vocab_size)
+        forward = flops.forward(batch["attention_mask"].sum(-1))
+        tokens = float(batch["attention_mask"].sum())
+        times: dict[str, list[float]] = {"log-prob pass": [], "update (old log-probs given)": [],
+                                         "update (on-policy, no pass)": []}
+        for rep in range(args.repeats + 1):
+            pass_s, old = timed(lambda: actor.compute_log_prob(batch), args.device)
+            with_old = Batch({**batch.tensors, "old_log_probs": old["old_log_probs"]})
+            update_s, _ = timed(lambda: actor.update_actor(with_old), args.device)
+            fused_s, _ = timed(lambda: actor.update_actor(batch), args.device)
+            if rep:
+                for name, s in zip(times, (pass_s, update_s, fused_s), strict=True):
+                    times[name].append(s)
+        peak = measure_peak_flops(args.device, args.dtype)
+    print(f"{args.rows} rows x {args.prompt_tokens} + {args.response_tokens} tokens, micro-batch {args.micro_batch}, "
+          f"{args.device} {args.dtype}, torch threads {torch.get_num_threads()}, matmul peak {peak / 1e12:.2f} "
+          f"TFLOP/s, {flops.linear_weights / 1e6:.1f}M linear weights, median of {args.repeats}")
+    for name, values in times.items():
+        s = statistics.median(values)
+        forwards = 1 if name == "log-prob pass" else 3
+        print(f"  {name:30s} {s:8.3f} s  {tokens / s:10.0f} tokens/s  MFU {forwards * forward / (s * peak):6.2%}")
+    full = statistics.median(times["log-prob pass"]) + statistics.median(times["update (old log-probs given)"])
+    print(f"  on-policy step saves {full - statistics.median(times['update (on-policy, no pass)']):.3f} s of "
+          f"{full:.3f} s (pass + update)")
+
+
+if __name__ == "__main__":
+    main()
