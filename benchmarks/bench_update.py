@@ -96,7 +96,7 @@ def main() -> None:
         for rep in range(args.repeats + 1):
             pass_s, old = timed(lambda: actor.compute_log_prob(batch), args.device)
             with_old = Batch({**batch.tensors, "old_log_probs": old["old_log_probs"]})
-            update_s, _ = timed(lambda: actor.update_actor(with_old), args.device)
+            update_s, _ = timed(lambda with_old=with_old: actor.update_actor(with_old), args.device)
             fused_s, _ = timed(lambda: actor.update_actor(batch), args.device)
             if rep:
                 for name, s in zip(times, (pass_s, update_s, fused_s), strict=True):
