@@ -3,11 +3,13 @@
 ``python -m data_prep.cold_start scripted --data train.parquet --retriever-url URL --out sft.parquet``: a scripted
 searcher over the user's QA parquet (the RL schema, ``data_prep.qa_search``) and their retrieval service.
 ``python -m data_prep.cold_start rft --model DIR ...``: rejection-sampled rollouts of a policy (``data_prep.rft``).
+``python -m data_prep.cold_start teacher --teacher-url URL ...``: a teacher model behind an OpenAI-compatible chat
+server, kept by exact match (``data_prep.teacher``).
 
 A row is the question's RL row (prompt, gold answers, data source, index: ``qa_search.PARQUET_SCHEMA``) plus
 ``turns``: the response in order, ``[{text, sampled}]`` (sampled = the policy's text, trained; otherwise a block the
 loop inserts, rendered by ``search_r1.llm_agent.formatting`` exactly as the loop renders it); ``data_prep.sft_rows``.
-Both sources print one summary line: trajectories kept (and how) and dropped (and why).
+Every source prints one summary line: trajectories kept (and how) and dropped (and why).
 
 Choices (the scripted searcher):
 - Search, read, answer: the first query is the question itself; if a retrieved passage holds a gold answer
@@ -39,6 +41,7 @@ from pathlib import Path
 from data_prep.qa_search import _template
 from data_prep.rft import add_rft_args, rft_cold_start
 from data_prep.sft_rows import SFT_SCHEMA, gold_answers, qa_fields, rows_to_sft_parquet, sft_row, summary
+from data_prep.teacher import add_teacher_args, openai_chat, teacher_cold_start
 from search_r1.llm_agent.formatting import information_turn, policy_turn, split_title
 from search_r1.prompts import DEFAULT_TEMPLATE, question_of
 from search_r1.reward.qa_em import DEFAULT_NORMALIZE, normalize_answer
@@ -142,7 +145,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="source", required=True)
     scripted = sub.add_parser("scripted", help="a scripted searcher over your QA parquet and retrieval service")
     rft = sub.add_parser("rft", help="rejection-sampled rollouts of a policy (keep exact matches)")
-    for p in (scripted, rft):
+    teacher = sub.add_parser("teacher", help="a teacher model behind an OpenAI-compatible chat server (keep exact "
+                             "matches)")
+    for p in (scripted, rft, teacher):
         p.add_argument("--data", required=True, help="QA parquet (Search-R1 schema, e.g. from data_prep.qa_search)")
         p.add_argument("--retriever-url", required=True, help="the retrieval service (as retriever.url)")
         p.add_argument("--topk", type=int, default=3, help="passages per search (retriever.topk of the RL run)")
@@ -152,6 +157,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     scripted.add_argument("--max-bridges", type=int, default=3,
                           help="bridge entities tried when the question's passages hold no gold answer (0 = none)")
     add_rft_args(rft)
+    add_teacher_args(teacher)
     return parser.parse_args(argv)
 
 
@@ -159,21 +165,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: 0, or 2 with ``error: ...`` naming the bad file, row or service."""
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from openai import OpenAIError
+
     from search_r1.search.client import RetrievalClient, RetrievalError
 
     try:
-        if args.source == "scripted":
+        if args.source == "rft":
+            rows, counts = rft_cold_start(args)
+        else:
             client = RetrievalClient(args.retriever_url, topk=args.topk, outage_timeout_s=30.0)
             client.check_health()
-            rows, counts = scripted_cold_start(args.data, client.search, _template(args.template), args.max_bridges)
-        else:
-            rows, counts = rft_cold_start(args)
+            if args.source == "scripted":
+                rows, counts = scripted_cold_start(args.data, client.search, _template(args.template),
+                                                   args.max_bridges)
+            else:
+                rows, counts = teacher_cold_start(args, openai_chat(args), client.search)
         if not rows:
             raise ValueError(f"no trajectory kept of {sum(counts.values())} questions ({dict(counts)}): nothing to "
                              "write")
         rows_to_sft_parquet(rows, args.out)
     except (DataError, RetrievalError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OpenAIError as err:  # the teacher's server: not answering, or refusing the request
+        print(f"error: the teacher at --teacher-url {args.teacher_url} failed: {err}", file=sys.stderr)
         return 2
     print(summary(counts, args.out))
     return 0
