@@ -15,6 +15,7 @@ setup(
     package_data={"verl.configs": ["*.yaml", "*.env"]},
     entry_points={"console_scripts": [
         "search-r1-train = verl.trainer.main_ppo:main",
+        "search-r1-sft = verl.trainer.main_sft:main",
         "search-r1-retrieve = retrieval_server.serve:main",
         "search-r1-build-index = retrieval_server.build_index:main",
         "search-r1-import-index = retrieval_server.import_index:main",

@@ -39,3 +39,16 @@ def make_prompt(question: str, template: str = DEFAULT_TEMPLATE) -> str:
     if not question.endswith("?"):
         question += "?"
     return template.replace(PLACEHOLDER, question)
+
+
+def question_of(prompt: str, template: str = DEFAULT_TEMPLATE) -> str | None:
+    """The question ``make_prompt`` put into ``prompt`` under ``template`` (the text its first ``{question}`` took),
+    or None when ``prompt`` was not made from ``template``."""
+    before, _, after = template.partition(PLACEHOLDER)
+    after = after.split(PLACEHOLDER)[0]
+    if not prompt.startswith(before):
+        return None
+    rest = prompt[len(before):]
+    end = rest.find(after) if after else len(rest)
+    question = rest[:end].strip() if end >= 0 else ""
+    return question or None

@@ -47,6 +47,22 @@ def information_block(docs: list[dict]) -> str:
     return INFO_OPEN + format_passages(docs) + INFO_CLOSE
 
 
+def policy_turn(text: str) -> dict:
+    """A turn the policy writes (trained), as the SFT data hold it (``verl.utils.sft_dataset``)."""
+    return {"text": text, "sampled": True}
+
+
+def information_turn(docs: list[dict]) -> dict:
+    """The ``<information>`` block the loop inserts after a search (context only), as the SFT data hold it."""
+    return {"text": information_block(docs), "sampled": False}
+
+
+def feedback_turn() -> dict:
+    """The feedback the loop inserts after a turn with no well-formed action (context only), as the SFT data hold
+    it."""
+    return {"text": INVALID_ACTION_FEEDBACK, "sampled": False}
+
+
 def observation_ids(tokenizer: PreTrainedTokenizerBase, docs_per_row: list[list[dict]],
                     max_obs_length: int) -> list[tuple[list[int], bool]]:
     """Token ids of each row's ``<information>`` block, at most ``max_obs_length`` -> [(ids, truncated)].

@@ -15,12 +15,12 @@ INFO chatter stays at debug level (``LOGLEVEL=INFO`` or ``DEBUG`` shows more).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import torch
 
 from verl.config import Config, ConfigError, load_config, recipe_module, trajectories_per_step, world_size
+from verl.trainer.cli import HelpRequested, split_args
 from verl.trainer.health import TrainingStopped
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.trainer.recipe import EnvironmentUnavailable, load_recipe
@@ -62,37 +62,10 @@ def help_text(argv: list[str]) -> str:
     return HELP.format(recipe=recipe_help)
 
 
-class HelpRequested(Exception):
-    """-h / --help on the command line."""
-
-
 def build_trainer(cfg: Config) -> PPOTrainer:
     """The trainer for ``cfg`` with the recipe it names (raises ConfigError for an unknown recipe)."""
     torch.manual_seed(cfg.trainer.seed)
     return PPOTrainer(cfg, load_recipe(cfg.recipe))
-
-
-def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``--config FILE`` (repeatable, also ``--config=FILE``) and ``key=value`` overrides, in their order."""
-    files, overrides, rest = [], [], list(argv)
-    while rest:
-        arg = rest.pop(0)
-        if arg == "--config":
-            if not rest:
-                raise ConfigError("--config needs a YAML file")
-            files.append(rest.pop(0))
-        elif arg.startswith("--config="):
-            files.append(arg.split("=", 1)[1])
-        elif arg in ("-h", "--help"):
-            raise HelpRequested
-        elif arg.startswith("-"):
-            raise ConfigError(f"unknown option {arg!r}: the trainer takes --config FILE and key=value overrides")
-        else:
-            overrides.append(arg)
-    for f in files:
-        if not os.path.isfile(f):
-            raise ConfigError(f"--config {f!r}: no such file (a YAML of keys to layer over configs/ppo_trainer.yaml)")
-    return files, overrides
 
 
 def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:

@@ -1,4 +1,5 @@
-"""PNG curves of a run (reward, validation EM, KL, entropy, searches) from its metrics.jsonl."""
+"""PNG curves of a run (reward, validation EM, KL, entropy, searches; or a supervised run's loss) from its
+metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -16,16 +17,20 @@ PANELS = (
 )
 
 
-def plot_curves(metrics_path: str | Path, out_png: str | Path, title: str = "") -> Path:
-    """Draw one panel per quantity; keys missing from the run are skipped."""
+def plot_curves(metrics_path: str | Path, out_png: str | Path, title: str = "",
+                panels: tuple[tuple[str, list[str]], ...] = PANELS) -> Path:
+    """Draw one panel per quantity (``panels``: (title, metric keys); the RL trainer's by default); keys missing from
+    the run are skipped."""
     import matplotlib  # here, not at import: pyplot costs ~0.45 s of every trainer's start-up
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     records = read_metrics(metrics_path)
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
-    for ax, (name, keys) in zip(axes.flat, PANELS):
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(14 * cols / 3, 3.5 * rows), squeeze=False)
+    for ax, (name, keys) in zip(axes.flat, panels):
         for key in keys:
             points = [(r["step"], r[key]) for r in records if key in r]
             if points:

@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 # TensorBoard).
 CONSOLE_KEYS = {"critic/score/mean": "score", "val/em": "val/em", "actor/pg_loss": "pg_loss",
                 "actor/entropy": "entropy", "actor/ppo_kl": "kl", "critic/vf_loss": "vf_loss",
-                "agent/searches_per_traj": "searches", "agent/mean_turns": "turns", "timing/step": "s/step"}
+                "agent/searches_per_traj": "searches", "agent/mean_turns": "turns", "train/loss": "loss",
+                "val/loss": "val/loss", "timing/step": "s/step"}
 
 
 def _wandb_has_key() -> bool:

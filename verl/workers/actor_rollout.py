@@ -29,18 +29,16 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
-import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from verl.config import Config
 from verl.workers.actor import ActorWorker
 from verl.workers.engine_host import EngineHost
+from verl.workers.export import save_hf_model
 from verl.workers.lora import merge_lora
-from verl.workers.model_utils import DTYPES, gather_full_state_dict, world
+from verl.workers.model_utils import DTYPES
 from verl.workers.rollout import build_rollout
 from verl.workers.weight_channel import WeightChannel
 
@@ -133,21 +131,7 @@ class ActorRolloutWorker(ActorWorker, EngineHost):
             yield name, full
 
     def save_hf_model(self, out: str) -> None:
-        """Write the actor as a Hugging Face model directory (weights, config, generation config,
-        tokenizer) from rank 0. Call on every rank: gathering the weights is a collective."""
-        state = gather_full_state_dict(self.model)
-        if world()[0] != 0:
-            return
-        state = dict(self._hf_weights(iter(state.items())))
+        """Write the actor as a Hugging Face model directory (``export.save_hf_model``). Call on every rank: gathering
+        the weights is a collective."""
         model_cfg = self.cfg.actor_rollout_ref.model
-        config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_cfg.trust_remote_code)
-        model.load_state_dict(state, assign=True)
-        model.tie_weights()
-        if (Path(model_cfg.path) / "generation_config.json").exists():
-            model.generation_config = GenerationConfig.from_pretrained(model_cfg.path)
-        model.save_pretrained(out)
-        tokenizer = AutoTokenizer.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
-        tokenizer.save_pretrained(out)
-        logger.info("saved the trained policy to %s", out)
+        save_hf_model(self.model, self.lora, model_cfg.path, model_cfg.trust_remote_code, out)

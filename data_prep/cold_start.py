@@ -1,0 +1,198 @@
+"""Trajectories for the supervised cold start (``python -m verl.trainer.main_sft``), written as SFT parquet.
+
+``python -m data_prep.cold_start scripted --data train.parquet --retriever-url URL --out sft.parquet``: a scripted
+searcher over the user's QA parquet (the RL schema, ``data_prep.qa_search``) and their retrieval service.
+``python -m data_prep.cold_start rft --model DIR ...``: rejection-sampled rollouts of a policy (``data_prep.rft``).
+``python -m data_prep.cold_start teacher --teacher-url URL ...``: a teacher model behind an OpenAI-compatible chat
+server, kept by exact match (``data_prep.teacher``).
+
+A row is the question's RL row (prompt, gold answers, data source, index: ``qa_search.PARQUET_SCHEMA``) plus
+``turns``: the response in order, ``[{text, sampled}]`` (sampled = the policy's text, trained; otherwise a block the
+loop inserts, rendered by ``search_r1.llm_agent.formatting`` exactly as the loop renders it); ``data_prep.sft_rows``.
+Every source prints one summary line: trajectories kept (and how) and dropped (and why).
+
+Choices (the scripted searcher):
+- Search, read, answer: the first query is the question itself; if a retrieved passage holds a gold answer
+  (the reward's normaliser, token-aligned: ``reward.terms.contains``), the trajectory answers with that gold
+  answer. Otherwise it tries bridge entities, for two-hop questions: the capitalised names in the passages that
+  the question does not mention, in the order they appear (Doc 1 first), at most ``--max-bridges``; the first
+  whose passages hold a gold answer becomes the second search. Every other question is dropped, and counted
+  with its reason: a trajectory whose passages do not support its answer would teach the policy to guess.
+- The policy's text says what it does in a few plain words (``SEARCH``, ``BRIDGE``, ``ANSWER``): the cold start
+  teaches the protocol (tags, when to search, copying the answer out of the passages), not a style of reasoning.
+- The question is read back from the prompt with the template the QA parquet was made with (``--template``,
+  default ``search_r1.prompts``); a prompt of another template is dropped, counted.
+- The passages are the service's, at ``--topk`` (use the RL run's ``retriever.topk``); a block longer than the RL
+  run's ``data.max_obs_length`` is cut there by the loop but not here: keep ``max_obs_length`` above the blocks
+  (``verl.trainer.main_sft`` refuses trajectories longer than ``data.max_length``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from data_prep.qa_search import _template
+from data_prep.rft import add_rft_args, rft_cold_start
+from data_prep.sft_rows import SFT_SCHEMA, gold_answers, qa_fields, rows_to_sft_parquet, sft_row, summary
+from data_prep.teacher import add_teacher_args, openai_chat, teacher_cold_start
+from search_r1.llm_agent.formatting import information_turn, policy_turn, split_title
+from search_r1.prompts import DEFAULT_TEMPLATE, question_of
+from search_r1.reward.qa_em import DEFAULT_NORMALIZE, normalize_answer
+from search_r1.reward.terms import contains
+from verl.utils.dataset import DataError, read_rows
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SFT_SCHEMA", "rows_to_sft_parquet", "scripted_cold_start", "sft_row"]
+
+SEARCH = "<think> I need to search for this. </think><search> {query} </search>"
+BRIDGE = "<think> The passages name {bridge}; I need to search for it. </think><search> {bridge} </search>"
+ANSWER = "<think> The passages say it is {answer}. </think><answer> {answer} </answer>"
+
+# A name: capitalised words (letters, digits, ' and -), joined by spaces; a leading article or pronoun is dropped.
+_NAME = re.compile(r"[A-Z][\w'-]*(?: [A-Z][\w'-]*)*")
+_LEADING = {"The", "A", "An", "It", "He", "She", "They", "In", "On", "At", "Of", "This", "That", "Its", "His", "Her"}
+
+SearchFn = Callable[[list[str]], list[list[dict]]]  # queries -> per query, docs {"id", "contents"}
+
+
+def gold_in(docs: list[dict], golds: list[str], normalize: str = DEFAULT_NORMALIZE) -> str | None:
+    """The first gold answer that a passage of ``docs`` holds (token-aligned, normalised), else None."""
+    return next((g for g in golds for d in docs if contains(d["contents"], g, normalize)), None)
+
+
+def bridge_candidates(docs: list[dict], question: str, limit: int) -> list[str]:
+    """Names in the passages (titles and texts, Doc 1 first) that the question does not mention, at most
+    ``limit``."""
+    asked = f" {normalize_answer(question)} "
+    out: list[str] = []
+    for doc in docs:
+        title, text = split_title(doc["contents"])
+        for name in _NAME.findall(f"{title}. {text}"):
+            words = name.split(" ")
+            while words and words[0] in _LEADING:
+                words = words[1:]
+            name = " ".join(words)
+            key = normalize_answer(name)
+            if key and f" {key} " not in asked and name not in out:
+                out.append(name)
+    return out[:limit]
+
+
+@dataclass
+class Scripted:
+    """One question's outcome: its turns, or why it was dropped."""
+
+    turns: list[dict] | None
+    reason: str  # one_search | two_searches | no question in prompt | no gold answer in the passages
+
+
+def script_searches(questions: list[str | None], golds: list[list[str]], search: SearchFn,
+                    max_bridges: int) -> list[Scripted]:
+    """Search each question, then (where its passages hold no gold answer) its bridge candidates; one request per
+    round for all questions."""
+    out = [Scripted(None, "no question in prompt") for _ in questions]
+    asked = [i for i, q in enumerate(questions) if q is not None]
+    first = dict(zip(asked, search([questions[i] for i in asked]) if asked else [], strict=True))
+    bridges: dict[int, list[str]] = {}
+    for i, docs in first.items():
+        answer = gold_in(docs, golds[i])
+        if answer is not None:
+            out[i] = Scripted([policy_turn(SEARCH.format(query=questions[i])), information_turn(docs),
+                               policy_turn(ANSWER.format(answer=answer))], "one_search")
+        else:
+            out[i] = Scripted(None, "no gold answer in the passages")
+            bridges[i] = bridge_candidates(docs, questions[i], max_bridges)
+    queries = [(i, b) for i, names in bridges.items() for b in names]
+    results = search([b for _, b in queries]) if queries else []
+    for (i, bridge), docs in zip(queries, results, strict=True):
+        answer = gold_in(docs, golds[i])
+        if out[i].turns is None and answer is not None:
+            out[i] = Scripted([policy_turn(SEARCH.format(query=questions[i])), information_turn(first[i]),
+                               policy_turn(BRIDGE.format(bridge=bridge)), information_turn(docs),
+                               policy_turn(ANSWER.format(answer=answer))], "two_searches")
+    return out
+
+
+def scripted_cold_start(data: str, search: SearchFn, template: str = DEFAULT_TEMPLATE,
+                        max_bridges: int = 3) -> tuple[list[dict], Counter]:
+    """SFT rows of the scripted searcher over the QA parquet ``data`` -> (rows kept, outcome counts)."""
+    rows = read_rows(data, required=("prompt", "reward_model"))
+    questions, golds = [], []
+    for i, row in enumerate(rows):
+        prompt = row["prompt"]
+        if not isinstance(prompt, list) or not prompt or not isinstance(prompt[-1], dict):
+            raise DataError(f"row {i} of {data!r}: column 'prompt' must be a non-empty list of chat messages")
+        questions.append(question_of(str(prompt[-1].get("content", "")), template))
+        golds.append(gold_answers(row))
+        if not golds[-1]:
+            raise DataError(f"row {i} of {data!r}: no gold answer in reward_model.ground_truth.target")
+    outcomes = script_searches(questions, golds, search, max_bridges)
+    kept = [sft_row(qa_fields(row, i), o.turns) for i, (row, o) in enumerate(zip(rows, outcomes, strict=True))
+            if o.turns is not None]
+    return kept, Counter(o.reason for o in outcomes)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m data_prep.cold_start", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="source", required=True)
+    scripted = sub.add_parser("scripted", help="a scripted searcher over your QA parquet and retrieval service")
+    rft = sub.add_parser("rft", help="rejection-sampled rollouts of a policy (keep exact matches)")
+    teacher = sub.add_parser("teacher", help="a teacher model behind an OpenAI-compatible chat server (keep exact "
+                             "matches)")
+    for p in (scripted, rft, teacher):
+        p.add_argument("--data", required=True, help="QA parquet (Search-R1 schema, e.g. from data_prep.qa_search)")
+        p.add_argument("--retriever-url", required=True, help="the retrieval service (as retriever.url)")
+        p.add_argument("--topk", type=int, default=3, help="passages per search (retriever.topk of the RL run)")
+        p.add_argument("--out", required=True, type=Path, help="SFT parquet to write")
+    scripted.add_argument("--template", type=Path, metavar="PATH",
+                          help="the prompt template the QA parquet was made with (to read the question back)")
+    scripted.add_argument("--max-bridges", type=int, default=3,
+                          help="bridge entities tried when the question's passages hold no gold answer (0 = none)")
+    add_rft_args(rft)
+    add_teacher_args(teacher)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point: 0, or 2 with ``error: ...`` naming the bad file, row or service."""
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from openai import OpenAIError
+
+    from search_r1.search.client import RetrievalClient, RetrievalError
+
+    try:
+        if args.source == "rft":
+            rows, counts = rft_cold_start(args)
+        else:
+            client = RetrievalClient(args.retriever_url, topk=args.topk, outage_timeout_s=30.0)
+            client.check_health()
+            if args.source == "scripted":
+                rows, counts = scripted_cold_start(args.data, client.search, _template(args.template),
+                                                   args.max_bridges)
+            else:
+                rows, counts = teacher_cold_start(args, openai_chat(args), client.search)
+        if not rows:
+            raise ValueError(f"no trajectory kept of {sum(counts.values())} questions ({dict(counts)}): nothing to "
+                             "write")
+        rows_to_sft_parquet(rows, args.out)
+    except (DataError, RetrievalError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OpenAIError as err:  # the teacher's server: not answering, or refusing the request
+        print(f"error: the teacher at --teacher-url {args.teacher_url} failed: {err}", file=sys.stderr)
+        return 2
+    print(summary(counts, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

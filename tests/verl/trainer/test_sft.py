@@ -1,0 +1,177 @@
+"""The supervised cold start (``verl.trainer.main_sft``) on a tiny model: it learns the loop's tags, resumes exactly,
+trains LoRA adapters, and refuses bad input with a message naming it. In-process (``main(argv)``), no services."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from data_prep.qa_search import make_row, rows_to_parquet
+from search_r1.prompts import make_prompt
+from tests.entry_points import in_process
+from tests.verl.trainer.sft_test_utils import TEMPLATE, question, scripted_rows, tiny_sft_model, write_rows
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """A tiny model's step: 0.06-0.1 s with one thread, 1-4 s with two on the shared, loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """A tiny random model, 32 scripted training trajectories and 4 held-out ones."""
+    root = tmp_path_factory.mktemp("sft")
+    tiny_sft_model(root)
+    write_rows(scripted_rows(range(32)), root / "train.parquet")
+    write_rows(scripted_rows(range(32, 36)), root / "val.parquet")
+    return root
+
+
+def args(root: Path, out: Path, *extra: str) -> list[str]:
+    return [f"model.partial_pretrain={root / 'model'}", f"data.train_files={root / 'train.parquet'}",
+            f"trainer.default_local_dir={out}", "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4",
+            "trainer.logger=[jsonl]", "trainer.device=cpu", *extra]
+
+
+def main(argv: list[str]) -> int:
+    """``python -m verl.trainer.main_sft argv`` in this process (``tests/entry_points.py``); its exit status, its
+    stderr echoed to this test's (pytest shows it on failure)."""
+    done = in_process("verl.trainer.main_sft", *argv)
+    sys.stderr.write(done.stderr)
+    return done.returncode
+
+
+def losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["train/loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+
+
+def greedy(model_dir: Path, text: str, tokens: int) -> str:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    out = model.generate(torch.tensor([ids]), max_new_tokens=tokens, do_sample=False)
+    return tokenizer.decode(out[0, len(ids):])
+
+
+def test_a_short_sft_teaches_a_tiny_model_to_start_a_search(workspace, tmp_path):
+    """Guards against an SFT that trains on the wrong tokens (the prompt or the inserted blocks, an off-by-one
+    between logits and labels) or does not train at all: after 24 steps the greedy policy, on a question it never
+    saw, opens with the scripted search turn; the random model it started from does not."""
+    held_out = make_prompt(question(90), TEMPLATE)
+    assert "<search>" not in greedy(workspace / "model", held_out, 12)
+    out = tmp_path / "run"
+    assert main(args(workspace, out, f"data.val_files={workspace / 'val.parquet'}", "optim.lr=3e-3",
+                     "trainer.total_training_steps=24")) == 0
+    text = greedy(out / "hf_model", held_out, 12)
+    assert text.startswith("<think> I need to search. </think><search>"), text
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["val/loss"] < 1.5 and record["train/loss"] < losses(out)[1] / 3, record
+    assert (out / "curves.png").is_file()
+
+
+def test_a_rerun_resumes_from_the_last_checkpoint_exactly(workspace, tmp_path):
+    """Guards against a resume that restarts the data order, the optimiser or the LR schedule: a 4-step run whose
+    last checkpoint and model are lost (a kill during the last save) is rerun; it continues from step 2 and ends
+    with the same losses and weights; a rerun of the finished run trains nothing (and writes hf_model/ if a kill
+    lost it)."""
+    out = tmp_path / "run"
+    argv = args(workspace, out, "trainer.save_freq=2", "optim.lr=1e-3", "optim.warmup_steps_ratio=0.5",
+                "trainer.total_training_steps=4")
+    assert main(argv) == 0
+    first, weights = losses(out), load_file(out / "hf_model" / "model.safetensors")
+    shutil.rmtree(out / "global_step_4")
+    shutil.rmtree(out / "hf_model")
+    assert main(argv) == 0
+    assert losses(out) == pytest.approx(first, rel=1e-6) and sorted(losses(out)) == [1, 2, 3, 4]
+    again = load_file(out / "hf_model" / "model.safetensors")
+    for name in weights:
+        torch.testing.assert_close(again[name], weights[name], rtol=1e-6, atol=1e-7)
+    shutil.rmtree(out / "hf_model")  # a kill between the last checkpoint and the export: the rerun exports only
+    assert main(argv) == 0
+    assert (out / "metrics.jsonl").read_text().count("\n") == 4
+    assert load_file(out / "hf_model" / "model.safetensors").keys() == weights.keys()
+
+
+def test_lora_trains_only_the_adapters_and_exports_merged_weights(workspace, tmp_path):
+    """Guards against LoRA that trains (or checkpoints) the base weights, or an export that drops the adapters: only
+    the adapted projections of hf_model/ differ from the base model, the checkpoint holds adapters only, and the
+    loss falls."""
+    out = tmp_path / "lora"
+    assert main(args(workspace, out, "model.lora_rank=8", "model.lora_alpha=16", "model.target_modules=[q_proj,v_proj]",
+                     "optim.lr=1e-2", "trainer.total_training_steps=6", "trainer.save_freq=6")) == 0
+    base = load_file(workspace / "model" / "model.safetensors")
+    tuned = load_file(out / "hf_model" / "model.safetensors")
+    assert tuned.keys() == base.keys()
+    changed = {name for name in base if not torch.equal(base[name], tuned[name])}
+    assert changed and all(name.endswith(("q_proj.weight", "v_proj.weight")) for name in changed), changed
+    shards = sum(f.stat().st_size for f in (out / "global_step_6" / "model").glob("*.distcp"))
+    assert shards < sum(t.numel() * 4 for t in base.values()) / 4  # adapters and their Adam moments only
+    steps = losses(out)
+    assert steps[6] < steps[1]
+
+
+def _write_table(path: Path, rows: list[dict]) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.mark.parametrize("case", ["rl_parquet", "not_parquet", "bad_turn", "too_long", "unknown_key"])
+def test_bad_input_fails_naming_it(workspace, tmp_path, capsys, case):
+    """Guards against tracebacks or silent truncation on bad input: each is exit 2 with a message naming the file,
+    column, row or key and the fix."""
+    data = tmp_path / "data.parquet"
+    extra: list[str] = []
+    if case == "rl_parquet":  # an RL parquet given as SFT data: no turns
+        rows_to_parquet([make_row("toy", question(1), ["x"], "train", 0)], data)
+        expected = ["lacks the column 'turns'", str(data)]
+    elif case == "not_parquet":
+        data.write_text("question,answer\n")
+        expected = [f"{str(data)!r} is not a readable parquet file"]
+    elif case == "bad_turn":
+        row = scripted_rows([1])[0]
+        _write_table(data, [{**row, "turns": [{"text": "<answer> x </answer>", "sampled": None}]}])
+        expected = ["row 0 of", "a turn must be {text: str, sampled: bool}"]
+    elif case == "too_long":
+        write_rows(scripted_rows(range(16)), data)
+        extra = ["data.max_length=60"]
+        expected = ["row 0 of", "> data.max_length=60", "trajectories are never cut"]
+    else:
+        write_rows(scripted_rows(range(8)), data)
+        extra = ["data.max_len=10"]
+        expected = ["unknown config key 'data.max_len'"]
+    code = main([f"model.partial_pretrain={workspace / 'model'}", f"data.train_files={data}",
+                 f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[jsonl]", *extra])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert all(text in err for text in expected), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow  # a new interpreter
+def test_the_command_refuses_a_bad_key_with_exit_status_2(tmp_path):
+    """Guards against ``python -m verl.trainer.main_sft`` exiting 0 or 1 (a traceback) on a config error: the process
+    itself exits 2 naming the key, before it writes anything; --help (in this process) is exit 0."""
+    done = subprocess.run([sys.executable, "-m", "verl.trainer.main_sft", "optim.learning_rate=1e-5",
+                           f"trainer.default_local_dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 2 and "unknown config key 'optim.learning_rate'" in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
+    shown = in_process("verl.trainer.main_sft", "--help")
+    assert shown.returncode == 0 and "model.partial_pretrain" in shown.stdout

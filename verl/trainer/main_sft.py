@@ -1,0 +1,75 @@
+"""Entry point: ``python -m verl.trainer.main_sft [--config FILE ...] key=value ...`` (``search-r1-sft``).
+
+Builds the typed SFT config (``configs/sft_trainer.yaml``, then each ``--config`` YAML, then the overrides;
+``verl.config_sft``), builds the trainer (``SFTTrainer``) and calls ``fit()``. Exit status: 0 done, 2 unusable
+input (a bad key or value, a missing or malformed data file, a trajectory longer than ``data.max_length``, a
+damaged checkpoint, a run directory holding another run), as ``main_ppo`` does.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from verl.config_sft import load_sft_config
+from verl.errors import ConfigError
+from verl.trainer.cli import HelpRequested, split_args
+from verl.trainer.sft_trainer import SFTTrainer
+from verl.utils.checkpoint import CheckpointError
+from verl.utils.dataset import DataError
+from verl.utils.logs import setup_logging
+from verl.utils.run_dir import RunDirError
+from verl.utils.tracking import check_loggers
+
+HELP = """usage: python -m verl.trainer.main_sft [--config FILE ...] key=value ...
+
+Supervised fine-tuning (a cold start before RL) on multi-turn trajectories, in the agent loop's token layout, with
+the loss on the policy's own tokens only. Keys are verl's SFT trainer's (docs/config_sft.md lists them all):
+
+  model.partial_pretrain       the model to start from, a Hugging Face directory
+  data.train_files             parquet of trajectories (python -m data_prep.cold_start writes them)
+  data.val_files               held-out trajectories (val/loss)
+  optim.lr, trainer.total_epochs, model.lora_rank, trainer.save_freq, ...
+
+The run directory (trainer.default_local_dir) gets config.yaml, metrics.jsonl, curves.png, global_step_N/ and
+hf_model/: train RL from it with actor_rollout_ref.model.path=<run dir>/hf_model.
+
+Exit status: 0 done, 2 unusable input (the message names the key, file or row)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        files, overrides = split_args(argv, base="configs/sft_trainer.yaml")
+    except HelpRequested:
+        print(HELP)
+        return 0
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_sft_config(overrides, files)
+        check_loggers(cfg.trainer.logger)
+        torch.manual_seed(cfg.trainer.seed)
+        trainer = SFTTrainer(cfg)
+        print(f"sft: {len(trainer.train_set)} trajectories ({trainer.train_set.policy_tokens()} policy tokens), "
+              f"{trainer.total_steps} steps of {cfg.data.train_batch_size}, model {cfg.model.partial_pretrain}"
+              f"{f' (LoRA rank {cfg.model.lora_rank})' if trainer.lora else ''}, run directory {trainer.out_dir}",
+              flush=True)
+        final = trainer.fit()
+    except (ConfigError, DataError, RunDirError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if trainer.already_complete:
+        print(f"run already complete: {trainer.step} of {trainer.total_steps} steps in {trainer.out_dir}; nothing to "
+              "train (raise trainer.total_training_steps to continue it, or name another trainer.experiment_name)")
+        return 0
+    shown = ", ".join(f"{k} {final[k]:.4f}" for k in ("train/loss", "val/loss") if k in final)
+    print(f"{shown}; model: {trainer.out_dir / 'hf_model'}  metrics: {trainer.tracker.jsonl_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

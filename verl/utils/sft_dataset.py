@@ -1,0 +1,96 @@
+"""Parquet rows of trajectories -> the RL loop's token layout, with the loss on the policy's tokens only.
+
+A row is the RL schema (``prompt``, ``reward_model``, optional ``data_source`` and ``extra_info``; docs/design.md,
+"Parquet row schema") plus ``turns``: the response in order, a list of ``{"text": str, "sampled": bool}``. A
+``sampled`` turn was written by the policy (trained); any other turn was inserted by the environment (an
+``<information>`` block, invalid-action feedback: context only).
+
+Choices:
+- **The RL loop's layout, built by the RL loop's code.** The prompt is tokenised by ``PromptDataset`` (the chat
+  template, applied as the RL trainer applies it), each turn's text on its own without special tokens (the agent
+  loop tokenises each inserted block as one text, ``formatting.observation_ids``, and its engine samples a turn
+  after the context so far), and the rows are packed by ``seq.pack_trajectories``, the function that packs the
+  rollouts. ``loss_mask = response_mask * info_mask`` is the RL trainer's state-masking rule, made here once
+  per row: 1 = sampled by the policy (trained), 0 = the prompt, inserted blocks and padding.
+- **Text, not token ids, on disk**, so one trajectory file serves any tokenizer (a cold start written once starts
+  Qwen or Llama). A policy turn ends where the loop's stop string ends it (``</search>``, ``</answer>``): no EOS is
+  appended, because the loop never samples past a stop string.
+- **Refuse, never cut**: a row without turns, a turn that is not ``{text, sampled}``, a row with no sampled text or
+  longer than ``data.max_length`` is a ``DataError`` naming the file, the row and the fix.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from verl.protocol import Batch
+from verl.utils.dataset import DataError, PromptDataset
+from verl.utils.seq import pack_trajectories
+
+TURNS_HINT = ("an SFT row is the RL schema plus turns: [{text: str, sampled: bool}, ...] (sampled = written by the "
+              "policy); see docs/design.md, \"Supervised cold start\", and python -m data_prep.cold_start")
+
+
+def encode_turns(tokenizer, turns: list[dict]) -> tuple[list[int], list[int]]:
+    """(response ids, info mask) of ``turns``: each turn's text tokenised on its own, in order; the mask is 1 on the
+    ids of sampled turns (trained), 0 on inserted ones (context only)."""
+    texts = [turn["text"] for turn in turns]
+    ids_per_turn = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    response, info_mask = [], []
+    for turn, ids in zip(turns, ids_per_turn, strict=True):
+        response += ids
+        info_mask += [1 if turn["sampled"] else 0] * len(ids)
+    return response, info_mask
+
+
+def _check_turns(turns, where: str) -> list[dict]:
+    if isinstance(turns, np.ndarray):
+        turns = list(turns)
+    if not isinstance(turns, list) or not turns:
+        raise DataError(f"{where}: column 'turns' must be a non-empty list, got {str(turns)[:120]!r}; {TURNS_HINT}")
+    for turn in turns:
+        if not (isinstance(turn, dict) and isinstance(turn.get("text"), str) and isinstance(turn.get("sampled"), bool)):
+            raise DataError(f"{where}: a turn must be {{text: str, sampled: bool}}, got {str(turn)[:120]!r}; "
+                            f"{TURNS_HINT}")
+    if not any(turn["sampled"] and turn["text"] for turn in turns):
+        raise DataError(f"{where}: no sampled turn (nothing to train on); {TURNS_HINT}")
+    return turns
+
+
+class TrajectoryDataset:
+    """Tokenised trajectories: per row, prompt ids, response ids and info mask (see the module docstring)."""
+
+    def __init__(self, files: str, tokenizer, max_length: int):
+        prompts = PromptDataset(files, tokenizer, max_prompt_length=sys.maxsize)  # checks prompt and reward_model
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.prompt_ids = prompts.prompt_ids
+        self.response_ids: list[list[int]] = []
+        self.info_masks: list[list[int]] = []
+        for i, (row, prompt) in enumerate(zip(prompts.rows, prompts.prompt_ids, strict=True)):
+            where = f"row {i} of {files!r}"
+            if "turns" not in row:
+                raise DataError(f"{files!r} lacks the column 'turns' (it has {sorted(row)}); {TURNS_HINT}")
+            response, info_mask = encode_turns(tokenizer, _check_turns(row["turns"], where))
+            if len(prompt) + len(response) > max_length:
+                raise DataError(f"{where}: the trajectory has {len(prompt) + len(response)} tokens (prompt "
+                                f"{len(prompt)} + response {len(response)}) > data.max_length={max_length}: raise "
+                                "data.max_length or drop the row (trajectories are never cut)")
+            self.response_ids.append(response)
+            self.info_masks.append(info_mask)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def policy_tokens(self) -> int:
+        return sum(sum(m) for m in self.info_masks)
+
+    def batch(self, indices: list[int] | np.ndarray) -> Batch:
+        """Rows ``indices`` packed as the RL loop packs its rollouts (``pack_trajectories``: [B, P], [B, R],
+        [B, P + R]) plus ``loss_mask`` [B, R]: 1 = sampled by the policy (trained), 0 = inserted or padding."""
+        idx = [int(i) for i in indices]
+        packed = pack_trajectories([self.prompt_ids[i] for i in idx], [self.response_ids[i] for i in idx],
+                                   [self.info_masks[i] for i in idx], self.pad_id)
+        packed["loss_mask"] = packed["response_mask"] * packed["info_mask"]  # [B, R]
+        return Batch(packed, {"row": idx})
