@@ -1,8 +1,10 @@
 """The expected memory of a run per device, from the model config and the settings, printed at start-up.
 
-An estimate to catch a run that cannot fit before minutes of loading, not a measurement. Per
-device (one rank; ``W`` ranks, ``P`` parameters of the policy, ``Pt`` of them trained, ``T``
-tokens of a row = max prompt + max response, ``b`` rows of a training micro-batch):
+An estimate to catch a run that cannot fit before minutes of loading, not a measurement: at start-up at the
+configured maximum lengths (a bound), and each step at that step's longest row (``perf/memory_estimate_gb``, logged
+next to the measured peak; ``MemoryMeter``). Per device (one rank; ``W`` ranks, ``P`` parameters of the policy,
+``Pt`` of them trained, ``T`` tokens of a row = max prompt + max response, or the step's longest row, ``b`` rows of
+a training micro-batch):
 
 * **weights**: the actor's float32 master weights, sharded ``4P / W`` (on the host with
   ``actor.fsdp_config.*_offload``); the reference model in ``ref.fsdp_config.dtype``, sharded (none under LoRA:
@@ -17,8 +19,11 @@ tokens of a row = max prompt + max response, ``b`` rows of a training micro-batc
   logits ``b R V`` once (log-probs and entropy are
   chunked, ``verl.algorithms.logprobs``), plus one FSDP-gathered layer.
 * **KV cache**: HF ``generate`` holds ``rows x T x L x 2 x kv_heads x head_dim`` values for a
-  micro-batch of ``rollout.micro_batch_size`` rows in ``rollout.dtype``; vLLM takes ``gpu_memory_utilization`` of the
+  micro-batch of ``rollout.micro_batch_size`` rows (at most the rows one engine gets in a step) in
+  ``rollout.dtype``; vLLM takes ``gpu_memory_utilization`` of the
   device (GPU) or ``cpu_kv_cache_gb`` (CPU).
+* **the process itself** on a CPU host (where device memory is the host's): its resident set before any model is
+  loaded (Python, torch, the tokenizer and the data), since a rank's peak RSS includes it.
 """
 
 from __future__ import annotations
