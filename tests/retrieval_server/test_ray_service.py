@@ -22,7 +22,6 @@ import ray
 from ray.cluster_utils import Cluster
 
 from retrieval_server import ray_service
-from retrieval_server.build_index import build_index
 from retrieval_server.ray_service import DeploymentError, DeploymentSpec
 from retrieval_server.service import ServeOptions, load_service
 from search_r1.search import RetrievalClient, RetrievalUnavailable
@@ -37,10 +36,9 @@ NAME = "test-wiki"
 
 
 @pytest.fixture(scope="module")
-def sharded_index(corpus_path, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ray_shards")
-    build_index(corpus_path, out, shards=2, progress=False)
-    return out
+def sharded_index(shard_builds):
+    """The corpus in 2 shards (the session's build, tests/retrieval_servers.py; nothing writes into it)."""
+    return shard_builds("two")[0]
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +66,8 @@ def deployment(cluster, sharded_index, corpus_path):
 
 
 @pytest.fixture(scope="module")
-def reference(sharded_index, corpus_path, tmp_path_factory):
-    flat = tmp_path_factory.mktemp("ray_flat")
-    build_index(corpus_path, flat, progress=False)
-    service = load_service(flat, corpus_path, ServeOptions(threads=1))
+def reference(flat_index, corpus_path):
+    service = load_service(flat_index, corpus_path, ServeOptions(threads=1))
     yield service
     service.close()
 
