@@ -16,6 +16,7 @@ import pytest
 
 from data_prep.qwen_tokenizer import build_qwen_tokenizer
 from tests.ray_cluster import start_cluster
+from tests.retrieval_servers import corpus_path, flat_index, flat_server, shard_builds, shard_sets  # noqa: F401
 from tests.verl.trainer.trainer_test_utils import trained_run, trained_run_ray, workspace  # noqa: F401 (fixtures)
 
 
@@ -53,15 +54,18 @@ SHARED_SCOPES = {
     "tests/search_r1/llm_agent/test_agent_hf.py::test_search_loop_through_a_two_rank_group": "ray",
     "tests/verl/single_controller/test_group_rollout.py": "ray",
     "tests/verl/single_controller/test_worker_groups.py": "ray",
+    # the session's shard servers (tests/retrieval_servers.py: shard_sets, flat_server), started once per run
+    "tests/retrieval_server/test_shards.py": "shard servers",
+    "tests/test_user_errors_surfaces.py": "shard servers",
 }
 # Scopes that take longest (measured), handed out first in this order so that the workers finish together; the
 # others follow in collection order.
 LONGEST_FIRST = [
     "ray", "tests/verl/trainer/test_stability.py", "tests/retrieval_server/test_ray_service.py",
-    "tests/test_user_errors_surfaces.py", "tests/scripts/test_launchers.py", "tests/test_user_errors.py",
+    "shard servers", "tests/scripts/test_launchers.py", "tests/test_user_errors.py",
     "tests/search_r1/llm_agent/test_agent_hf.py", "tests/verl/trainer/test_loggers.py",
     "tests/verl/trainer/test_ppo_trainer.py", "tests/data_prep/test_demo_numerics.py",
-    "tests/search_r1/test_search_r1_overrides_train.py", "tests/test_wheel.py", "tests/retrieval_server/test_shards.py",
+    "tests/search_r1/test_search_r1_overrides_train.py", "tests/test_wheel.py",
     "tests/verl/workers/test_fsdp.py", "tests/verl/trainer/test_rerun.py",
 ]
 

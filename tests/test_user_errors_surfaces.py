@@ -32,7 +32,6 @@ from verl.config import DEMO_CONFIG, load_config
 pytestmark = pytest.mark.slow  # starts trainers and services
 
 GUILDS = [(f"p{i}", f"Guild {i}", f"The guild number {i} of Vuzaholm was founded by name {i}.") for i in range(12)]
-HARBOURS = [(f"q{i}", f"Harbour {i}", f"Harbour {i} of Estmark has {i} piers.") for i in range(12)]
 SERVE = ["--threads", "1"]
 
 
@@ -47,24 +46,20 @@ def write_corpus(path: Path, passages: list[tuple[str, str, str]]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def endpoints(tmp_path_factory):
-    """URLs: ``flat`` (a whole index), ``a0``/``a1`` (the two shards of one build), ``c1`` (a shard of another
-    corpus's build), ``foreign`` (an HTTP server whose /health is a file, not a retrieval service)."""
+def endpoints(flat_server, shard_sets, tmp_path_factory):
+    """URLs: ``flat`` (a whole index), ``a0``/``a1`` (the two shards of one build of the same corpus), ``c1`` (a shard
+    of another corpus's build), ``foreign`` (an HTTP server whose /health is a file, not a retrieval service). The
+    retrieval servers are the session's (tests/retrieval_servers.py), shared with tests/retrieval_server/
+    test_shards.py."""
     root = tmp_path_factory.mktemp("endpoints")
-    corpus, other = write_corpus(root / "corpus.jsonl", GUILDS), write_corpus(root / "other.jsonl", HARBOURS)
-    build_index(corpus, root / "flat", progress=False)
-    build_index(corpus, root / "a", shards=2, progress=False)
-    build_index(other, root / "c", shards=2, progress=False)
-    specs = {"flat": (root / "flat", corpus), "a0": (root / "a/shard-0", corpus), "a1": (root / "a/shard-1", corpus),
-             "c1": (root / "c/shard-1", other)}
-    servers = {name: ServerProcess(index, corpus_, SERVE) for name, (index, corpus_) in specs.items()}
+    urls = {"flat": flat_server.url, "a0": shard_sets["two", 0], "a1": shard_sets["two", 1],
+            "c1": shard_sets["other", 1]}
     (root / "www").mkdir()
     (root / "www" / "health").write_text("<html>hello</html>\n")
     port = free_port()
     foreign = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                                cwd=root / "www", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        urls = {name: server.url for name, server in servers.items() if server.wait_ready(timeout=300)}
         urls["foreign"] = f"http://127.0.0.1:{port}"
         for _ in range(100):
             try:
@@ -75,8 +70,6 @@ def endpoints(tmp_path_factory):
         yield urls
     finally:
         foreign.kill()
-        for server in servers.values():
-            server.stop()
 
 
 @pytest.mark.parametrize("case, urls, message", [

@@ -50,7 +50,12 @@ def tree(tmp_path_factory) -> Path:
     return root
 
 
-def test_launcher_and_ablations_build_the_same_policy_bit_for_bit(tree, tmp_path, monkeypatch):
+def test_launcher_and_ablations_build_the_same_policy_and_its_steps_do_not_depend_on_the_thread_count(
+        tree, tmp_path, monkeypatch):
+    """One test, as one policy serves both checks (a second module-level test started another service for it).
+    First the warm start: the launcher's and the ablations' policy are the same bytes. Then the demo's PPO, under
+    the launcher's pinned numerics, on that policy: two steps with one thread and with two give the same losses,
+    rewards and search counts to the last bit (timings aside)."""
     env = {**os.environ, "PYTHON": sys.executable, "DEMO_SEED": "1", "DEMO_PORT": str(free_port()),
            "DEMO_PREPARE_ONLY": "1", "DEMO_WARM_START_ARGS": FEW_STEPS, "PYTHONPATH": str(tree)}
     for key in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
@@ -76,37 +81,35 @@ def test_launcher_and_ablations_build_the_same_policy_bit_for_bit(tree, tmp_path
     ablations = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ablations)
     assert ablations.ROOT == tree
-    for key, value in {"OMP_NUM_THREADS": "2", "DEMO_WARM_START_ARGS": FEW_STEPS, "PYTHONPATH": str(tree)}.items():
-        monkeypatch.setenv(key, value)
-    for key in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
-        monkeypatch.delenv(key, raising=False)
+    def ablations_env(patch: pytest.MonkeyPatch) -> None:
+        for key, value in {"OMP_NUM_THREADS": "2", "DEMO_WARM_START_ARGS": FEW_STEPS, "PYTHONPATH": str(tree)}.items():
+            patch.setenv(key, value)
+        for key in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+            patch.delenv(key, raising=False)
+
     demo = tree / "data" / "demo"
-    with ServerProcess(index_dir=demo / "index_bm25", corpus=demo / "corpus.jsonl") as service:
+    with monkeypatch.context() as patch:
+        ablations_env(patch)
+        service = ServerProcess(index_dir=demo / "index_bm25", corpus=demo / "corpus.jsonl")  # as the ablations'
+    with service:  # the service of the warm start and of the PPO steps below
         service.wait_ready()
-        by_ablations = ablations.warm_start(1, tmp_path / "ablations", service.url)
+        with monkeypatch.context() as patch:
+            ablations_env(patch)
+            by_ablations = ablations.warm_start(1, tmp_path / "ablations", service.url)
 
-    for name in ("model.safetensors", "tokenizer.json"):
-        assert digest(by_launcher / name) == digest(by_ablations / name), name
-    figures = [json.loads((d / "warm_start.json").read_text())["figures"] for d in (by_launcher, by_ablations)]
-    assert figures[0]["final_loss"] == figures[1]["final_loss"]
+        for name in ("model.safetensors", "tokenizer.json"):
+            assert digest(by_launcher / name) == digest(by_ablations / name), name
+        figures = [json.loads((d / "warm_start.json").read_text())["figures"] for d in (by_launcher, by_ablations)]
+        assert figures[0]["final_loss"] == figures[1]["final_loss"]
 
-
-def test_demo_training_steps_do_not_depend_on_the_thread_count(tree, tmp_path):
-    """The demo's PPO, under the launcher's pinned numerics, on the policy the test above built: two steps with one
-    thread and with two give the same losses, rewards and search counts to the last bit (timings aside)."""
-    policy = tree / "data" / "demo" / "tiny_policy_seed1"
-    if not (policy / "model.safetensors").is_file():
-        pytest.skip("needs the policy built by the test above")
-    demo = tree / "data" / "demo"
-    records = []
-    with ServerProcess(index_dir=demo / "index_bm25", corpus=demo / "corpus.jsonl") as service:
-        service.wait_ready()
+        # The demo's PPO on the launcher's policy, with one thread and with two, each a fresh process.
+        records = []
         for threads in ("1", "2"):
             out = tmp_path / f"threads{threads}"
             env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONPATH": str(tree), **demo_numerics_env()}
             done = subprocess.run(
                 [sys.executable, "-m", "verl.trainer.main_ppo", "--config", "configs/demo.yaml",
-                 f"actor_rollout_ref.model.path={policy}", f"retriever.url={service.url}", "trainer.seed=2",
+                 f"actor_rollout_ref.model.path={by_launcher}", f"retriever.url={service.url}", "trainer.seed=2",
                  "data.seed=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                  "critic.ppo_mini_batch_size=4", "trainer.total_training_steps=2", "trainer.test_freq=-1",
                  "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.logger=[jsonl]",

@@ -2,7 +2,8 @@
 
 Servers are the project's own ``python -m retrieval_server.serve`` started on a free loopback port
 (``ServerProcess``), with small request limits so the 4xx tests stay small, and one search thread
-(numba compiles its serial kernel faster than the parallel one).
+(numba compiles its serial kernel faster than the parallel one). The corpus, its dense flat index and server and
+the shard servers are in ``tests/retrieval_servers.py`` (shared with tests/test_user_errors_surfaces.py).
 """
 
 from __future__ import annotations
@@ -13,14 +14,9 @@ import pytest
 
 from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess
-from tests.retrieval_server.retrieval_test_corpus import corpus_lines
+from tests.retrieval_servers import SERVER_ARGS
 
-
-@pytest.fixture(scope="session")
-def corpus_path(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
-    path.write_text("\n".join(corpus_lines()) + "\n")
-    return path
+__all__ = ["SERVER_ARGS"]  # imported from here by some modules of this directory
 
 
 @pytest.fixture(scope="session")
@@ -31,26 +27,8 @@ def bm25_index(corpus_path, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def flat_index(corpus_path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("index_flat")
-    build_index(corpus_path, out, retriever="dense", index="flat", progress=False)
-    return out
-
-
-SERVER_ARGS = ["--threads", "1", "--topk", "3", "--max-topk", "10", "--max-queries", "8", "--max-query-chars", "64"]
-
-
-@pytest.fixture(scope="session")
 def bm25_server(bm25_index, corpus_path):
     """Shared by the modules that query it (none stops it): started once per test process."""
     with ServerProcess(bm25_index, corpus_path, SERVER_ARGS) as server:
-        server.wait_ready()
-        yield server
-
-
-@pytest.fixture(scope="session")
-def flat_server(flat_index, corpus_path):
-    """Shared by the modules that query it (none stops it): started once per test process."""
-    with ServerProcess(flat_index, corpus_path, SERVER_ARGS) as server:
         server.wait_ready()
         yield server

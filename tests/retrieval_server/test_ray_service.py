@@ -22,13 +22,13 @@ import ray
 from ray.cluster_utils import Cluster
 
 from retrieval_server import ray_service
-from retrieval_server.build_index import build_index
 from retrieval_server.ray_service import DeploymentError, DeploymentSpec
 from retrieval_server.service import ServeOptions, load_service
 from search_r1.search import RetrievalClient, RetrievalUnavailable
+from tests.entry_points import main_ppo_in_process
 from tests.ray_cluster import forget_as_current_ray
 from tests.retrieval_server.test_shards import QUERIES
-from tests.verl.trainer.trainer_test_utils import ROOT, metrics, overrides, run_main  # noqa: F401
+from tests.verl.trainer.trainer_test_utils import ROOT, metrics, overrides
 
 pytestmark = pytest.mark.slow  # a Ray cluster, servers, a training run
 
@@ -36,10 +36,9 @@ NAME = "test-wiki"
 
 
 @pytest.fixture(scope="module")
-def sharded_index(corpus_path, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ray_shards")
-    build_index(corpus_path, out, shards=2, progress=False)
-    return out
+def sharded_index(shard_builds):
+    """The corpus in 2 shards (the session's build, tests/retrieval_servers.py; nothing writes into it)."""
+    return shard_builds("two")[0]
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +66,8 @@ def deployment(cluster, sharded_index, corpus_path):
 
 
 @pytest.fixture(scope="module")
-def reference(sharded_index, corpus_path, tmp_path_factory):
-    flat = tmp_path_factory.mktemp("ray_flat")
-    build_index(corpus_path, flat, progress=False)
-    service = load_service(flat, corpus_path, ServeOptions(threads=1))
+def reference(flat_index, corpus_path):
+    service = load_service(flat_index, corpus_path, ServeOptions(threads=1))
     yield service
     service.close()
 
@@ -172,22 +169,26 @@ def test_command_line_up_status_down(cluster, sharded_index, corpus_path):
     assert gone.returncode == 1 and "no retrieval deployment named 'cli-test'" in gone.stderr
 
 
-def test_training_ranks_span_both_nodes_and_find_the_retriever_through_the_cluster(
-        cluster, deployment, workspace, tmp_path, run_main):  # noqa: F811 -- the imported fixture
+def test_training_ranks_span_both_nodes_and_find_the_retriever_through_the_cluster(cluster, deployment, workspace,
+                                                                                   tmp_path):
     """Guards against a trainer that cannot join an existing cluster (RAY_ADDRESS) or that packs every rank on one
     node, and against ray:// lookup failing from the trainer's process: trainer.nnodes=2 x n_gpus_per_node=1 on
     the two-node cluster places rank 0 and rank 1 on different nodes, resolves retriever.url=ray://NAME, and
-    finishes a training step with exit status 0."""
+    finishes a training step with exit status 0. The driver runs in this process (tests/entry_points.py), which
+    first disconnects from the cluster so that the trainer joins it itself through RAY_ADDRESS (the deployment is
+    detached: it stays); the ranks are Ray workers on the two nodes."""
     out = tmp_path / "run"
-    os.environ["RAY_ADDRESS"] = cluster.address  # run_main passes the environment on
+    ray.shutdown()  # this driver only disconnects: the cluster and the deployment stay
     try:
-        proc = run_main(overrides(workspace, out, 1, "trainer.backend=ray", "trainer.nnodes=2",
-                                  "trainer.n_gpus_per_node=1", "do_search=true", f"retriever.url=ray://{NAME}",
-                                  "trainer.save_freq=-1"))
-        text, _ = proc.communicate(timeout=900)
+        done = main_ppo_in_process(*overrides(workspace, out, 1, "trainer.backend=ray", "trainer.nnodes=2",
+                                              "trainer.n_gpus_per_node=1", "do_search=true",
+                                              f"retriever.url=ray://{NAME}", "trainer.save_freq=-1"),
+                                   ray_address=cluster.address)
     finally:
-        del os.environ["RAY_ADDRESS"]
-    assert proc.returncode == 0, text[-5000:]
+        if not ray.is_initialized():
+            ray.init(address=cluster.address)  # the module's other tests and its teardown drive the cluster
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-5000:]
     placed = re.findall(r"ActorRolloutWorker: 2 Ray workers on CPUs, (\d+) node\(s\)", text)
     assert placed == ["2"], text[-5000:]
     assert [m["step"] for m in metrics(out)] == [1]

@@ -1,7 +1,8 @@
 """Row-range shards: built, imported and served, searched through the client as one index.
 
-Real FAISS, real servers on loopback (``ServerProcess``), the small test corpus. The reference is the
-unsharded flat index of the same corpus, loaded in this process.
+Real FAISS, real servers on loopback (``shard_sets``, tests/retrieval_servers.py: shared with
+tests/test_user_errors_surfaces.py), the small test corpus. The reference is the unsharded flat index of the same
+corpus, loaded in this process.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ import pytest
 
 from retrieval_server.build_index import build_index
 from retrieval_server.import_index import import_index
-from retrieval_server.launcher import ServerProcess
 from retrieval_server.manifest import Manifest, ManifestError
 from retrieval_server.service import ServeOptions, load_service, probe_hash
 from retrieval_server.shards import shard_ranges, split_rows
 from search_r1.search import RetrievalClient, RetrievalError
 from search_r1.search.endpoints import EndpointSetError, Served, group_replicas, merge_hits
-from tests.retrieval_server.conftest import SERVER_ARGS
 from tests.retrieval_server.retrieval_test_corpus import PASSAGES, corpus_lines
 
 pytestmark = pytest.mark.slow  # starts servers
@@ -55,29 +54,6 @@ def reference(flat_index, corpus_path):
     service = load_service(flat_index, corpus_path, ServeOptions(threads=1))
     yield service
     service.close()
-
-
-@pytest.fixture(scope="module")
-def shard_sets(corpus_path, tmp_path_factory):
-    """Servers of: the corpus in 2 and in 3 shards; shard 1 of 2 of another corpus (same passages, reversed
-    order)."""
-    root = tmp_path_factory.mktemp("shards")
-    other = root / "other.jsonl"
-    other.write_text("\n".join(reversed(corpus_lines())) + "\n")
-    builds = {"two": (corpus_path, 2), "three": (corpus_path, 3), "other": (other, 2)}
-    dirs = {}
-    for name, (corpus, n) in builds.items():
-        build_index(corpus, root / name, shards=n, progress=False)
-        dirs[name] = [root / name / f"shard-{i}" for i in range(n)]
-    wanted = [("two", 0), ("two", 1), ("three", 0), ("three", 1), ("three", 2), ("other", 1)]
-    servers = {(name, i): ServerProcess(dirs[name][i], builds[name][0], SERVER_ARGS) for name, i in wanted}
-    try:
-        for server in servers.values():
-            server.wait_ready()
-        yield {key: server.url for key, server in servers.items()}
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 def _raw(url: str, queries: list[str], k: int) -> list[list[dict]]:

@@ -181,9 +181,9 @@ def test_retriever_outage_is_survived_or_ends_with_a_checkpoint_and_no_step_lost
                                                                                  runs, mode):
     """In both rollout modes. A: the service is killed (SIGKILL) after step 1 and restarted after the client has
     logged its waits: the run goes on. B: killed after step 1 with a 2 s outage budget: the run saves, stops
-    (exit 3) naming the URL and the checkpoint of its last finished step; rerun with the service back, it resumes
-    after that step. Both give, step for step, the same metrics as each other (nothing was trained on empty
-    results, no step was lost or repeated)."""
+    (exit 3) naming the URL and the checkpoint of its last finished step; rerun with the service back (a rerun that
+    must finish: its main in this process, tests/entry_points.py), it resumes after that step. Both give, step for
+    step, the same metrics as each other (nothing was trained on empty results, no step was lost or repeated)."""
     port = free_port()
     server = start_server(search_setup, port)
     try:
@@ -209,9 +209,10 @@ def test_retriever_outage_is_survived_or_ends_with_a_checkpoint_and_no_step_lost
         assert 1 <= last <= 3 and stopped.group(2) == str(tmp_path / "b" / f"global_step_{last}")
         assert checkpoint.complete_steps(tmp_path / "b") == list(range(1, last + 1))
         server = start_server(search_setup, port)
-        b = runs(search_overrides(workspace, search_setup, tmp_path / "b", port, 2, extra), tmp_path / "b2.log")
-        assert b.finish() == 0, b.text()[-3000:]
-        assert f"resuming from {tmp_path / 'b' / f'global_step_{last}'}" in b.text()
+        resumed = main_ppo_in_process(*search_overrides(workspace, search_setup, tmp_path / "b", port, 2, extra))
+        text = resumed.stdout + resumed.stderr  # a rerun that must finish: in this process (tests/entry_points.py)
+        assert resumed.returncode == 0, text[-3000:]
+        assert f"resuming from {tmp_path / 'b' / f'global_step_{last}'}" in text
     finally:
         server.stop()
     ra, rb = metrics(tmp_path / "a"), metrics(tmp_path / "b")
