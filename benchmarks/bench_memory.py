@@ -7,10 +7,12 @@ rewards, log-probs, the update and the weight sync into the rank's engine) and p
 the mean step time and phases of the measured steps and the peak memory: on a GPU the largest
 ``perf/max_memory_allocated_gb`` of a step, and everywhere the process's peak resident set
 (``perf/max_rss_gb``; ``process_max_rss_gb`` is the same read by this script from the finished process,
-so it works for any checkout given by ``--code``), next to the start-up estimate (``verl.workers.memory``, at the
-configured maximum lengths, without the process's own memory) and the trainer's per-step estimate at the step's
-longest row, with it (``step_estimate_gb``: ``perf/memory_estimate_gb``). ``--model DIR`` runs a model directory
-as it is (e.g. an imported real model) instead of a ``--shape``.
+so it works for any checkout given by ``--code``; ``step_peak_rss_gb``: the largest step's own peak,
+``perf/step_max_rss_gb``, and ``worst_step_ratio``: the step whose estimate / own peak is furthest from 1),
+next to the start-up estimate (``verl.workers.memory``, at the configured maximum lengths, without the process's
+own memory) and the trainer's per-step estimate at the step's longest row, with it (``step_estimate_gb``:
+``perf/memory_estimate_gb``). ``--model DIR`` runs a model directory as it is (e.g. an imported real model) instead
+of a ``--shape``.
 
     python benchmarks/bench_memory.py --shape 0.5b [--modes full,lora,offload] [--steps 1] [--rows 2]
         [--response-length 64]
@@ -118,6 +120,11 @@ def run(mode: str, model: Path, data: Path, steps: int, overrides: list[str], ou
     row["peak_rss_gb"] = max(r.get("perf/max_rss_gb", 0.0) for r in records)  # 0 where the code does not log it
     row["gen_tokens_per_s"] = mean("perf/gen_tokens_per_s")
     row["step_estimate_gb"] = max(r.get("perf/memory_estimate_gb", 0.0) for r in records)  # at the longest row
+    # each step's estimate over that step's own peak (perf/step_max_rss_gb), the step furthest from 1 (0: not logged)
+    ratios = [r["perf/memory_estimate_gb"] / r["perf/step_max_rss_gb"] for r in records
+              if r.get("perf/step_max_rss_gb") and "perf/memory_estimate_gb" in r]
+    row["step_peak_rss_gb"] = max(r.get("perf/step_max_rss_gb", 0.0) for r in records)
+    row["worst_step_ratio"] = max(ratios, key=lambda x: abs(x - 1), default=0.0)
     return row
 
 
@@ -162,8 +169,7 @@ def main() -> None:
           + (f"mean of steps 2..{args.steps}" if args.steps > 1 else "one step, warm-up included"))
     print(f"{'':<24}" + "".join(f"{m:>12}" for m in results))
     keys = [*PHASES, "step", "gen_tokens_per_s", "peak_device_gb", "peak_rss_gb", "process_max_rss_gb", "estimate_gb",
-            "step_estimate_gb",
-            "host_estimate_gb"]
+            "step_estimate_gb", "step_peak_rss_gb", "worst_step_ratio", "host_estimate_gb"]
     for key in keys:
         print(f"{key:<24}" + "".join(f"{r[key]:>12.2f}" if r["ok"] else f"{'-':>12}" for r in results.values()))
     for mode, r in results.items():

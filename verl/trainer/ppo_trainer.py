@@ -197,6 +197,7 @@ class PPOTrainer:
             if self.cfg.trainer.val_only:
                 return self.last_validation
         rollout = self._start_rollout()  # which batch is generated when (trainer.max_staleness; pipeline.py)
+        self.actor.execute_all("peak_memory")  # each step's peak memory from here on, not the model loading's
         try:
             # A progress bar on a terminal; in a log file the tracker's line per step says the same.
             with tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step",

@@ -75,14 +75,39 @@ def world() -> tuple[int, int]:
 
 
 def peak_memory_metrics(device: torch.device) -> dict[str, float]:
-    """This rank's peak memory: on a GPU the most allocated since the previous call (``perf/max_memory_allocated_gb``,
-    then reset: one training step when called once per step), and the process's peak resident set since it
-    started (``perf/max_rss_gb``, host memory, never reset)."""
+    """This rank's peak memory since the previous call (one training step when called once per step), then reset:
+    on a GPU the most allocated (``perf/max_memory_allocated_gb``); on the host the peak resident set
+    (``perf/step_max_rss_gb``, Linux: the kernel's high-water mark, reset through ``/proc/self/clear_refs``).
+    Also the process's peak resident set since it started (``perf/max_rss_gb``, never reset) and its resident set
+    now (``perf/rss_gb``: what the allocator keeps between steps)."""
     metrics = {"perf/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)}  # KiB -> GiB
+    status = _proc_status()
+    if "VmHWM" in status:
+        metrics["perf/step_max_rss_gb"] = status["VmHWM"] / (1 << 20)
+        metrics["perf/rss_gb"] = status["VmRSS"] / (1 << 20)
+        _reset_high_water_mark()
     if device.type == "cuda":
         metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / (1 << 30)
         torch.cuda.reset_peak_memory_stats(device)
     return metrics
+
+
+def _proc_status() -> dict[str, int]:
+    """VmHWM / VmRSS of this process in KiB (Linux /proc/self/status; empty elsewhere)."""
+    try:
+        with open("/proc/self/status") as status:
+            return {line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith(("VmHWM", "VmRSS"))}
+    except OSError:
+        return {}
+
+
+def _reset_high_water_mark() -> None:
+    """Reset VmHWM to the current resident set (Linux >= 4.0: writing 5 to clear_refs); silently kept elsewhere."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
 
 
 def all_reduce_(x: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
