@@ -18,8 +18,9 @@ Choices (engines are slow, rate-limited, paid and change their answers):
   to the trainer an engine outage is a retrieval outage (its client backs off, then checkpoints and stops). At most
   ``--engine-concurrency`` requests are in flight and, with ``--max-rps``, they start at most that often.
 - **Errors that waiting does not fix.** 401/403 (the key is refused) is answered 502 with ``"retryable": false``.
-  Malformed JSON, an answer that is not the engine's documented shape, or another 4xx is answered 502 (retryable;
-  an engine glitch), naming the engine, the status and what was wrong.
+  Malformed JSON, an answer that is not the engine's documented shape, or another 4xx or a 3xx is answered 502
+  (retryable; an engine glitch), naming the engine, the status and what was wrong. Redirects are not followed: a
+  key sent as a header would go along to wherever they point.
 - **The key.** Read from the environment variable named by ``--api-key-env`` (a clear error naming it when unset),
   held in memory only: never logged, never in ``/health``, never in the cache; every message built from an engine's
   answer or a transport error has the key replaced by ``***`` (SerpAPI and Google take it as a URL parameter).
@@ -141,7 +142,7 @@ class OnlineService:
         self._lock = threading.Lock()  # counters, budget, pacing
         self._next_start = 0.0  # monotonic time the next request may start (--max-rps)
         self._pool = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="engine")
-        self._http = httpx.Client(timeout=options.timeout_s, follow_redirects=True)
+        self._http = httpx.Client(timeout=options.timeout_s)  # no redirects: the key headers would follow them
 
     # -- the SearchService interface ------------------------------------------------------------------------------
 
@@ -215,10 +216,10 @@ class OnlineService:
         request = self.engine.request(self.options.url, query, k, self._key, self.options.google_cx)
         problem = ""
         for attempt in range(self.options.max_retries + 1):
-            if attempt > 0:
+            self._reserve()
+            if attempt > 0:  # counted once sent (a retry the budget refused was never made)
                 with self._lock:
                     self.counts.retries += 1
-            self._reserve()
             start = time.monotonic()
             try:
                 response = self._http.request(request.method, request.url, params=request.params or None,

@@ -10,6 +10,7 @@ gets is chosen by its first word, so a test can ask for each failure:
 - ``slow-S ...``: the answer comes after S seconds;
 - ``malformed ...``: a 200 whose body is cut-off JSON; ``shape ...``: valid JSON of the wrong shape;
 - ``nothing ...``: the engine's documented answer for no results;
+- while ``fail_all`` holds a status, every request (any query) gets it;
 - anything else: results. Without an index, ``n`` (the engine's count parameter) made-up results derived from the
   query; with ``index``/``corpus`` (a BM25 index built by ``retrieval_server.build_index``), the corpus passages
   BM25 ranks first, title and text split from Search-R1's ``"Title"\\ntext`` contents.
@@ -74,6 +75,7 @@ class LoopbackEngines:
         self.handle_s: list[float] = []
         self._failures: dict[tuple[str, str], int] = {}  # (engine, query) -> failing answers given so far
         self._lock = threading.Lock()
+        self.fail_all: int | None = None  # a status (429, 500) every request gets while set: an engine in trouble
         self._retriever = self._rows = None
         if index is not None:
             from retrieval_server.bm25 import BM25Retriever
@@ -152,6 +154,8 @@ class LoopbackEngines:
             status = 403 if engine == "serper" else 401
             # echoes the key it got, as some services do: the backend must not pass it on
             return status, _error_body(engine, status, f"Invalid API key {given}."), {}
+        if self.fail_all is not None:
+            return self.fail_all, _error_body(engine, self.fail_all, "Rate limit exceeded"), {"Retry-After": "0"}
         if engine == "google" and not params.get("cx"):
             return 400, _error_body(engine, 400, "Missing cx"), {}
         word = query.split(" ", 1)[0]
