@@ -230,12 +230,15 @@ def test_the_api_key_is_in_no_log_file_or_answer(engines, tmp_path):
         assert KEY.encode() not in data and b"not-the-key-5Yp" not in data, path
 
 
-def test_a_missing_key_variable_is_refused_naming_it():
-    """A missing key variable exits 2 naming it, before the port is bound."""
+@pytest.mark.parametrize("launch", [[sys.executable, "-m", "retrieval_server.serve"], ["bash", "retrieval_launch.sh"]])
+def test_a_missing_key_variable_is_refused_naming_it(launch):
+    """A missing key variable exits 2 naming it, before the port is bound; retrieval_launch.sh hands an online
+    backend straight to serve (it prepares no demo index)."""
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
-    done = subprocess.run([sys.executable, "-m", "retrieval_server.serve", "--backend", "brave", "--api-key-env",
-                           KEY_ENV], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
+    done = subprocess.run([*launch, "--backend", "brave", "--api-key-env", KEY_ENV], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 2, done.stderr
+    assert "demo" not in done.stderr
     assert f"environment variable {KEY_ENV} (named by --api-key-env) is not set" in done.stderr
 
 
