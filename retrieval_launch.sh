@@ -7,6 +7,10 @@
 #   BUILD=1 RETRIEVER=bm25 CORPUS=data/wiki/corpus.jsonl INDEX_DIR=data/wiki/bm25 bash retrieval_launch.sh
 #                                                         # builds data/wiki/bm25 first if it has no manifest.json
 #
+# An online search engine instead of an index (no index is prepared; the key is read from the variable named):
+#   SERPAPI_KEY=... bash retrieval_launch.sh --backend serpapi --api-key-env SERPAPI_KEY --max-requests 5000 \
+#       --cost-per-request 0.015 --cache-dir data/online_cache
+#
 # An index built elsewhere (e.g. Search-R1's e5_Flat.index) is imported once, then launched like any other:
 #   python -m retrieval_server.import_index --faiss e5_Flat.index --corpus wiki-18.jsonl \
 #       --model /path/to/e5-base-v2 --e5-prefixes --out data/wiki/e5_flat
@@ -44,6 +48,15 @@ fi
 BUILD=${BUILD:-0}
 PORT=${PORT:-8000}
 TOPK=${TOPK:-3}
+prev=""
+for arg in "$@"; do  # --backend serpapi|google|serper|brave: everything goes to serve, nothing is prepared
+    case "$prev $arg" in "--backend serpapi"|"--backend google"|"--backend serper"|"--backend brave") ONLINE=1 ;; esac
+    case "$arg" in --backend=serpapi|--backend=google|--backend=serper|--backend=brave) ONLINE=1 ;; esac
+    prev=$arg
+done
+if [[ "${ONLINE:-0}" == 1 ]]; then
+    exec "$PYTHON" -m retrieval_server.serve --topk "$TOPK" --port "$PORT" "$@"
+fi
 if [[ "$BUILD" != 0 && "$BUILD" != 1 ]]; then
     echo "retrieval_launch.sh: BUILD must be 1 (build a missing index) or 0, got '$BUILD'" >&2
     exit 2

@@ -25,7 +25,10 @@ Choices:
   returns them too, as Search-R1's own server does. ``return_scores`` / ``return_rows`` (optional,
   false by default: Search-R1's shape) add each hit's score / corpus row.
 - Each ``/retrieve`` answer (its status, query count and wall time) is recorded in a ``RequestStats`` that a
-  task of the app summarises in one log line every ``log_interval_s`` (see ``logs.py``); 0 records nothing.
+  task of the app summarises in one log line every ``log_interval_s`` (see ``logs.py``); 0 records nothing. A
+  backend with totals of its own (the online backend: engine requests, cache hit rate, cost) adds them to the line.
+- A backend that searches elsewhere (``online/backend.py``) and cannot answer raises ``BackendError``: answered with
+  its status (502/503) and ``{"detail": message, "retryable": bool}``.
 - FastAPI's generated API docs (``/docs``, ``/redoc``, ``/openapi.json``) answer 404 unless ``serve --docs`` asks
   for them: a service reachable beyond loopback shows no more than its API.
 """
@@ -47,7 +50,7 @@ from starlette.requests import ClientDisconnect
 
 from retrieval_server.batcher import Coalescer
 from retrieval_server.logs import RequestStats, log_summaries
-from retrieval_server.service import Hit, SearchService
+from retrieval_server.service import BackendError, Hit, SearchService
 
 logger = logging.getLogger(__name__)
 
@@ -231,11 +234,14 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
         state.coalescer = Coalescer(service.search, max_batch=limits.max_queries)
         state.service = service
 
+    def backend_summary() -> str | None:
+        return state.service.summary() if state.service is not None else None
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         tasks = [asyncio.create_task(load_in_background())]
         if request_stats is not None:
-            tasks.append(asyncio.create_task(log_summaries(request_stats, log_interval_s)))
+            tasks.append(asyncio.create_task(log_summaries(request_stats, log_interval_s, backend_summary)))
         yield
         for task in tasks:
             task.cancel()
@@ -253,6 +259,10 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
         # the rest of an unread (oversized, stalled) body would be parsed as the next request: close instead
         headers = {"connection": "close"} if exc.status in (408, 413) else None
         return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(BackendError)
+    async def backend_error(request: Request, exc: BackendError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message, "retryable": exc.retryable}, status_code=exc.status)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -293,7 +303,7 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
             response, n_queries = await answer(request)
             status = response.status_code
             return response
-        except RequestError as exc:
+        except (RequestError, BackendError) as exc:
             status = exc.status
             raise
         finally:

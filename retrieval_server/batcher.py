@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from retrieval_server.service import Hit
+from retrieval_server.service import BackendError, Hit
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,10 @@ class Coalescer:
                 try:
                     hits_per_group = await loop.run_in_executor(self._executor, self._search_groups, groups)
                 except Exception as exc:  # delivered to every waiting request; the worker keeps serving
-                    logger.exception("search of a batch of %d requests failed", len(jobs))
+                    if isinstance(exc, BackendError):  # an engine's refusal or outage: its message says it all
+                        logger.warning("search of a batch of %d requests failed: %s", len(jobs), exc)
+                    else:
+                        logger.exception("search of a batch of %d requests failed", len(jobs))
                     for job in jobs:
                         if not job.future.done():
                             job.future.set_exception(exc)

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +82,16 @@ def _percentile_ms(sorted_s: list[float], p: float) -> float:
     return 1000 * sorted_s[max(0, math.ceil(p / 100 * len(sorted_s)) - 1)]
 
 
-async def log_summaries(stats: RequestStats, interval_s: float) -> None:
-    """Log ``stats.summary()`` every ``interval_s`` seconds in which requests came; runs until cancelled."""
+async def log_summaries(stats: RequestStats, interval_s: float,
+                        backend_summary: Callable[[], str | None] | None = None) -> None:
+    """Log ``stats.summary()`` every ``interval_s`` seconds in which requests came, followed by the backend's own
+    totals when it has some (``backend_summary``); runs until cancelled."""
     while True:
         await asyncio.sleep(interval_s)
         line = stats.summary()
         if line is not None:
-            logger.info("%s", line)
+            extra = backend_summary() if backend_summary is not None else None
+            logger.info("%s", line if extra is None else f"{line}; {extra}")
 
 
 def _rate(per_s: float) -> str:

@@ -15,6 +15,9 @@ Choices:
   one worker thread (see ``batcher.py``).
 - No log line per request: one summary line per ``--log-interval`` (requests, queries, q/s, p50/p99 latency,
   errors; see ``logs.py``), and library chatter (FAISS's build probes, httpx requests) below INFO.
+- ``--backend serpapi|google|serper|brave --api-key-env VAR`` serves an online search engine instead of an index
+  (``online/backend.py``: cache, budget, backoff, cost); the API, limits and summary line are the same. A missing
+  key variable is refused before the port is bound (status 2).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import errno
 import logging
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
@@ -33,6 +37,8 @@ from retrieval_server.corpus import CorpusError
 from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
 from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
+from retrieval_server.online.backend import OnlineService, add_online_args, online_options, read_api_key
+from retrieval_server.online.engines import ENGINES
 from retrieval_server.service import GPU_MODES, ServeOptions, check_gpu_placement, load_service
 from retrieval_server.slow_clients import request_head_protocol
 
@@ -93,8 +99,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m retrieval_server.serve", description=__doc__.split("\n")[0],
                                 epilog="Search-R1's flags are accepted: --index_path, --corpus_path, --topk, "
                                        "--retriever_name, --retriever_model, --faiss_gpu.")
-    p.add_argument("--index", required=True, help="index directory written by retrieval_server.build_index")
-    p.add_argument("--corpus", required=True, help="the JSONL corpus the index was built from")
+    p.add_argument("--backend", choices=("index", *ENGINES), default="index",
+                   help="what answers /retrieve: a local index (--index, --corpus; the default) or an online search "
+                        "engine (see the online search backend flags)")
+    p.add_argument("--index", default=None, help="index directory written by retrieval_server.build_index")
+    p.add_argument("--corpus", default=None, help="the JSONL corpus the index was built from")
     p.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
@@ -138,7 +147,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "requests wait at the same time")
     p.add_argument("--docs", action="store_true", help="serve the API docs at /docs, /redoc and /openapi.json "
                                                         "(off by default)")
+    add_online_args(p)
     args = p.parse_args(argv)
+    if args.backend == "index" and not (args.index and args.corpus):
+        p.error("--index and --corpus are required (or --backend ENGINE to serve an online search engine: "
+                f"{', '.join(ENGINES)})")
+    if args.backend != "index":
+        given = [flag for flag, value in (("--index", args.index), ("--corpus", args.corpus)) if value]
+        if given:
+            p.error(f"{' and '.join(given)} name a local index; --backend {args.backend} searches online: drop them")
+        try:
+            args.online = online_options(args)
+        except ValueError as e:
+            p.error(str(e))
     if not 0 <= args.delay_ms < float("inf"):
         p.error(f"--delay-ms must be 0 (off) or a positive number of milliseconds, got {args.delay_ms}")
     if not 0 <= args.port <= 65535:
@@ -176,21 +197,10 @@ def check_address(host: str, port: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging()
-    try:
-        manifest = Manifest.load(args.index)
-        check_corpus_size(manifest, args.index, args.corpus)
-        check_index_file(manifest, args.index)
-    except FileNotFoundError:
-        logger.error("corpus file not found: %s", args.corpus)
-        return 2
-    except (ManifestError, CorpusError) as e:
-        logger.error("%s", e)
-        return 2
-    try:
-        check_gpu_placement(manifest, args.options)
-    except ValueError as e:
-        logger.error("%s", e)
-        return 2
+    prepared = prepare_index(args) if args.backend == "index" else prepare_online(args)
+    if isinstance(prepared, int):
+        return prepared
+    load, what = prepared
     try:
         check_address(args.host, args.port)
     except OSError as e:
@@ -206,21 +216,52 @@ def main(argv: list[str] | None = None) -> int:
         failures.append(exc)
         server.should_exit = True
 
-    app = create_app(lambda: load_service(args.index, args.corpus, args.options), limits, on_failure,
-                     args.log_interval, args.delay_ms, docs=args.docs)
+    app = create_app(load, limits, on_failure, args.log_interval, args.delay_ms, docs=args.docs)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, access_log=False,
                                            timeout_graceful_shutdown=5,
                                            http=request_head_protocol(args.client_timeout,
                                                                          args.max_header_bytes)))
-    shard = manifest.shard
-    rows = f" (shard {shard['index']} of {shard['of']}: rows {shard['start']}..{shard['end'] - 1})" if shard else ""
-    logger.info("serving %s index %s%s on http://%s:%d (loading in the background; GET /health)%s",
-                manifest.retriever, args.index, rows, args.host, args.port,
+    logger.info("serving %s on http://%s:%d (loading in the background; GET /health)%s", what, args.host, args.port,
                 f"; every answer delayed by {args.delay_ms:g} ms (--delay-ms, benchmarks only)" if args.delay_ms
                 else "")
     server.run()
     return 1 if failures else 0
 
+
+def prepare_online(args: argparse.Namespace) -> tuple[Callable[[], OnlineService], str] | int:
+    """(the online service's loader, what it serves), or exit status 2 when the key's variable is unset."""
+    options = args.online
+    try:
+        key = read_api_key(options.api_key_env)
+    except ValueError as e:
+        logger.error("%s", e)
+        return 2
+    return (lambda: OnlineService(options, key),
+            f"online search engine {options.engine} (cache {options.cache_dir}, budget {options.max_requests:,} "
+            "requests)")
+
+
+def prepare_index(args: argparse.Namespace) -> tuple[Callable[[], object], str] | int:
+    """The cheap checks of ``--index`` and ``--corpus`` -> (the index's loader, what it serves), or exit status 2."""
+    try:
+        manifest = Manifest.load(args.index)
+        check_corpus_size(manifest, args.index, args.corpus)
+        check_index_file(manifest, args.index)
+    except FileNotFoundError:
+        logger.error("corpus file not found: %s", args.corpus)
+        return 2
+    except (ManifestError, CorpusError) as e:
+        logger.error("%s", e)
+        return 2
+    try:
+        check_gpu_placement(manifest, args.options)
+    except ValueError as e:
+        logger.error("%s", e)
+        return 2
+    shard = manifest.shard
+    rows = f" (shard {shard['index']} of {shard['of']}: rows {shard['start']}..{shard['end'] - 1})" if shard else ""
+    return (lambda: load_service(args.index, args.corpus, args.options),
+            f"{manifest.retriever} index {args.index}{rows}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -71,6 +71,18 @@ class ServeOptions:
                 raise ValueError(f"{name} must be at least {least}, got {value}")
 
 
+class BackendError(RuntimeError):
+    """A backend that searches elsewhere (an online engine, ``online/backend.py``) could not answer: the app answers
+    ``status`` with ``{"detail": message, "retryable": retryable}``; ``retryable`` false tells a client that waiting
+    will not help (a spent budget, a refused key)."""
+
+    def __init__(self, status: int, message: str, retryable: bool = True):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.retryable = retryable
+
+
 class Retriever(Protocol):
     num_passages: int
 
@@ -176,6 +188,10 @@ class SearchService:
     def stats(self) -> dict:
         """Counters of the deduplicating cache (for ``GET /stats``)."""
         return asdict(self.cache.stats())
+
+    def summary(self) -> str | None:
+        """A line of the backend's own totals for the summary log line (a local index has none)."""
+        return None
 
     def close(self) -> None:
         self.corpus.close()

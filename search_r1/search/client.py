@@ -11,7 +11,8 @@ Choices:
   ``max_backoff``, each wait logged, for as long as the service has been failing less than
   ``outage_timeout_s`` seconds (a last attempt is made at that deadline). A service that comes back
   within it costs only time: the caller gets real results, never an empty list in their place. One
-  that does not raises ``RetrievalUnavailable``, which the trainer treats as an outage of the task's
+  that does not (or a 5xx whose body says ``"retryable": false``: an online backend's spent budget, at once)
+  raises ``RetrievalUnavailable``, which the trainer treats as an outage of the task's
   environment (``verl.trainer.recipe.EnvironmentUnavailable``: save a checkpoint, stop). A 4xx means
   the request itself is wrong and is raised at once. Every error names the URL.
 - ``check_health`` (before a run) raises ``RetrievalUnavailable`` too when the service does not answer:
@@ -132,6 +133,9 @@ class RetrievalClient:
                 if response.status_code < 500:
                     raise _rejected(endpoint, response)
                 problem = f"HTTP {response.status_code}: {_detail(response)}"
+                if _final(response):
+                    raise RetrievalUnavailable(f"retrieval service at {endpoint} cannot answer, and says waiting will "
+                                               f"not help ({problem})")
             first_failure = self._wait_or_give_up(endpoint, problem, first_failure, retry)
             retry += 1
 
@@ -350,6 +354,16 @@ def _require_ours(url: str, health: dict) -> None:
 def _rejected(endpoint: str, response: httpx.Response) -> RetrievalError:
     return RetrievalError(f"retrieval service at {endpoint} rejected the request (HTTP {response.status_code}): "
                           f"{_detail(response)}")
+
+
+def _final(response: httpx.Response) -> bool:
+    """A 5xx whose body says ``"retryable": false``: the service cannot answer and waiting will not change that (an
+    online backend's spent request budget or refused API key; ``retrieval_server/online/backend.py``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("retryable") is False
 
 
 def _detail(response: httpx.Response) -> str:
