@@ -31,6 +31,8 @@ Choices:
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import logging
 import resource
@@ -74,13 +76,19 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
+_lifetime_peak_kib = 0  # the process's peak resident set before the last high-water-mark reset
+
+
 def peak_memory_metrics(device: torch.device) -> dict[str, float]:
     """This rank's peak memory since the previous call (one training step when called once per step), then reset:
     on a GPU the most allocated (``perf/max_memory_allocated_gb``); on the host the peak resident set
     (``perf/step_max_rss_gb``, Linux: the kernel's high-water mark, reset through ``/proc/self/clear_refs``).
     Also the process's peak resident set since it started (``perf/max_rss_gb``, never reset) and its resident set
     now (``perf/rss_gb``: what the allocator keeps between steps)."""
-    metrics = {"perf/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)}  # KiB -> GiB
+    global _lifetime_peak_kib
+    # the kernel's peak (also what getrusage reports) since the last reset here; the lifetime peak is kept apart
+    _lifetime_peak_kib = max(_lifetime_peak_kib, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    metrics = {"perf/max_rss_gb": _lifetime_peak_kib / (1 << 20)}  # KiB -> GiB
     status = _proc_status()
     if "VmHWM" in status:
         metrics["perf/step_max_rss_gb"] = status["VmHWM"] / (1 << 20)
@@ -90,6 +98,29 @@ def peak_memory_metrics(device: torch.device) -> dict[str, float]:
         metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / (1 << 30)
         torch.cuda.reset_peak_memory_stats(device)
     return metrics
+
+
+def release_host_memory() -> None:
+    """Give the host allocator's free pages back to the system (glibc's ``malloc_trim(0)``, every arena); a no-op
+    where there is none. Freed tensors of one size rarely fit the next micro-batch's other sizes, and the generation
+    thread's arena is not reused by the training thread's, so without it the resident set grows to the sum of the
+    phases' peaks (measured: docs/results.md, "Memory over a long run")."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def resident_gib() -> float:
+    """This process's resident set now, GiB (Linux; 0 elsewhere)."""
+    return _proc_status().get("VmRSS", 0) / (1 << 20)
 
 
 def _proc_status() -> dict[str, int]:

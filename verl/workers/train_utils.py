@@ -50,7 +50,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from verl.protocol import Batch
-from verl.workers.model_utils import all_reduce_, world
+from verl.workers.model_utils import all_reduce_, release_host_memory, world
 from verl.workers.optim import LowPrecisionStateAdamW
 
 logger = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class TrainState:
                  total_optimizer_steps: int, grad_clip: float | None, state_dtype: torch.dtype = torch.float32):
         self.model = model
         self.grad_clip = grad_clip
+        self.on_host = all(p.device.type == "cpu" for p in model.parameters())
         trainable = [p for p in model.parameters() if p.requires_grad]  # all, or the LoRA adapters
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay) \
             if state_dtype == torch.float32 else \
@@ -145,6 +146,8 @@ class TrainState:
                 self.model.set_requires_gradient_sync(i == len(micros) - 1)  # reduce-scatter once per step
             loss, metrics = loss_fn(micro, counts)
             (loss * world_size).backward()  # even when non-finite: FSDP's collectives run on every rank
+            if self.on_host:  # the micro-batch's activations, freed, leave the resident set too
+                release_host_memory()
             sums["nonfinite_loss"] += float(not torch.isfinite(loss.detach()).item())
             for name, value in metrics.items():
                 sums[name] = max(sums.get(name, value), value) if name.endswith(MAX_SUFFIX) else sums[name] + value
