@@ -12,12 +12,14 @@ a training micro-batch):
   full copy in ``rollout.dtype``, ``P x bytes / tp``.
 * **optimiser**: AdamW's two moments, ``8 Pt / W`` (``4 Pt / W`` with ``optim_state_dtype:
   bfloat16``), plus float32 gradients ``4 Pt / W``; the critic's likewise (on the host with offload).
-* **activations** of one micro-batch: ``b T h L`` x 34 bytes at 2-byte precision without gradient
-  checkpointing (Korthikanti et al. 2022, "Reducing Activation Recomputation", attention scores
-  left out: PyTorch's SDPA does not keep them), x 2 with it (each layer's input) plus one layer's
-  full set; twice that in float32 (the actor's training dtype, ``actor.fsdp_config.dtype``). Plus the
-  logits ``b R V`` once (log-probs and entropy are
-  chunked, ``verl.algorithms.logprobs``), plus one FSDP-gathered layer.
+* **activations** of one micro-batch: ``b T L`` x (30 ``h`` + 10 ``i``) bytes with 2-byte compute (autocast over
+  the float32 weights), x (40 ``h`` + 16 ``i``) in float32 (``h`` hidden, ``i`` MLP intermediate size), without
+  gradient checkpointing; with it, ``2 h`` per layer (each layer's input) plus one layer's full set. Measured: the
+  tensors autograd saves in a Llama/Qwen2 layer (fp32 RMSNorm inputs, rotary q/k copies, the gated MLP's four
+  ``i``-wide tensors, SDPA's output and log-sum-exp; ``ACTIVATION_BYTES``, checked against a live forward by
+  ``tests/verl/workers/test_activation_bytes.py``); Korthikanti et al.'s ``34 h`` (GPT with a ``4h`` GeLU MLP)
+  is 40-60 % under it for these models. Plus the logits ``b R V`` once (log-probs and entropy are chunked,
+  ``verl.algorithms.logprobs``), plus one FSDP-gathered layer.
 * **KV cache**: HF ``generate`` holds ``rows x T x L x 2 x kv_heads x head_dim`` values for a
   micro-batch of ``rollout.micro_batch_size`` rows (at most the rows one engine gets in a step) in
   ``rollout.dtype``; vLLM takes ``gpu_memory_utilization`` of the
@@ -95,6 +97,17 @@ def count_parameters(cfg: Config) -> tuple[int, int, nn.Module]:
     return total + adapters, adapters, model
 
 
+# Bytes autograd keeps per token and decoder layer, as (x hidden, x intermediate), by compute width in bytes:
+# measured on SmolLM2-135M (h 576, i 1536) and Qwen2.5-0.5B (h 896, i 4864) layers (module docstring).
+ACTIVATION_BYTES = {2: (30, 10), 4: (40, 16)}
+
+
+def activation_bytes(hidden: int, intermediate: int, compute_bytes: int) -> float:
+    """Bytes one decoder layer keeps for the backward per token (``ACTIVATION_BYTES``)."""
+    per_hidden, per_intermediate = ACTIVATION_BYTES[2 if compute_bytes <= 2 else 4]
+    return per_hidden * hidden + per_intermediate * intermediate
+
+
 def estimate_memory(cfg: Config, tokens: int | None = None, response_tokens: int | None = None,
                     counted: tuple[int, int, nn.Module] | None = None) -> MemoryEstimate:
     """The estimate of the module docstring for ``cfg``: at the configured maximum lengths (a row of
@@ -130,9 +143,9 @@ def estimate_memory(cfg: Config, tokens: int | None = None, response_tokens: int
     checkpointing = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
     if checkpointing is None:
         checkpointing = total > GRADIENT_CHECKPOINTING_ABOVE
-    precision = compute / 2  # the 34-byte figure is for 2-byte activations
-    per_token_layer = (2 * hidden * layers + 34 * hidden) if checkpointing else 34 * hidden * layers
-    activations = rows * tokens * per_token_layer * precision
+    per_layer = activation_bytes(hidden, getattr(hf, "intermediate_size", None) or 4 * hidden, compute)
+    per_token_layer = (2 * compute * hidden * layers + per_layer) if checkpointing else per_layer * layers
+    activations = rows * tokens * per_token_layer
     activations += rows * response_tokens * hf.vocab_size * compute  # logits, once
     activations += 2 * 4 * total / max(layers, 1)  # one gathered layer and its gradient, float32
 
