@@ -46,7 +46,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
 VERL_LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "protocol", "utils"),
     ("algorithms",),
-    ("config*",),  # config, config_checks, config_compat, config_doc; reads the algorithm registries
+    ("config*", "tools"),  # config, config_checks, config_compat, config_doc; reads the algorithm registries; tools: the
+    # tool registry and tool config (verl.tools.run_tool_specs reads the config)
     ("workers",),
     ("single_controller",),
     ("trainer",),
