@@ -154,6 +154,10 @@ class ChatFormat:
         """Ids of what follows an assistant turn: the rest of its closing (after ``after_eos``, the text of the
         sampled end-of-turn token; None = the turn did not end with one, the whole closing follows), ``messages``
         (tool or user) and the next generation prompt."""
+        return self.tokenizer(self.insertion_text(messages, after_eos), add_special_tokens=False)["input_ids"]
+
+    def insertion_text(self, messages: list[dict], after_eos: str | None) -> str:
+        """The text of ``insertion`` (tokenised as one text; the cold start writes it as an inserted turn)."""
         full = self.render(self._stand_in + messages, generation_prompt=True)
         if not full.startswith(self._prefix):
             raise ValueError(f"the chat template of {self.tokenizer.name_or_path!r} renders the conversation before "
@@ -162,8 +166,7 @@ class ChatFormat:
         closing = self.closing
         if after_eos is not None and closing.startswith(after_eos):
             closing = closing[len(after_eos):]
-        text = closing + full[len(self._prefix):]
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return closing + full[len(self._prefix):]
 
     def check(self, turns: list[tuple[str, bool, list[dict], list[int]]]) -> tuple[list[int], list[int]] | None:
         """The sanity check of one row: ``turns`` = (assistant content, whether the turn ended with an end-of-turn

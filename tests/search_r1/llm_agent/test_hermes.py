@@ -12,6 +12,7 @@ retrieval service is the real one on loopback (``tests/search_r1/conftest.py``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import itertools
 import logging
 
@@ -73,8 +74,6 @@ def chat(request):
 
 
 def call(name: str, **arguments) -> str:
-    import json
-
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
@@ -248,3 +247,39 @@ def test_open_reads_a_whole_document_cut_to_max_tool_response_length(service_url
     text = tokenizer.decode(result.trajectories[0].response_ids)
     assert "[... cut: 12 of" in text and '"Marie Curie"' in text and "radium" not in text
     assert "Error: no document has the id 'atlantis'" in text
+
+
+# ---------------------------------------------------------------- the cold start in hermes format
+def test_hermes_cold_start_rows_have_the_hermes_loops_tokens_and_masks(chat, service_url, tmp_path):
+    """Guards against a hermes cold start that teaches another layout than the RL loop produces (a prompt without
+    the tools, a tool message rendered otherwise, a missing end-of-turn token, the loss on inserted tokens): the
+    scripted searcher's hermes rows, tokenised by the SFT trainer's dataset, equal the hermes loop's packed rollout
+    when a policy writes the same turns against the same service, for both chat templates."""
+    import torch
+
+    from data_prep.cold_start import HermesTurns, rows_to_sft_parquet, scripted_cold_start
+    from data_prep.qa_search import make_row, rows_to_parquet
+    from verl.utils.dataset import PromptDataset
+    from verl.utils.sft_dataset import TrajectoryDataset
+
+    _, tokenizer = chat
+    client = RetrievalClient(service_url, 2)
+    qa = [make_row("toy", "What is the capital of France", ["Paris"], "train", 0),
+          make_row("toy", "Who was born in Warsaw and won two Nobel prizes", ["Marie Curie"], "train", 1)]
+    rows_to_parquet(qa, tmp_path / "qa.parquet")
+    rows, counts = scripted_cold_start(str(tmp_path / "qa.parquet"), client.search, write=HermesTurns(tokenizer))
+    assert counts["one_search"] == 2 and all(json.loads(r["tools"]) == [SEARCH_SCHEMA] for r in rows)
+    rows_to_sft_parquet(rows, tmp_path / "sft.parquet")
+    sft = TrajectoryDataset(str(tmp_path / "sft.parquet"), tokenizer, max_length=8192).batch(range(len(rows)))
+
+    prompts = PromptDataset(str(tmp_path / "sft.parquet"), tokenizer, 4096, tools=[SEARCH_SCHEMA])
+    engine = ScriptedEngine(tokenizer, {tuple(ids): [t["text"] for t in row["turns"] if t["sampled"]]
+                                        for ids, row in zip(prompts.prompt_ids, rows, strict=True)})
+    cfg = AgentConfig(max_turns=2, max_start_length=4096, max_prompt_length=4096, max_response_length=96,
+                      max_obs_length=400, do_search=True, topk=2, max_trajectory_length=2048, format="hermes")
+    rl = LLMGenerationManager(tokenizer, engine, client, cfg)(prompts.batch(range(len(rows))),
+                                                              SamplingParams(max_tokens=1, temperature=0.0))
+    assert list(rl["stop_reason"]) == ["answered"] * 2 and list(rl["num_searches"]) == [1, 1]
+    for key in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "info_mask"):
+        assert torch.equal(sft[key], rl[key]), key
+    assert torch.equal(sft["loss_mask"], rl["response_mask"] * rl["info_mask"])
