@@ -23,7 +23,7 @@ from data_prep.tiny_model import build_model, train_tokenizer
 from search_r1.llm_agent.hermes import ChatFormat
 from search_r1.prompts import HERMES_TEMPLATE, make_prompt
 from search_r1.tools import SEARCH_SCHEMA
-from tests.entry_points import main_ppo_in_process
+from tests.entry_points import in_process, main_ppo_in_process
 from tests.search_r1.memorised_policy import memorise
 from verl.config import DEMO_CONFIG
 from verl.tools import Tool, ToolCallError, register_tool
@@ -139,3 +139,30 @@ def test_grpo_step_in_hermes_format_on_two_ranks_calls_a_user_tool(calculator_ru
     assert step["agent/tool_calls_per_traj"] > 0 and step["agent/obs_tokens_per_traj"] > 0
     assert step["agent/tokenization_mismatch"] == 0
     assert {"6 * 7", "100 - 1"} <= set(CalculatorTool.calls)
+
+
+def test_evaluate_and_infer_run_the_hermes_format(calculator_run, service_url, tmp_path):
+    """Guards against evaluation or inference rendering hermes prompts without their tools or running the tag loop:
+    search_r1.evaluate with format=hermes and the tool config reproduces the memorised call and answers (EM 1,
+    one well-formed tool call per trajectory); search_r1.infer --format hermes shows the tool message as inserted."""
+    CalculatorTool.calls.clear()
+    hermes = ["actor_rollout_ref.rollout.multi_turn.format=hermes",
+              f"actor_rollout_ref.rollout.multi_turn.tool_config_path={calculator_run / 'tools.yaml'}",
+              "data.max_prompt_length=1024", "data.max_start_length=1024", "data.max_response_length=48",
+              "data.max_trajectory_length=160", "actor_rollout_ref.rollout.micro_batch_size=1"]
+    done = in_process("search_r1.evaluate", "--model", calculator_run / "model", "--data",
+                      calculator_run / "train.parquet", "--retriever-url", service_url, "--out", tmp_path / "eval",
+                      "retriever.topk=2", *hermes)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "eval" / "trajectories.jsonl").read_text().splitlines()]
+    assert [(r["em"], r["tool_calls"], r["invalid_calls"]) for r in records] == [(1.0, 1, 0), (1.0, 1, 0)]
+    assert sorted(CalculatorTool.calls) == ["100 - 1", "6 * 7"]
+
+    (tmp_path / "hermes.yaml").write_text(json.dumps({"actor_rollout_ref": {"rollout": {"multi_turn": {
+        "tool_config_path": str(calculator_run / "tools.yaml")}, "micro_batch_size": 1}},
+        "data": {"max_prompt_length": 1024, "max_start_length": 1024}}))
+    done = in_process("search_r1.infer", "--model", calculator_run / "model", "--question", "What is six times seven",
+                      "--retriever-url", service_url, "--topk", "2", "--format", "hermes", "--config",
+                      tmp_path / "hermes.yaml")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "<tool_response>\n42\n</tool_response>" in done.stdout and "answer: '42'" in done.stdout

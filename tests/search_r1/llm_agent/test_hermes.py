@@ -215,7 +215,8 @@ def test_malformed_calls_get_readable_errors_and_parallel_calls_all_run(service_
     tokenizer = family_tokenizer("qwen")
     result, _, _ = hermes_run(tokenizer, {"Who discovered polonium": [
         '<tool_call>{"name": "search", "arguments": {"query": </tool_call><|im_end|>',
-        call("search", query="polonium") + call("browse", url="x") + call("search", query="Curie Nobel") + "<|im_end|>",
+        call("search", query="polonium") + call("browse", url="x") + call("search", query="capital of Japan")
+        + "<|im_end|>",
         "<answer> Marie Curie </answer>"], "What is the capital of Japan": ["<answer> Tokyo </answer>"]},
         service_url, mode=mode)
     assert result.trajectories[1].stop_reason is StopReason.ANSWERED
@@ -225,6 +226,7 @@ def test_malformed_calls_get_readable_errors_and_parallel_calls_all_run(service_
     text = tokenizer.decode(traj.response_ids)
     assert "Error: the tool call is not valid JSON" in text and "Error: unknown tool 'browse'" in text
     assert text.count("Doc 1 (id:") == 2 and result.metrics()["agent/invalid_calls"] == 2.0
+    assert "Doc 1 (id: curie, Title: Marie Curie)" in text and "Doc 1 (id: tokyo, Title: Tokyo)" in text
 
 
 def test_open_reads_a_whole_document_cut_to_max_tool_response_length(service_url, tmp_path):
