@@ -12,8 +12,8 @@ retrieval service is the real one on loopback (``tests/search_r1/conftest.py``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import itertools
+import json
 import logging
 
 import httpx
