@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from search_r1.llm_agent.hermes import parse_tool_calls
 from search_r1.reward.qa_em import (
     em_check,
     extract_answer,
@@ -48,7 +49,6 @@ from search_r1.reward.qa_em import (
     normalize_answer,
     subem_check,
 )
-from search_r1.llm_agent.hermes import parse_tool_calls
 from verl.algorithms.registry import REWARD_TERMS
 from verl.protocol import Batch
 
