@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import re
 
 import httpx
 import pytest
@@ -285,3 +286,38 @@ def test_hermes_cold_start_rows_have_the_hermes_loops_tokens_and_masks(chat, ser
     for key in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "info_mask"):
         assert torch.equal(sft[key], rl[key]), key
     assert torch.equal(sft["loss_mask"], rl["response_mask"] * rl["info_mask"])
+
+
+# ---------------------------------------------------------------- config
+def test_multi_turn_keys_reach_the_loop_and_bad_tool_configs_are_named(tmp_path):
+    """Guards against the multi_turn keys being read into the wrong loop settings, and a tool config that is
+    missing, malformed or names an unknown class passing until the first rollout."""
+    from verl.config import load_config
+    from verl.errors import ConfigError
+    from verl.tools import run_tool_specs
+
+    only_open = {"tools": [{"class_name": "OpenTool", "tool_schema": OPEN_SCHEMA}]}
+    (tmp_path / "tools.yaml").write_text(json.dumps(only_open))
+    cfg = load_config(["actor_rollout_ref.rollout.multi_turn.format=hermes",
+                       f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'tools.yaml'}",
+                       "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5",
+                       "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=2", "data.max_obs_length=77"])
+    agent_cfg = AgentConfig.from_config(cfg)
+    assert (agent_cfg.format, agent_cfg.max_turns, agent_cfg.max_parallel_calls) == ("hermes", 4, 2)
+    assert [t.class_name for t in agent_cfg.tools] == ["OpenTool"] and agent_cfg.max_tool_response_length is None
+    assert [s.class_name for s in run_tool_specs(load_config(["actor_rollout_ref.rollout.multi_turn.format=hermes"]))
+            ] == ["SearchTool"]  # null: the recipe's DEFAULT_TOOLS
+    assert run_tool_specs(load_config([])) is None  # the tag format shows no tools
+
+    for content, message in [("tools: []", "non-empty list 'tools'"),
+                             (json.dumps({"tools": [{"class_name": "Nope", "tool_schema": OPEN_SCHEMA}]}),
+                              "unknown tool class_name 'Nope': registered are SearchTool, OpenTool"),
+                             (json.dumps({"tools": [{"class_name": "OpenTool", "tool_schema": {"type": "function"}}]}),
+                              "tools[0] (OpenTool): tool_schema must be")]:
+        (tmp_path / "bad.yaml").write_text(content)
+        bad = load_config(["actor_rollout_ref.rollout.multi_turn.format=hermes",
+                           f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'bad.yaml'}"])
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            run_tool_specs(bad)
+    with pytest.raises(ConfigError, match="multi_turn.format"):
+        load_config(["actor_rollout_ref.rollout.multi_turn.format=xml"])
