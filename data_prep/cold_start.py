@@ -177,7 +177,8 @@ def scripted_cold_start(data: str, search: SearchFn, template: str = DEFAULT_TEM
         prompt = row["prompt"]
         if not isinstance(prompt, list) or not prompt or not isinstance(prompt[-1], dict):
             raise DataError(f"row {i} of {data!r}: column 'prompt' must be a non-empty list of chat messages")
-        questions.append(question_of(str(prompt[-1].get("content", "")), template))
+        content = str(prompt[-1].get("content", ""))  # made from --template, or already in the format's template
+        questions.append(question_of(content, template) or question_of(content, write.template))
         golds.append(gold_answers(row))
         if not golds[-1]:
             raise DataError(f"row {i} of {data!r}: no gold answer in reward_model.ground_truth.target")

@@ -268,7 +268,8 @@ def test_hermes_cold_start_rows_have_the_hermes_loops_tokens_and_masks(chat, ser
     _, tokenizer = chat
     client = RetrievalClient(service_url, 2)
     qa = [make_row("toy", "What is the capital of France", ["Paris"], "train", 0),
-          make_row("toy", "Who was born in Warsaw and won two Nobel prizes", ["Marie Curie"], "train", 1)]
+          make_row("toy", "Who was born in Warsaw and won two Nobel prizes", ["Marie Curie"], "train", 1,
+                   template=HERMES_TEMPLATE)]  # QA data made for either format
     rows_to_parquet(qa, tmp_path / "qa.parquet")
     rows, counts = scripted_cold_start(str(tmp_path / "qa.parquet"), client.search, write=HermesTurns(tokenizer))
     assert counts["one_search"] == 2 and all(json.loads(r["tools"]) == [SEARCH_SCHEMA] for r in rows)
