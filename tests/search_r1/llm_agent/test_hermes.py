@@ -148,6 +148,7 @@ def test_incremental_insertions_equal_a_full_re_render(chat):
     assert "<tool_response>\nParis is the capital\n</tool_response>" in full and "search" in full
 
 
+@pytest.mark.slow  # the retrieval service runs in its own process
 def test_sanity_check_reports_a_template_that_re_renders_the_history(service_url, caplog):
     """Guards against a silent train/inference mismatch: with a template that drops earlier turns' <think> blocks
     (as Qwen3's does), the ids the policy saw differ from a full re-render; the loop counts it
@@ -174,6 +175,7 @@ def segments(traj) -> list[tuple[int, list[int]]]:
     return out
 
 
+@pytest.mark.slow  # the retrieval service runs in its own process
 def test_hermes_loop_searches_and_answers_with_tag_format_masks(chat, service_url, make_engine):
     """Guards against tool results being trained on (mask 1), policy tokens masked out, or the hermes trajectory
     having another structure than the tag format's for the same content: a search then an answer gives, in both
@@ -206,6 +208,7 @@ def test_hermes_loop_searches_and_answers_with_tag_format_masks(chat, service_ur
     assert [(1, ids) for ids in next(iter(tag_engine.emitted.values()))] == [s for s in segments(tag) if s[0] == 1]
 
 
+@pytest.mark.slow  # the retrieval service runs in its own process
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_malformed_calls_get_readable_errors_and_parallel_calls_all_run(service_url, mode):
     """Guards against a malformed call ending the row or crashing the loop, and against losing one of several calls
@@ -230,6 +233,7 @@ def test_malformed_calls_get_readable_errors_and_parallel_calls_all_run(service_
     assert "Doc 1 (id: curie, Title: Marie Curie)" in text and "Doc 1 (id: tokyo, Title: Tokyo)" in text
 
 
+@pytest.mark.slow  # the retrieval service runs in its own process
 def test_open_reads_a_whole_document_cut_to_max_tool_response_length(service_url, tmp_path):
     """Guards against the open tool returning a snippet, an unknown id crashing the loop, and a long page escaping
     max_tool_response_length: POST /doc answers whole documents by id and a 404 naming an unknown id; in the loop a
@@ -253,6 +257,7 @@ def test_open_reads_a_whole_document_cut_to_max_tool_response_length(service_url
 
 
 # ---------------------------------------------------------------- the cold start in hermes format
+@pytest.mark.slow  # the retrieval service runs in its own process
 def test_hermes_cold_start_rows_have_the_hermes_loops_tokens_and_masks(chat, service_url, tmp_path):
     """Guards against a hermes cold start that teaches another layout than the RL loop produces (a prompt without
     the tools, a tool message rendered otherwise, a missing end-of-turn token, the loss on inserted tokens): the
