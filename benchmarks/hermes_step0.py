@@ -2,10 +2,11 @@
 call, tag format vs hermes (issue 41's acceptance figure).
 
     python benchmarks/hermes_step0.py --model data/models/smollm2-135m-instruct --data data/demo/test.parquet \\
-        --retriever-url http://127.0.0.1:8021 --limit 60 --out /tmp/hermes_step0 [--config FILE] [key=value ...]
+        --retriever-url http://127.0.0.1:8021 --limit 60 --out /tmp/hermes_step0 [--n 4] [--config FILE] \\
+        [key=value ...]
 
-Runs ``search_r1.evaluate`` (greedy) twice on the same questions: as they are (the tag format, Search-R1's
-instruction) and made again under ``search_r1.prompts.HERMES_TEMPLATE`` with
+Runs ``search_r1.evaluate`` (greedy, or ``--n`` samples per question) twice on the same questions: as they are
+(the tag format, Search-R1's instruction) and made again under ``search_r1.prompts.HERMES_TEMPLATE`` with
 ``actor_rollout_ref.rollout.multi_turn.format=hermes`` (the search tool's schema in the chat template). Prints, per
 format: trajectories with at least one well-formed search (tags: a ``<search>`` answered with passages; hermes: a
 ``search`` tool call that ran), with any malformed call, answered (``<answer>`` written), EM. Overrides after the
@@ -56,6 +57,8 @@ def main() -> None:
     p.add_argument("--data", required=True, type=Path)
     p.add_argument("--retriever-url", required=True)
     p.add_argument("--limit", type=int, default=60)
+    p.add_argument("--n", type=int, default=1, help="trajectories per question (sampled at --temperature when > 1)")
+    p.add_argument("--temperature", type=float, default=None, help="evaluate's default: 0 with --n 1, else 1.0")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--config", action="append", default=[], help="YAML layered under the overrides (as evaluate's)")
     p.add_argument("overrides", nargs="*")
@@ -69,6 +72,7 @@ def main() -> None:
         out = args.out / name
         cmd = [sys.executable, "-m", "search_r1.evaluate", "--model", args.model, "--data", str(data),
                "--retriever-url", args.retriever_url, "--limit", str(args.limit), "--out", str(out),
+               "--n", str(args.n), *(["--temperature", str(args.temperature)] if args.temperature is not None else []),
                *[a for c in args.config for a in ("--config", c)], *args.overrides,
                *extra]
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)

@@ -168,16 +168,15 @@ class ChatFormat:
             closing = closing[len(after_eos):]
         return closing + full[len(self._prefix):]
 
-    def check(self, turns: list[tuple[str, bool, list[dict], list[int]]]) -> tuple[list[int], list[int]] | None:
-        """The sanity check of one row: ``turns`` = (assistant content, whether the turn ended with an end-of-turn
-        token, the messages inserted after it, their ids). None when the incremental ids equal the tokenised full
+    def check(self, turns: list[tuple[str, int | None, list[dict], list[int]]]) -> tuple[list[int], list[int]] | None:
+        """The sanity check of one row: ``turns`` = (assistant content, the end-of-turn id the turn ended with or
+        None, the messages inserted after it, their ids). None when the incremental ids equal the tokenised full
         render of the conversation (the stand-in prompt in place of the row's); else (incremental, full)."""
         conversation = [self._stand_in[0]]
         ids = self._encode(self.render(conversation, generation_prompt=True))
-        eos = self.tokenizer.eos_token_id
-        for content, ended, messages, inserted in turns:
+        for content, end_id, messages, inserted in turns:
             conversation = conversation + [{"role": "assistant", "content": content}] + messages
-            ids = ids + self._encode(content) + ([eos] if ended else []) + inserted
+            ids = ids + self._encode(content) + ([end_id] if end_id is not None else []) + inserted
         full = self._encode(self.render(conversation, generation_prompt=True))
         return None if full == ids else (ids, full)
 
