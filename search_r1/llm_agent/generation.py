@@ -1,5 +1,10 @@
 """The multi-turn search loop (Search-R1): think, then search or answer, until done.
 
+How the policy acts is its action format (``multi_turn.format``): Search-R1's tags (``tags.TagActions``, the
+default, described below) or the chat template's tool calls (``hermes.HermesActions``: tool messages in place of
+``<information>`` blocks, a turn ending at the template's end-of-turn token). Both give the turn loop below the same
+interface and the same trajectory structure (docs/design.md, "Action formats").
+
 Every row runs its own turn loop (``_trajectory``, one asyncio task per row): generate until
 ``</search>`` or ``</answer>``; a search gets its passages from the retrieval service, rendered as an
 ``<information>`` block; a turn with no well-formed action gets a feedback text; a turn that answered
@@ -99,9 +104,6 @@ if TYPE_CHECKING:
     from verl.tools import ToolSpec
 
 logger = logging.getLogger(__name__)
-
-
-
 
 
 @dataclass
