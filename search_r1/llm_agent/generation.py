@@ -224,9 +224,8 @@ class LLMGenerationManager:
         if truncated:
             logger.warning("%d of %d prompts were cut to data.max_start_length=%d tokens", truncated, len(rows),
                            self.cfg.max_start_length)
-        self._warn_truncated_obs(rows)
+        self.actions.warn(rows)  # the format's cut observations
         self._warn_length_losses(rows)
-        self.actions.warn(rows)
         return AgentResult(rows, wall_s=time.perf_counter() - start, schedule=stats)
 
     async def _run_all(self, rows: list[Trajectory], params: SamplingParams,

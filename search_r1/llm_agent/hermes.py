@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from search_r1.llm_agent.trajectory import ActionKind, Trajectory
+from search_r1.llm_agent.trajectory import TRUNCATED_OBS_WARN_FRAC, ActionKind, Trajectory
 from search_r1.tools import DEFAULT_TOOLS, SearchTool, ToolEnv
 from verl.tools import Tool, ToolCallError, argument_problem, build_tools
 from verl.utils.tokenizer import render_chat, template_shows_tools
@@ -212,6 +212,7 @@ class HermesActions:
         self.tools = build_tools(specs, env)
         self.chat = ChatFormat(agent.tokenizer, [s.schema for s in specs])
         self._warned_mismatch = False
+        self._warned_cut = False
 
     def parse(self, ids: list[int], out: GenerationOutput, cut: bool) -> tuple[ActionKind, Any]:
         """ANSWER (stopped at ``</answer>``), SEARCH with the turn's calls (ended with its end-of-turn token and wrote
@@ -249,7 +250,7 @@ class HermesActions:
             results = iter(await io.tools(index, good))
             row.retrieval_wait_s += time.perf_counter() - start
         limit = agent.cfg.max_tool_response_length or agent.cfg.max_obs_length  # results are cut, our errors not
-        texts = [error_message(c.error) if c.error is not None else self._result_text(next(results), limit)
+        texts = [error_message(c.error) if c.error is not None else self._result_text(row, next(results), limit)
                  for c in calls]
         messages = [{"role": "tool", "content": text} for text in texts]
         eos_id = ids[-1]  # the turn ended with an end-of-turn token (``parse``)
@@ -267,11 +268,14 @@ class HermesActions:
                                "the conversation by the chat template (agent/tokenization_mismatch), %s; the policy "
                                "is trained on the ids it saw", describe_mismatch(agent.tokenizer, *mismatch))
 
-    def _result_text(self, result: str | ToolCallError, limit: int) -> str:
-        """A tool's answer as the policy reads it: a refusal as an error, a result cut to ``limit`` tokens."""
+    def _result_text(self, row: Trajectory, result: str | ToolCallError, limit: int) -> str:
+        """A tool's answer as the policy reads it: a refusal as an error, a result cut to ``limit`` tokens (counted
+        in the row's ``truncated_obs``)."""
         if isinstance(result, ToolCallError):
             return error_message(str(result))
-        return cut_result(self.agent.tokenizer, result, limit)[0]
+        text, cut = cut_result(self.agent.tokenizer, result, limit)
+        row.truncated_obs += cut
+        return text
 
     async def run_calls(self, calls: list[ToolCall]) -> list[str | ToolCallError]:
         """The results of well-formed ``calls`` (any rows), in order: each tool answers all its calls at once."""
@@ -287,7 +291,15 @@ class HermesActions:
         return results
 
     def warn(self, rows: list[Trajectory]) -> None:
-        """The sanity check warns as it finds a mismatch (``act``)."""
+        """Warn once when more than TRUNCATED_OBS_WARN_FRAC of a call's tool results were cut (the sanity check warns
+        as it finds a mismatch, ``act``)."""
+        calls, cut = sum(r.num_tool_calls for r in rows), sum(r.truncated_obs for r in rows)
+        if self._warned_cut or calls == 0 or cut <= TRUNCATED_OBS_WARN_FRAC * calls:
+            return
+        self._warned_cut = True
+        logger.warning("%d of %d tool results were longer than %d tokens and were cut (agent/truncated_obs): raise "
+                       "actor_rollout_ref.rollout.multi_turn.max_tool_response_length (null = data.max_obs_length)",
+                       cut, calls, self.agent.cfg.max_tool_response_length or self.agent.cfg.max_obs_length)
 
     def _content(self, ids: list[int], eos_id: int | None) -> str:
         """The assistant content of a turn's ids (without its end-of-turn token), as the template would get it."""

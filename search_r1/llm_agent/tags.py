@@ -60,7 +60,8 @@ class TagActions:
         return self._feedback_ids
 
     def warn(self, rows: list[Trajectory]) -> None:
-        """Nothing beyond the loop's own warnings."""
+        """<information> blocks cut to data.max_obs_length (``LLMGenerationManager._warn_truncated_obs``)."""
+        self.agent._warn_truncated_obs(rows)
 
     async def act(self, index: int, row: Trajectory, query: str, ids: list[int], io: Any) -> None:
         """The passages for ``query`` as an <information> block (an empty block when do_search is off)."""

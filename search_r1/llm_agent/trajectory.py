@@ -64,7 +64,7 @@ class Trajectory:
     num_turns: int = 0  # generation turns (engine calls that included this row)
     num_searches: int = 0  # searches answered with an <information> block
     num_invalid: int = 0  # turns that ended in no well-formed action (feedback or EOS)
-    truncated_obs: int = 0  # <information> blocks cut to max_obs_length
+    truncated_obs: int = 0  # <information> blocks cut to max_obs_length (hermes: tool results cut to their budget)
     prompt_truncated: bool = False  # the prompt was cut to max_start_length
     turns_cut: int = 0  # turns cut at max_response_length before an action (feedback followed, or the row ended)
     cut_by: str | None = None  # the budget (config key) that ended the row; set with StopReason.MAX_LENGTH

@@ -253,6 +253,7 @@ def test_open_reads_a_whole_document_cut_to_max_tool_response_length(service_url
         service_url, tools=tools, max_tool_response_length=12)
     text = tokenizer.decode(result.trajectories[0].response_ids)
     assert "[... cut: 12 of" in text and '"Marie Curie"' in text and "radium" not in text
+    assert result.trajectories[0].truncated_obs == 1 and result.metrics()["agent/truncated_obs"] == 1.0
     assert "Error: no document has the id 'atlantis'" in text
 
 
