@@ -10,7 +10,8 @@ Runs ``search_r1.evaluate`` (greedy, or ``--n`` samples per question) twice on t
 ``actor_rollout_ref.rollout.multi_turn.format=hermes`` (the search tool's schema in the chat template). Prints, per
 format: trajectories with at least one well-formed search (tags: a ``<search>`` answered with passages; hermes: a
 ``search`` tool call that ran), with any malformed call, answered (``<answer>`` written), EM. Overrides after the
-options go to both evaluations (e.g. the lengths of scripts/demo_real.sh).
+options go to both evaluations (e.g. the lengths of scripts/demo_real.sh); the hermes prompt is longer (the tool
+schemas), so keep ``data.max_start_length`` above it (the loop warns when it cuts prompts).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=None, help="evaluate's default: 0 with --n 1, else 1.0")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--config", action="append", default=[], help="YAML layered under the overrides (as evaluate's)")
+    p.add_argument("--formats", nargs="+", default=["search_r1", "hermes"], choices=["search_r1", "hermes"])
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -68,7 +70,7 @@ def main() -> None:
             "hermes": (hermes_parquet(args.data, args.out / "hermes.parquet"),
                        ["actor_rollout_ref.rollout.multi_turn.format=hermes"])}
     results = {}
-    for name, (data, extra) in runs.items():
+    for name, (data, extra) in ((name, runs[name]) for name in args.formats):
         out = args.out / name
         cmd = [sys.executable, "-m", "search_r1.evaluate", "--model", args.model, "--data", str(data),
                "--retriever-url", args.retriever_url, "--limit", str(args.limit), "--out", str(out),
