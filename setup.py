@@ -43,6 +43,7 @@ setup(
         "uvicorn",
         "httptools",  # uvicorn's fast HTTP parser; retrieval_server/slow_clients.py extends its protocol
         "httpx",
+        "jsonschema",  # tool arguments checked against their JSON schema (verl/tools.py)
         "rich",
         "tqdm",
         "matplotlib",

@@ -22,6 +22,8 @@ Choices (the scripted searcher):
   teaches the protocol (tags, when to search, copying the answer out of the passages), not a style of reasoning.
 - The question is read back from the prompt with the template the QA parquet was made with (``--template``,
   default ``search_r1.prompts``); a prompt of another template is dropped, counted.
+- ``--format hermes``: the same script as tool calls in the policy's chat template (``HermesTurns``): rows written
+  for one tokenizer's template, whose prompts show the search tool (the SFT row's ``tools``).
 - The passages are the service's, at ``--topk`` (use the RL run's ``retriever.topk``); a block longer than the RL
   run's ``data.max_obs_length`` is cut there by the loop but not here: keep ``max_obs_length`` above the blocks
   (``verl.trainer.main_sft`` refuses trajectories longer than ``data.max_length``).
@@ -30,6 +32,7 @@ Choices (the scripted searcher):
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import sys
@@ -43,9 +46,11 @@ from data_prep.rft import add_rft_args, rft_cold_start
 from data_prep.sft_rows import SFT_SCHEMA, gold_answers, qa_fields, rows_to_sft_parquet, sft_row, summary
 from data_prep.teacher import add_teacher_args, openai_chat, teacher_cold_start
 from search_r1.llm_agent.formatting import information_turn, policy_turn, split_title
-from search_r1.prompts import DEFAULT_TEMPLATE, question_of
+from search_r1.llm_agent.hermes import ChatFormat
+from search_r1.prompts import DEFAULT_TEMPLATE, HERMES_TEMPLATE, make_prompt, question_of
 from search_r1.reward.qa_em import DEFAULT_NORMALIZE, normalize_answer
 from search_r1.reward.terms import contains
+from search_r1.tools import SEARCH_SCHEMA, format_hits
 from verl.utils.dataset import DataError, read_rows
 
 logger = logging.getLogger(__name__)
@@ -61,6 +66,49 @@ _NAME = re.compile(r"[A-Z][\w'-]*(?: [A-Z][\w'-]*)*")
 _LEADING = {"The", "A", "An", "It", "He", "She", "They", "In", "On", "At", "Of", "This", "That", "Its", "His", "Her"}
 
 SearchFn = Callable[[list[str]], list[list[dict]]]  # queries -> per query, docs {"id", "contents"}
+
+
+class TagTurns:
+    """The scripted turns in Search-R1's tags, as the tag-format loop renders them."""
+
+    tools: list[dict] | None = None  # the prompt shows no tools
+    template = DEFAULT_TEMPLATE
+
+    def search(self, query: str, bridge: bool = False) -> dict:
+        return policy_turn(BRIDGE.format(bridge=query) if bridge else SEARCH.format(query=query))
+
+    def passages(self, docs: list[dict]) -> dict:
+        return information_turn(docs)
+
+    def answer(self, answer: str) -> dict:
+        return policy_turn(ANSWER.format(answer=answer))
+
+
+TAG_TURNS = TagTurns()
+
+
+class HermesTurns(TagTurns):
+    """The scripted turns in the hermes format for ``tokenizer``'s chat template, exactly as the hermes loop
+    inserts them (``search_r1.llm_agent.hermes.ChatFormat``): a search is a ``search`` tool call ending the turn
+    with the template's end-of-turn token, the passages a tool message (``search_r1.tools.format_hits``); the
+    prompt shows the search tool and asks in ``HERMES_TEMPLATE``'s words."""
+
+    tools = [SEARCH_SCHEMA]
+    template = HERMES_TEMPLATE
+
+    def __init__(self, tokenizer) -> None:
+        self.chat = ChatFormat(tokenizer, self.tools)
+        self.eos = tokenizer.eos_token
+
+    def search(self, query: str, bridge: bool = False) -> dict:
+        think = SEARCH if not bridge else BRIDGE
+        think = think.format(query=query, bridge=query).split("<search>")[0]
+        call = json.dumps({"name": "search", "arguments": {"query": query}})
+        return policy_turn(f"{think}<tool_call>{call}</tool_call>{self.eos}")
+
+    def passages(self, docs: list[dict]) -> dict:
+        text = self.chat.insertion_text([{"role": "tool", "content": format_hits(docs)}], after_eos=self.eos)
+        return {"text": text, "sampled": False}
 
 
 def gold_in(docs: list[dict], golds: list[str], normalize: str = DEFAULT_NORMALIZE) -> str | None:
@@ -95,9 +143,9 @@ class Scripted:
 
 
 def script_searches(questions: list[str | None], golds: list[list[str]], search: SearchFn,
-                    max_bridges: int) -> list[Scripted]:
+                    max_bridges: int, write: TagTurns = TAG_TURNS) -> list[Scripted]:
     """Search each question, then (where its passages hold no gold answer) its bridge candidates; one request per
-    round for all questions."""
+    round for all questions. ``write`` renders the turns (the action format)."""
     out = [Scripted(None, "no question in prompt") for _ in questions]
     asked = [i for i, q in enumerate(questions) if q is not None]
     first = dict(zip(asked, search([questions[i] for i in asked]) if asked else [], strict=True))
@@ -105,8 +153,7 @@ def script_searches(questions: list[str | None], golds: list[list[str]], search:
     for i, docs in first.items():
         answer = gold_in(docs, golds[i])
         if answer is not None:
-            out[i] = Scripted([policy_turn(SEARCH.format(query=questions[i])), information_turn(docs),
-                               policy_turn(ANSWER.format(answer=answer))], "one_search")
+            out[i] = Scripted([write.search(questions[i]), write.passages(docs), write.answer(answer)], "one_search")
         else:
             out[i] = Scripted(None, "no gold answer in the passages")
             bridges[i] = bridge_candidates(docs, questions[i], max_bridges)
@@ -115,28 +162,35 @@ def script_searches(questions: list[str | None], golds: list[list[str]], search:
     for (i, bridge), docs in zip(queries, results, strict=True):
         answer = gold_in(docs, golds[i])
         if out[i].turns is None and answer is not None:
-            out[i] = Scripted([policy_turn(SEARCH.format(query=questions[i])), information_turn(first[i]),
-                               policy_turn(BRIDGE.format(bridge=bridge)), information_turn(docs),
-                               policy_turn(ANSWER.format(answer=answer))], "two_searches")
+            out[i] = Scripted([write.search(questions[i]), write.passages(first[i]), write.search(bridge, bridge=True),
+                               write.passages(docs), write.answer(answer)], "two_searches")
     return out
 
 
 def scripted_cold_start(data: str, search: SearchFn, template: str = DEFAULT_TEMPLATE,
-                        max_bridges: int = 3) -> tuple[list[dict], Counter]:
-    """SFT rows of the scripted searcher over the QA parquet ``data`` -> (rows kept, outcome counts)."""
+                        max_bridges: int = 3, write: TagTurns = TAG_TURNS) -> tuple[list[dict], Counter]:
+    """SFT rows of the scripted searcher over the QA parquet ``data`` -> (rows kept, outcome counts). ``write``: the
+    action format (``HermesTurns``: the prompts are made again under its template, and show its tools)."""
     rows = read_rows(data, required=("prompt", "reward_model"))
     questions, golds = [], []
     for i, row in enumerate(rows):
         prompt = row["prompt"]
         if not isinstance(prompt, list) or not prompt or not isinstance(prompt[-1], dict):
             raise DataError(f"row {i} of {data!r}: column 'prompt' must be a non-empty list of chat messages")
-        questions.append(question_of(str(prompt[-1].get("content", "")), template))
+        content = str(prompt[-1].get("content", ""))  # made from --template, or already in the format's template
+        questions.append(question_of(content, template) or question_of(content, write.template))
         golds.append(gold_answers(row))
         if not golds[-1]:
             raise DataError(f"row {i} of {data!r}: no gold answer in reward_model.ground_truth.target")
-    outcomes = script_searches(questions, golds, search, max_bridges)
-    kept = [sft_row(qa_fields(row, i), o.turns) for i, (row, o) in enumerate(zip(rows, outcomes, strict=True))
-            if o.turns is not None]
+    outcomes = script_searches(questions, golds, search, max_bridges, write)
+    kept = []
+    for i, (row, outcome) in enumerate(zip(rows, outcomes, strict=True)):
+        if outcome.turns is not None:
+            qa = qa_fields(row, i)
+            if write.template != template:
+                qa["prompt"] = [*qa["prompt"][:-1], {**qa["prompt"][-1], "content": make_prompt(questions[i],
+                                                                                               write.template)}]
+            kept.append(sft_row(qa, outcome.turns, write.tools))
     return kept, Counter(o.reason for o in outcomes)
 
 
@@ -154,11 +208,28 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.add_argument("--out", required=True, type=Path, help="SFT parquet to write")
     scripted.add_argument("--template", type=Path, metavar="PATH",
                           help="the prompt template the QA parquet was made with (to read the question back)")
+    scripted.add_argument("--format", choices=["search_r1", "hermes"], default="search_r1",
+                          help="action format (actor_rollout_ref.rollout.multi_turn.format of the RL run); hermes "
+                          "renders the turns with --tokenizer's chat template")
+    scripted.add_argument("--tokenizer", metavar="DIR", help="--format hermes: the policy's tokenizer (its chat "
+                          "template renders the tool messages)")
     scripted.add_argument("--max-bridges", type=int, default=3,
                           help="bridge entities tried when the question's passages hold no gold answer (0 = none)")
     add_rft_args(rft)
     add_teacher_args(teacher)
     return parser.parse_args(argv)
+
+
+def _turn_writer(args: argparse.Namespace) -> TagTurns:
+    """The turns of ``--format``; hermes needs ``--tokenizer`` (ValueError naming it otherwise)."""
+    if args.format == "search_r1":
+        return TagTurns()
+    if not args.tokenizer:
+        raise ValueError("--format hermes needs --tokenizer DIR: the policy's tokenizer, whose chat template renders "
+                         "the tool messages")
+    from transformers import AutoTokenizer
+
+    return HermesTurns(AutoTokenizer.from_pretrained(args.tokenizer))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             client.check_health()
             if args.source == "scripted":
                 rows, counts = scripted_cold_start(args.data, client.search, _template(args.template),
-                                                   args.max_bridges)
+                                                   args.max_bridges, _turn_writer(args))
             else:
                 rows, counts = teacher_cold_start(args, openai_chat(args), client.search)
         if not rows:

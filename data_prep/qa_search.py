@@ -47,7 +47,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from search_r1.prompts import DEFAULT_TEMPLATE, load_template, make_prompt
+from search_r1.prompts import DEFAULT_TEMPLATE, TEMPLATES, load_template, make_prompt
 from verl.utils.progress import progress
 
 logger = logging.getLogger(__name__)
@@ -256,7 +256,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--datasets", nargs="+", default=list(FLASHRAG_BENCHMARKS), metavar="NAME",
                         help=f"FlashRAG benchmarks to take from --flashrag (default: {' '.join(FLASHRAG_BENCHMARKS)})")
     parser.add_argument("--template", type=Path, metavar="PATH",
-                        help="prompt template file with a {question} placeholder (default: search_r1.prompts)")
+                        help="prompt template file with a {question} placeholder (default: search_r1.prompts' "
+                        "template of --format)")
+    parser.add_argument("--format", choices=sorted(TEMPLATES), default="search_r1",
+                        help="the action format the prompts ask for (actor_rollout_ref.rollout.multi_turn.format): "
+                        "search_r1 = Search-R1's tags, hermes = the chat template's tool calls")
     parser.add_argument("--out", required=True, type=Path,
                         help="output directory; gets train.parquet, dev.parquet (FlashRAG only) and/or test.parquet")
     parser.add_argument("--skip-bad", action="store_true",
@@ -275,10 +279,11 @@ def _check_unique(specs: list[SourceSpec], split: str) -> list[SourceSpec]:
     return specs
 
 
-def _template(path: Path | None) -> str:
-    """The ``--template`` file's text (``DEFAULT_TEMPLATE`` without one); ValueError naming the file otherwise."""
+def _template(path: Path | None, action_format: str = "search_r1") -> str:
+    """The ``--template`` file's text (the template of ``action_format`` without one: ``search_r1.prompts.TEMPLATES``);
+    ValueError naming the file otherwise."""
     if path is None:
-        return DEFAULT_TEMPLATE
+        return TEMPLATES[action_format]
     try:
         return load_template(path)
     except (OSError, UnicodeDecodeError) as exc:
@@ -300,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out} is a file; name a directory (created if missing) to write "
                              f"{', '.join(f'{s}.parquet' for s in SPLITS)} into")
-        template = _template(args.template)
+        template = _template(args.template, args.format)
         specs = {"train": [parse_source_spec(s) for s in args.train], "dev": [],
                  "test": [parse_source_spec(s) for s in args.test]}
         if args.flashrag is not None:

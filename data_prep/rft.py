@@ -70,10 +70,12 @@ def rft_cold_start(args: argparse.Namespace) -> tuple[list[dict], Counter]:
                        [f"retriever.topk={args.topk}", *args.overrides], args.config)
     from transformers import AutoTokenizer
 
+    from verl.tools import run_tool_specs
     from verl.utils.dataset import PromptDataset
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    dataset = PromptDataset(args.data, tokenizer, cfg.data.max_prompt_length, cfg.data.prompt_key)
+    tools = [spec.schema for spec in run_tool_specs(cfg) or []] or None  # the hermes format's prompts show them
+    dataset = PromptDataset(args.data, tokenizer, cfg.data.max_prompt_length, cfg.data.prompt_key, tools=tools)
     agent = build_agent(cfg, tokenizer)
     items = [(row, sample) for row in range(len(dataset)) for sample in range(args.n)]
     counts: Counter = Counter()
@@ -94,5 +96,5 @@ def rft_cold_start(args: argparse.Namespace) -> tuple[list[dict], Counter]:
                     kept.setdefault(row, []).append(turns)
                 counts[outcome] += 1
             bar.update(len(batch))
-    rows = [sft_row(qa_fields(dataset.rows[row], row), turns) for row in sorted(kept) for turns in kept[row]]
+    rows = [sft_row(qa_fields(dataset.rows[row], row), turns, tools) for row in sorted(kept) for turns in kept[row]]
     return rows, counts

@@ -3,6 +3,7 @@ as ``[{text, sampled}]`` (``verl.utils.sft_dataset`` reads them); shared by the 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -16,12 +17,15 @@ from search_r1.reward.qa_em import ground_truth_answers
 logger = logging.getLogger(__name__)
 
 TURNS_TYPE = pa.list_(pa.struct([("text", pa.string()), ("sampled", pa.bool_())]))
-SFT_SCHEMA = PARQUET_SCHEMA.append(pa.field("turns", TURNS_TYPE))
+# tools: the JSON schemas the prompt shows (the hermes action format), as a JSON string; null = none (tags)
+SFT_SCHEMA = PARQUET_SCHEMA.append(pa.field("turns", TURNS_TYPE)).append(pa.field("tools", pa.string()))
 
 
-def sft_row(qa_row: dict, turns: list[dict]) -> dict:
-    """The SFT row of a question's RL row (``make_row``) and a trajectory's ``turns``."""
-    return {**{name: qa_row[name] for name in PARQUET_SCHEMA.names}, "turns": [dict(t) for t in turns]}
+def sft_row(qa_row: dict, turns: list[dict], tools: list[dict] | None = None) -> dict:
+    """The SFT row of a question's RL row (``make_row``), a trajectory's ``turns`` and the ``tools`` its prompt
+    shows (hermes format; None = none)."""
+    return {**{name: qa_row[name] for name in PARQUET_SCHEMA.names}, "turns": [dict(t) for t in turns],
+            "tools": json.dumps(tools) if tools else None}
 
 
 def rows_to_sft_parquet(rows: list[dict], path: str | Path) -> None:

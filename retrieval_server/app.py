@@ -49,6 +49,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from retrieval_server.batcher import Coalescer
+from retrieval_server.documents import DocumentIndex, UnknownDocument, parse_doc_request
 from retrieval_server.logs import RequestStats, log_summaries
 from retrieval_server.service import BackendError, Hit, SearchService
 
@@ -210,6 +211,7 @@ class _State:
     def __init__(self) -> None:
         self.service: SearchService | None = None
         self.coalescer: Coalescer | None = None
+        self.documents: DocumentIndex | None = None  # POST /doc (documents.py)
         self.error: str | None = None
 
 
@@ -232,6 +234,7 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
             on_failure(exc)
             return
         state.coalescer = Coalescer(service.search, max_batch=limits.max_queries)
+        state.documents = DocumentIndex(service.corpus)
         state.service = service
 
     def backend_summary() -> str | None:
@@ -308,5 +311,25 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
             raise
         finally:
             request_stats.record(status, n_queries, time.perf_counter() - start)
+
+    @app.post("/doc")
+    async def doc(request: Request) -> Response:
+        """Whole documents by id (retrieval_server/documents.py)."""
+        if state.service is None:
+            return JSONResponse({"detail": "the index is still loading; poll GET /health"}, status_code=503)
+        body = await read_body(request, limits.max_body_bytes, limits.client_timeout_s)
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError):
+            raise RequestError(400, "request body is not valid JSON") from None
+        req = parse_doc_request(payload, limits.max_queries)
+        if isinstance(req, str):
+            raise RequestError(422, req)
+        try:
+            content = await asyncio.to_thread(state.documents.render, req.ids)
+        except UnknownDocument as err:
+            return JSONResponse({"detail": f"no document has the id {err.doc_id!r}", "id": err.doc_id},
+                                status_code=404)
+        return Response(content, media_type="application/json")
 
     return app

@@ -29,6 +29,7 @@ from verl.config import Config
 from verl.config_checks import require
 from verl.config_schema import section, setting
 from verl.errors import ConfigError
+from verl.tools import run_tool_specs
 
 
 def term_names() -> tuple[str, ...]:
@@ -150,6 +151,7 @@ class SearchConfig(Config):
 
     def check_paths(self) -> None:
         super().check_paths()
+        run_tool_specs(self)  # a hermes run's tool config: readable, well formed, its classes known
         if self.do_search and self.retriever.url is None:
             raise ConfigError("config key retriever.url is not set: name your retrieval service (e.g. "
                               "retriever.url=http://127.0.0.1:8000; retrieval_launch.sh serves on its PORT), required "

@@ -97,7 +97,8 @@ def score_trajectory(tokenizer, traj: Trajectory, golden: list[str], normalize: 
     scores = {name: 0.0 if answer is None else fn(answer, golden, normalize)
               for name, fn in (("em", em_check), ("subem", subem_check), ("f1", f1_score))}
     return {"golden": golden, "answer": answer, **scores, "searches": traj.num_searches, "turns": traj.num_turns,
-            "invalid": traj.num_invalid, "stop_reason": traj.stop_reason.value,
+            "invalid": traj.num_invalid, "tool_calls": traj.num_tool_calls, "invalid_calls": traj.num_invalid_calls,
+            "stop_reason": traj.stop_reason.value,
             "response_tokens": len(traj.response_ids),
             "inserted_tokens": len(traj.info_mask) - sum(traj.info_mask), "response": response}
 
@@ -230,11 +231,13 @@ def evaluate(args: argparse.Namespace) -> dict:
         "overrides": list(args.overrides), **({"config": list(args.config)} if args.config else {})})
     from transformers import AutoTokenizer
 
+    from verl.tools import run_tool_specs
     from verl.utils.dataset import PromptDataset
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompts (hermes format)
     dataset = PromptDataset(",".join(args.data), tokenizer, cfg.data.max_prompt_length, cfg.data.prompt_key,
-                            args.limit)
+                            args.limit, tools=tools)
     items = [(row, sample) for row in range(len(dataset)) for sample in range(args.n)]
     path = args.out / TRAJECTORIES
     done = {(r["row"], r["sample"]): r for r in read_done(path)}

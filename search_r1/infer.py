@@ -3,7 +3,8 @@
     python -m search_r1.infer --model data/demo/tiny_policy --question "Who founded the Guild of X?"
 
 Runs exactly the training loop (``LLMGenerationManager``) for one row: the prompt is
-``search_r1.prompts.make_prompt`` under the model's chat template, and the loop is built as the
+``search_r1.prompts.make_prompt`` under the model's chat template (``--format hermes``: the hermes template, the
+tools' schemas in the chat template), and the loop is built as the
 evaluation builds it (``search_r1.evaluate.build_agent``: the trainer's ``build_rollout``, lengths
 from ``configs/ppo_trainer.yaml``). The printout
 shows the policy's text and, marked, every block the environment inserted (info_mask 0). Exit status 2 with
@@ -20,10 +21,11 @@ from itertools import groupby
 
 from search_r1.evaluate import EvalInputError, agent_config, build_agent, check_model_dir
 from search_r1.llm_agent.generation import Trajectory
-from search_r1.prompts import make_prompt
+from search_r1.prompts import TEMPLATES, make_prompt
 from search_r1.reward.qa_em import extract_answer
 from search_r1.search.client import RetrievalError
 from verl.config import ConfigError
+from verl.tools import run_tool_specs
 from verl.utils.tokenizer import render_prompt
 from verl.workers.rollout.base import SamplingParams
 
@@ -40,6 +42,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-turns", type=int, default=3, help="search turns before the final answer turn")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--format", choices=["search_r1", "hermes"], default="search_r1",
+                   help="action format (actor_rollout_ref.rollout.multi_turn.format): tags or chat-template tool calls")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ray-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="--retriever-url ray://NAME: give up joining the Ray cluster after this many seconds")
@@ -73,13 +77,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed,
                            [f"retriever.topk={args.topk}", f"max_turns={args.max_turns}",
-                            f"trainer.ray_timeout_s={args.ray_timeout}"], args.config)
+                            f"trainer.ray_timeout_s={args.ray_timeout}",
+                            f"actor_rollout_ref.rollout.multi_turn.format={args.format}"], args.config)
         check_model_dir(args.model)
         from transformers import AutoTokenizer  # heavy import
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)
-        messages = [{"role": "user", "content": make_prompt(args.question)}]
-        prompt_ids = render_prompt(tokenizer, messages)
+        action_format = cfg.actor_rollout_ref.rollout.multi_turn.format
+        messages = [{"role": "user", "content": make_prompt(args.question, TEMPLATES[action_format])}]
+        tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompt (hermes format)
+        prompt_ids = render_prompt(tokenizer, messages, tools)
         if len(prompt_ids) > cfg.data.max_prompt_length:  # the loop refuses it (training drops such rows)
             raise EvalInputError(f"--question of {len(args.question):,} characters makes a prompt of "
                                  f"{len(prompt_ids):,} tokens; allowed at most data.max_prompt_length="

@@ -4,7 +4,9 @@ It follows Search-R1's protocol (think, then search or answer, with retrieved pa
 inside <information> tags); the wording is ours. One template serves every data source, so a
 policy trained on the demo data and one trained on NQ see the same instructions. Data prep can take
 another template from a file (``load_template``; ``data_prep.qa_search --template``), e.g. the exact
-prompt of a paper one compares with: its ``{question}`` placeholder receives the question.
+prompt of a paper one compares with: its ``{question}`` placeholder receives the question. The hermes action
+format has its own template (``HERMES_TEMPLATE``: the tools are in the chat template, the instruction names the
+answer tags only); ``retemplate`` moves a prompt made under one template to another.
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ INSTRUCTION = (
 )
 PLACEHOLDER = "{question}"
 DEFAULT_TEMPLATE = INSTRUCTION + PLACEHOLDER + "\n"
+# The hermes action format (actor_rollout_ref.rollout.multi_turn.format=hermes): the tools are described by the chat
+# template (their JSON schemas), so the instruction names the answer tags only.
+HERMES_INSTRUCTION = (
+    "Answer the question. If you need facts you do not have, call the search tool; you may call it several times. "
+    "When you know the answer, give only the answer inside <answer> and </answer>, for example "
+    "<answer> Paris </answer>. Question: "
+)
+HERMES_TEMPLATE = HERMES_INSTRUCTION + PLACEHOLDER + "\n"
+TEMPLATES = {"search_r1": DEFAULT_TEMPLATE, "hermes": HERMES_TEMPLATE}  # per action format
 
 
 def load_template(path: str | Path) -> str:
@@ -52,3 +63,12 @@ def question_of(prompt: str, template: str = DEFAULT_TEMPLATE) -> str | None:
     end = rest.find(after) if after else len(rest)
     question = rest[:end].strip() if end >= 0 else ""
     return question or None
+
+
+def retemplate(prompt: str, template: str, source: str = DEFAULT_TEMPLATE) -> str:
+    """``prompt`` (made from ``source``) made again under ``template``; ValueError when it was not made from
+    ``source``."""
+    question = question_of(prompt, source)
+    if question is None:
+        raise ValueError(f"prompt {prompt[:80]!r}... was not made from the given source template")
+    return make_prompt(question, template)

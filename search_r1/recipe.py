@@ -2,7 +2,8 @@
 the generic trainer (``recipe: search_r1.recipe``, the config's default).
 
 What the trainer reads of this module (``verl.trainer.recipe``): ``CONFIG_CLASS`` (the keys: the trainer's
-plus ``retriever.*``, ``max_turns``, ``do_search``, ``reward.*``; ``search_r1.config``), ``BASE_CONFIG`` (its
+plus ``retriever.*``, ``max_turns``, ``do_search``, ``reward.*``; ``search_r1.config``), ``DEFAULT_TOOLS`` (the hermes
+format's tools when ``multi_turn.tool_config_path`` is null: ``search``; ``search_r1.tools``), ``BASE_CONFIG`` (its
 documented defaults, ``configs/ppo_trainer.yaml``), ``HELP`` and ``describe`` (the entry point's help and
 start-up lines) and ``build_recipe``. Importing it registers the reward terms (``search_r1.reward.terms``), so
 ``reward.terms`` is checked against them.
@@ -27,6 +28,7 @@ from search_r1.reward.qa_em import compute_score
 from search_r1.reward.terms import TermsReward
 from search_r1.search.client import RetrievalClient, RetrievalError, RetrievalUnavailable
 from search_r1.search.identity import record_retrieval, warn_if_demo_corpus
+from search_r1.tools import DEFAULT_TOOLS  # noqa: F401 -- the tools of a hermes run without a tool config
 from verl.config import DEFAULT_CONFIG, ConfigError
 from verl.protocol import Batch
 from verl.trainer.columns import Column

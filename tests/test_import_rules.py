@@ -46,7 +46,9 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
 VERL_LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "protocol", "utils"),
     ("algorithms",),
-    ("config*",),  # config, config_checks, config_compat, config_doc; reads the algorithm registries
+    # config, config_checks, config_compat, config_doc: read the algorithm registries; tools: the tool registry and
+    # the tool config (verl.tools.run_tool_specs reads the config)
+    ("config*", "tools"),
     ("workers",),
     ("single_controller",),
     ("trainer",),

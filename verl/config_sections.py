@@ -228,6 +228,30 @@ class ValKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    format: str = setting(
+        "search_r1", "How the policy acts in the recipe's loop: search_r1 = Search-R1's tags in free text (<search> q "
+        "</search>, passages inserted in an <information> block) | hermes = the chat template's tool calls: tools "
+        "declared from tool_config_path as JSON schemas, calls written as <tool_call>{\"name\": ..., \"arguments\": "
+        "...}</tool_call>, results appended as tool messages (docs/design.md, \"Action formats\"). Both end with "
+        "<answer> ... </answer>.", choices=("search_r1", "hermes"))
+    tool_config_path: str | None = setting(
+        None, "hermes: YAML declaring the tools (verl's shape: tools: [{class_name, config, tool_schema: {type: "
+        "function, function: {name, description, parameters}}}]); class_name is a registered tool class (the search "
+        "recipe's: SearchTool, OpenTool) or module.Class. See configs/tools/.", null_means="the recipe's default tools "
+        "(the search recipe: search)")
+    max_assistant_turns: int | None = setting(
+        None, "Assistant turns per trajectory, the last of which is final (its calls are not executed). Replaces "
+        "max_turns + 1 when set.", low=1, null_means="max_turns + 1")
+    max_tool_response_length: int | None = setting(
+        None, "hermes: tokens of one tool result; a longer one (a page opened whole) is cut, with a notice the "
+        "policy reads.", low=1, null_means="data.max_obs_length")
+    max_parallel_calls: int = setting(
+        4, "hermes: tool calls executed per turn, concurrently; further calls of the turn get an error message "
+        "(agent/invalid_calls).", low=1)
+
+
+@dataclass
 class RolloutConfig:
     name: str = setting(
         "hf", "Generation engine, one per actor rank, colocated with the rank's FSDP shard: vllm (vllm.LLM inside the "
@@ -272,6 +296,7 @@ class RolloutConfig:
         "each token records its version) or the sync waits until they finish on the weights they started with "
         "(false).")
     val_kwargs: ValKwargs = section(ValKwargs, "Sampling for validation: greedy by default.")
+    multi_turn: MultiTurnConfig = section(MultiTurnConfig, "The recipe's multi-turn loop: action format and tools.")
 
 
 @dataclass

@@ -1,5 +1,10 @@
 """The multi-turn search loop (Search-R1): think, then search or answer, until done.
 
+How the policy acts is its action format (``multi_turn.format``): Search-R1's tags (``tags.TagActions``, the
+default, described below) or the chat template's tool calls (``hermes.HermesActions``: tool messages in place of
+``<information>`` blocks, a turn ending at the template's end-of-turn token). Both give the turn loop below the same
+interface and the same trajectory structure (docs/design.md, "Action formats").
+
 Every row runs its own turn loop (``_trajectory``, one asyncio task per row): generate until
 ``</search>`` or ``</answer>``; a search gets its passages from the retrieval service, rendered as an
 ``<information>`` block; a turn with no well-formed action gets a feedback text; a turn that answered
@@ -60,7 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
+import itertools
 import logging
 import random
 import threading
@@ -71,19 +76,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from search_r1.config import SearchConfig
-from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, INVALID_ACTION_FEEDBACK, observation_ids
+from search_r1.llm_agent.hermes import HermesActions
+from search_r1.llm_agent.tags import STOP_STRINGS, TagActions, parse_action  # noqa: F401 -- re-exported
 from search_r1.llm_agent.trajectory import (
     CONTEXT_BUDGET,
     LENGTH_WARN_FRAC,
     TRAJECTORY_BUDGET,
     TRUNCATED_OBS_WARN_FRAC,
     TURN_BUDGET,
+    ActionKind,
     AgentResult,
     StopReason,
     Trajectory,
     length_losses,
 )
 from verl.protocol import Batch
+from verl.tools import read_tool_config
 from verl.utils.seq import pack_trajectories
 from verl.utils.tokenizer import pad_token_id
 from verl.workers.rollout.base import GenerationOutput, Generator, SamplingParams, as_pool
@@ -93,12 +101,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from search_r1.search.client import RetrievalClient
+    from verl.tools import ToolSpec
 
 logger = logging.getLogger(__name__)
-
-
-STOP_STRINGS = ["</search>", "</answer>"]
-
 
 
 @dataclass
@@ -118,16 +123,26 @@ class AgentConfig:
     coalesce_ms: float = 5.0  # async: searches arriving within this of the first waiting one share a request
     coalesce_max: int = 512  # async: at most this many queries per request
     max_inflight_searches: int = 4  # async: retrieval requests running at once
+    format: str = "search_r1"  # search_r1 (tags) | hermes (chat-template tool calls; hermes.py)
+    tools: list[ToolSpec] | None = None  # hermes: the tools offered (None = the built-in search tool)
+    max_tool_response_length: int | None = None  # hermes: tokens of one tool result (None = max_obs_length)
+    max_parallel_calls: int = 4  # hermes: calls executed per turn
 
     @classmethod
     def from_config(cls, cfg: SearchConfig) -> AgentConfig:
         r, rollout = cfg.retriever, cfg.actor_rollout_ref.rollout
-        return cls(max_turns=cfg.max_turns, max_start_length=cfg.data.max_start_length,
+        multi = rollout.multi_turn
+        return cls(max_turns=cfg.max_turns if multi.max_assistant_turns is None else multi.max_assistant_turns - 1,
+                   max_start_length=cfg.data.max_start_length,
                    max_prompt_length=cfg.data.max_prompt_length, max_response_length=cfg.data.max_response_length,
                    max_obs_length=cfg.data.max_obs_length, do_search=cfg.do_search, topk=r.topk,
                    max_trajectory_length=cfg.data.max_trajectory_length,
                    mode=rollout.mode, chunk_tokens=rollout.async_chunk_tokens,
-                   coalesce_ms=r.coalesce_ms, coalesce_max=r.coalesce_max, max_inflight_searches=r.max_inflight)
+                   coalesce_ms=r.coalesce_ms, coalesce_max=r.coalesce_max, max_inflight_searches=r.max_inflight,
+                   format=multi.format,
+                   tools=None if multi.tool_config_path is None else read_tool_config(multi.tool_config_path),
+                   max_tool_response_length=multi.max_tool_response_length,
+                   max_parallel_calls=multi.max_parallel_calls)
 
 
 
@@ -141,6 +156,7 @@ class _IO:
 
     generate: Callable[[int, int, list[int], int], Awaitable[GenerationOutput]]  # (row, turn, context, budget)
     search: Callable[[int, str], Awaitable[list[dict]]]  # (row, query) -> passages
+    tools: Callable[[int, list], Awaitable[list[str]]]  # hermes: (row, its well-formed ToolCalls) -> results
     leave: Callable[[], None]  # a row ended
     stats: Callable[[], dict[str, float]]
     abort: Callable[[], None] = lambda: None  # after a failed run, once no engine call runs: drop unfinished requests
@@ -168,39 +184,6 @@ def run_coroutine(make: Callable[[], Awaitable[Any]]) -> Any:
     return box["value"]
 
 
-class ActionKind(enum.Enum):
-    """What one turn's output amounts to."""
-
-    SEARCH = "search"
-    ANSWER = "answer"
-    INVALID = "invalid"  # stopped at a stop tag, but no well-formed action
-    EOS = "eos"
-    LENGTH = "length"
-
-
-def parse_action(text: str, finish_reason: str, stop_str: str | None, cut: bool) -> tuple[ActionKind, str]:
-    """The action of one turn from its decoded text -> (kind, query or answer text).
-
-    ``stop_str``: the stop string the engine reports; the text is read up to its last occurrence
-    (a real tokenizer's last token may carry characters past the tag). ``cut``: the loop cut the
-    output to the row's remaining budget (the engine's stop, if any, came later).
-    """
-    end = text.rfind(stop_str) if stop_str and not cut else -1
-    stripped = text[:end + len(stop_str)] if end >= 0 else text.rstrip()
-    for kind, tag in ((ActionKind.ANSWER, "answer"), (ActionKind.SEARCH, "search")):
-        if stripped.endswith(f"</{tag}>"):
-            start = stripped.rfind(f"<{tag}>")
-            content = stripped[start + len(tag) + 2:-len(tag) - 3].strip() if start >= 0 else ""
-            if start < 0 or (kind is ActionKind.SEARCH and not content):
-                return ActionKind.INVALID, ""
-            return kind, content
-    if cut or finish_reason == "length":
-        return ActionKind.LENGTH, ""
-    if finish_reason != "stop":
-        raise ValueError(f"engine returned finish_reason={finish_reason!r}; expected 'stop' or 'length'")
-    return ActionKind.EOS, ""
-
-
 class LLMGenerationManager:
     """Runs the search loop for a batch of prompts with any ``Generator`` (one engine, or the engines of all ranks)."""
 
@@ -214,10 +197,8 @@ class LLMGenerationManager:
         self.engine = engine
         self.client = client
         self.cfg = cfg
-        self._open_ids = self._encode([INFO_OPEN])[0]
-        self._close_ids = self._encode([INFO_CLOSE])[0]
-        self._feedback_ids = self._encode([INVALID_ACTION_FEEDBACK])[0]
-        observation_ids(tokenizer, [], cfg.max_obs_length)  # fails now if max_obs_length leaves no passage room
+        self._retrieve: Callable[[list[str]], Awaitable[list[list[dict]]]] | None = None  # set per run (the schedule's)
+        self.actions = HermesActions(self) if cfg.format == "hermes" else TagActions(self)
         self._warned_obs = False
         self._warned_budgets: set[str] = set()  # length budgets already named in a warning
 
@@ -237,13 +218,13 @@ class LLMGenerationManager:
                              "(repeat the rows instead)")
         rows = [self._start(list(p), i) for i, p in enumerate(prompt_ids)]
         start = time.perf_counter()
-        stats = run_coroutine(lambda: self._run_all(rows, dataclasses.replace(params, stop=list(STOP_STRINGS)),
+        stats = run_coroutine(lambda: self._run_all(rows, dataclasses.replace(params, stop=list(self.actions.stop)),
                                                     turn_prefix))
         truncated = sum(r.prompt_truncated for r in rows)
         if truncated:
             logger.warning("%d of %d prompts were cut to data.max_start_length=%d tokens", truncated, len(rows),
                            self.cfg.max_start_length)
-        self._warn_truncated_obs(rows)
+        self.actions.warn(rows)  # the format's cut observations
         self._warn_length_losses(rows)
         return AgentResult(rows, wall_s=time.perf_counter() - start, schedule=stats)
 
@@ -290,9 +271,16 @@ class LLMGenerationManager:
         async def search(queries: list[str]) -> list[list[dict]]:
             return await run_blocking(self._search, queries)
 
-        lockstep = Lockstep(len(rows), [("search", search), ("generate", generate)])
+        async def tools(calls_per_row: list[list]) -> list[list[str]]:  # every row's calls of the turn at once
+            results = await self.actions.run_calls([call for calls in calls_per_row for call in calls])
+            starts = [0, *itertools.accumulate(len(calls) for calls in calls_per_row)]
+            return [results[a:b] for a, b in itertools.pairwise(starts)]
+
+        self._retrieve = search
+        lockstep = Lockstep(len(rows), [("search", search), ("tools", tools), ("generate", generate)])
         return _IO(generate=lambda key, turn, context, budget: lockstep.submit("generate", key, (context, budget)),
-                   search=lambda key, query: lockstep.submit("search", key, query), leave=lockstep.leave,
+                   search=lambda key, query: lockstep.submit("search", key, query),
+                   tools=lambda key, calls: lockstep.submit("tools", key, calls), leave=lockstep.leave,
                    stats=lambda: {})
 
     def _async_io(self, pool, params: SamplingParams, run_blocking) -> _IO:
@@ -309,8 +297,13 @@ class LLMGenerationManager:
                     "perf/retrieval_calls": float(coalescer.calls),
                     "perf/queries_per_retrieval_call": coalescer.items / max(coalescer.calls, 1)}
 
+        async def retrieve(queries: list[str]) -> list[list[dict]]:
+            return list(await asyncio.gather(*(coalescer.submit(q) for q in queries)))
+
+        self._retrieve = retrieve
         return _IO(generate=scheduler.generate, search=lambda key, query: coalescer.submit(query),
-                   leave=lambda: None, stats=stats, abort=scheduler.abort_unfinished)
+                   tools=lambda key, calls: self.actions.run_calls(calls), leave=lambda: None, stats=stats,
+                   abort=scheduler.abort_unfinished)
 
     def _search(self, queries: list[str]) -> list[list[dict]]:
         docs_per_query = self.client.search(queries)
@@ -337,34 +330,17 @@ class LLMGenerationManager:
                 row.num_turns += 1
                 row.append(ids, sampled=True, log_probs=out.logprobs[:budget] if logprobs else None,
                            versions=out.versions[:budget] if out.versions else None)
-                kind, content = parse_action(self._decode(ids), out.finish_reason, out.stop_str,
-                                             cut=len(ids) < len(out.token_ids))
+                kind, content = self.actions.parse(ids, out, cut=len(ids) < len(out.token_ids))
                 if kind is ActionKind.SEARCH and not final:
-                    lacking = self._lacking(row, len(self._open_ids) + len(self._close_ids))
-                    if lacking is not None:  # not even an empty block fits: no request
-                        self._cut(row, lacking)
-                        break
-                    await self._answer_search(index, row, content, io)
+                    await self.actions.act(index, row, content, ids, io)
                 elif kind is ActionKind.LENGTH:
-                    self._settle_cut_turn(row, len(ids) >= left, final)
+                    self._settle_cut_turn(row, ids, len(ids) >= left, final)
                 else:
-                    self._settle(row, kind, final)
+                    self._settle(row, ids, kind, final)
                 if row.stop_reason is not None:
                     break
         finally:
             io.leave()
-
-    async def _answer_search(self, index: int, row: Trajectory, query: str, io: _IO) -> None:
-        """The passages for ``query`` as an <information> block (an empty block when do_search is off)."""
-        docs: list[dict] = []
-        if self.cfg.do_search:
-            start = time.perf_counter()
-            docs = await io.search(index, query)
-            row.retrieval_wait_s += time.perf_counter() - start
-        (block, truncated), = observation_ids(self.tokenizer, [docs], self.cfg.max_obs_length)
-        if self._insert(row, block):
-            row.num_searches += 1
-            row.truncated_obs += truncated
 
     def _warn_truncated_obs(self, rows: list[Trajectory]) -> None:
         """Warn (once per manager, i.e. once per run) when more than TRUNCATED_OBS_WARN_FRAC of a call's searches
@@ -399,7 +375,7 @@ class LLMGenerationManager:
         cut = len(prompt) > self.cfg.max_start_length
         return Trajectory(prompt_ids=prompt[-self.cfg.max_start_length:], prompt_truncated=cut)
 
-    def _settle(self, row: Trajectory, kind: ActionKind, final: bool) -> None:
+    def _settle(self, row: Trajectory, ids: list[int], kind: ActionKind, final: bool) -> None:
         """Apply a turn's action other than an executed search to ``row``."""
         if kind is ActionKind.INVALID or kind is ActionKind.EOS:
             row.num_invalid += 1
@@ -410,9 +386,9 @@ class LLMGenerationManager:
         elif final:  # a search or an invalid action in the final turn
             row.stop_reason = StopReason.MAX_TURNS
         else:
-            self._insert(row, self._feedback_ids)
+            self._insert(row, self.actions.feedback(row, ids))
 
-    def _settle_cut_turn(self, row: Trajectory, trajectory_full: bool, final: bool) -> None:
+    def _settle_cut_turn(self, row: Trajectory, ids: list[int], trajectory_full: bool, final: bool) -> None:
         """A turn that ended at a length budget before any action. At the trajectory's budget the row ends;
         at the per-turn budget it is Search-R1's invalid action (feedback, next turn), or the end in the final turn."""
         if trajectory_full:
@@ -423,7 +399,7 @@ class LLMGenerationManager:
         if final:
             self._cut(row, TURN_BUDGET)
         else:
-            self._insert(row, self._feedback_ids)
+            self._insert(row, self.actions.feedback(row, ids))
 
     def _cut(self, row: Trajectory, budget: str) -> None:
         row.stop_reason = StopReason.MAX_LENGTH

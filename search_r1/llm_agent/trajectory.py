@@ -19,6 +19,16 @@ TRAJECTORY_BUDGET = "data.max_trajectory_length"
 CONTEXT_BUDGET = "data.max_prompt_length"
 
 
+class ActionKind(enum.Enum):
+    """What one turn's output amounts to."""
+
+    SEARCH = "search"  # an action the environment executes: a search (tags) or tool calls (hermes)
+    ANSWER = "answer"
+    INVALID = "invalid"  # stopped at a stop tag, but no well-formed action
+    EOS = "eos"
+    LENGTH = "length"
+
+
 class StopReason(enum.Enum):
     """Why a trajectory ended."""
 
@@ -54,11 +64,17 @@ class Trajectory:
     num_turns: int = 0  # generation turns (engine calls that included this row)
     num_searches: int = 0  # searches answered with an <information> block
     num_invalid: int = 0  # turns that ended in no well-formed action (feedback or EOS)
-    truncated_obs: int = 0  # <information> blocks cut to max_obs_length
+    truncated_obs: int = 0  # <information> blocks cut to max_obs_length (hermes: tool results cut to their budget)
     prompt_truncated: bool = False  # the prompt was cut to max_start_length
     turns_cut: int = 0  # turns cut at max_response_length before an action (feedback followed, or the row ended)
     cut_by: str | None = None  # the budget (config key) that ended the row; set with StopReason.MAX_LENGTH
-    retrieval_wait_s: float = 0.0  # seconds this row waited for its searches' passages
+    retrieval_wait_s: float = 0.0  # seconds this row waited for its searches' passages (hermes: its tool calls)
+    num_tool_calls: int = 0  # hermes: well-formed tool calls executed
+    num_invalid_calls: int = 0  # hermes: tool calls answered with an error message (malformed, unknown, over the limit)
+    tokenization_mismatch: int = 0  # hermes: insertions whose ids differ from a full re-render (ChatFormat.check)
+    # hermes: per turn whose answer was inserted: (assistant content, the sampled end-of-turn id or None, the
+    # messages inserted after it, their ids) -- the conversation the sanity check re-renders
+    chat_turns: list[tuple[str, int | None, list[dict], list[int]]] = field(default_factory=list)
 
     def append(self, ids: list[int], sampled: bool, log_probs: list[float] | None = None,
                versions: list[int] | None = None) -> None:
@@ -100,6 +116,11 @@ class AgentResult:
             "agent/inserted_token_frac": inserted / max(tokens, 1),
             "agent/mean_response_len": tokens / rows,
             "agent/retrieval_wait_s": sum(t.retrieval_wait_s for t in trajs) / rows,  # per trajectory
+            # hermes: well-formed calls per trajectory, calls answered with an error, insertions that re-render
+            # differently (0 in the tag format)
+            "agent/tool_calls_per_traj": sum(t.num_tool_calls for t in trajs) / rows,
+            "agent/invalid_calls": float(sum(t.num_invalid_calls for t in trajs)),
+            "agent/tokenization_mismatch": float(sum(t.tokenization_mismatch for t in trajs)),
             "perf/trajectories_per_s": len(trajs) / max(self.wall_s, 1e-9),
             **self.schedule,
         }

@@ -12,8 +12,9 @@ Choices:
   punctuation. Scores are only comparable with published ones under ``squad``.
 - The answer is the content of the last complete ``<answer>...</answer>`` block of the RESPONSE
   only; the prompt is never scored (its instruction contains an example answer), so no "needs two
-  tags" rule is needed. Text inside ``<information>`` blocks was inserted by the environment, so an
-  ``<answer>`` tag inside a retrieved passage is never taken as the policy's answer.
+  tags" rule is needed. Text inside ``<information>`` blocks (and, in the hermes action format, ``<tool_response>``
+  blocks) was inserted by the environment, so an ``<answer>`` tag inside a retrieved passage or a tool's result is
+  never taken as the policy's answer.
 - Golden answers that normalise to the empty string (e.g. "The") are ignored: otherwise sub-EM
   would credit every prediction.
 - Sub-EM asks whether a normalised golden answer occurs in the normalised prediction *as a whole
@@ -40,7 +41,8 @@ logger = logging.getLogger(__name__)
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ASCII_PUNCT = frozenset(string.punctuation)
-_INFORMATION_BLOCK = re.compile(r"<information>.*?(?:</information>|\Z)", re.DOTALL)
+# Inserted blocks: the tag format's passages, the hermes format's tool results (the Hermes convention's wrapper)
+_INFORMATION_BLOCK = re.compile(r"<(information|tool_response)>.*?(?:</\1>|\Z)", re.DOTALL)
 _ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 
 
@@ -79,7 +81,8 @@ def _check_normalize(name: str) -> None:
 def extract_answer(response: str) -> str | None:
     """Content (stripped) of the last complete ``<answer>...</answer>`` block of ``response``, else None.
 
-    ``response`` must be the generated part only. Retrieved ``<information>`` blocks are ignored.
+    ``response`` must be the generated part only. Retrieved ``<information>`` and ``<tool_response>`` blocks are
+    ignored.
     """
     policy_text = _INFORMATION_BLOCK.sub(" ", response)
     end = policy_text.rfind(_ANSWER_CLOSE)

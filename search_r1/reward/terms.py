@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from search_r1.llm_agent.hermes import parse_tool_calls
 from search_r1.reward.qa_em import (
     em_check,
     extract_answer,
@@ -53,6 +54,9 @@ from verl.protocol import Batch
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _DOC = re.compile(r"(?:^|\n)Doc \d+\(Title: ")
+# the hermes format's search results (search_r1.tools.format_hits), inside the tool messages' <tool_response> blocks
+_TOOL_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.DOTALL)
+_HERMES_DOC = re.compile(r"(?:^|\n)Doc \d+ \(id: [^\n]*?, Title: ")
 _QUESTION = re.compile(r"Question:\s*(.+)")
 
 
@@ -65,13 +69,21 @@ class Turn:
     def query(self) -> str | None:
         """The query of the turn's search (its last ``<search>`` block), if the environment answered one."""
         found = _SEARCH.findall(self.action)
-        return found[-1].strip() if found and "<information>" in self.inserted else None
+        if found and "<information>" in self.inserted:
+            return found[-1].strip()
+        if "<tool_response>" not in self.inserted:  # the hermes format: the turn's last search call that was answered
+            return None
+        searched = [c.arguments["query"] for c in parse_tool_calls(self.action)
+                    if c.name == "search" and isinstance((c.arguments or {}).get("query"), str)]
+        return searched[-1].strip() if searched else None
 
     @property
     def passages(self) -> list[str]:
-        """The passages of the ``<information>`` block after this turn (none if the turn did not search)."""
+        """The passages of the ``<information>`` block after this turn (none if the turn did not search); in the hermes
+        format, of its search results' tool messages."""
         if "<information>" not in self.inserted:
-            return []
+            return [p.strip() for body in _TOOL_RESPONSE.findall(self.inserted) if _HERMES_DOC.match(body.strip())
+                    for p in _HERMES_DOC.split(body.strip()) if p.strip()]
         body = self.inserted.split("<information>", 1)[1].split("</information>", 1)[0]
         return [p.strip() for p in _DOC.split(body) if p.strip()]
 

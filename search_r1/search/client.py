@@ -139,6 +139,35 @@ class RetrievalClient:
             first_failure = self._wait_or_give_up(endpoint, problem, first_failure, retry)
             retry += 1
 
+    def documents(self, ids: list[str]) -> list[dict | None]:
+        """Whole documents by corpus id (``POST /doc`` of the first endpoint: every shard serves the whole corpus
+        file) -> per id ``{"id", "contents"}``, or None for an id the corpus does not have. Retried as ``search``."""
+        endpoint = self.urls[0] + "/doc"
+        if endpoint.startswith("ray://"):
+            raise RetrievalError(f"{self.urls[0]}: opening documents needs an http:// endpoint of the service")
+        found: dict[str, dict | None] = {}
+        first_failure, retry = None, 0
+        while todo := [i for i in dict.fromkeys(ids) if i not in found]:
+            try:
+                response = self._http.post(endpoint, json={"ids": todo})
+            except httpx.TransportError as e:
+                problem = f"{type(e).__name__}: {e}"
+            else:
+                body = response.json() if response.headers.get("content-type", "").startswith("application/json") \
+                    else {}
+                if response.status_code == 200:
+                    found.update({doc["id"]: doc for doc in body["docs"]})
+                    continue
+                if response.status_code == 404 and body.get("id") in todo:  # the first unknown id is named
+                    found[body["id"]] = None
+                    continue
+                if response.status_code < 500:
+                    raise _rejected(endpoint, response)
+                problem = f"HTTP {response.status_code}: {_detail(response)}"
+            first_failure = self._wait_or_give_up(endpoint, problem, first_failure, retry)
+            retry += 1
+        return [found[i] for i in ids]
+
     def _wait_or_give_up(self, where: str, problem: str, first_failure: float | None, retry: int) -> float:
         """After failed attempt ``retry``: wait before the next one, or raise ``RetrievalUnavailable`` once the service
         has been failing for ``outage_timeout_s``. Returns when the failures began."""

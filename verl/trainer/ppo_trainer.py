@@ -64,6 +64,7 @@ from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic
 from verl.single_controller.rollout import GroupRollout
+from verl.tools import run_tool_specs
 from verl.trainer import columns
 from verl.trainer.advantages import compute_advantages
 from verl.trainer.dynamic_sampling import fill_batch, round_seed
@@ -125,10 +126,11 @@ class PPOTrainer:
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data
+        tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompts (hermes format)
         self.train_set = PromptDataset(data.train_files, self.tokenizer, data.max_prompt_length, data.prompt_key,
-                                       data.train_max_samples, sample_seed=data.seed)
+                                       data.train_max_samples, sample_seed=data.seed, tools=tools)
         self.val_set = PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length, data.prompt_key,
-                                     data.val_max_samples)
+                                     data.val_max_samples, tools=tools)
         self.loader = StatefulLoader(self.train_set, data.train_batch_size, data.shuffle, data.seed)
         per_epoch = self.loader.batches_per_epoch()
         self.total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs

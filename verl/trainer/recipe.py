@@ -11,6 +11,8 @@ module; what the trainer reads of it:
   registers (reward terms, estimators) is valid in the config;
 * ``HELP`` (text) and ``describe(cfg) -> list[str]`` (start-up summary lines), both optional, printed by
   ``verl.trainer.main_ppo``.
+* ``DEFAULT_TOOLS`` (optional): the ``verl.tools.ToolSpec`` list a hermes-format run offers when
+  ``actor_rollout_ref.rollout.multi_turn.tool_config_path`` is null (``verl.tools.run_tool_specs``).
 
 The trainer imports the module by name, so dependencies point one way: a recipe imports ``verl``,
 ``verl`` never imports a recipe. The search agent is ``search_r1.recipe`` (the config's default).

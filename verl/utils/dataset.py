@@ -85,9 +85,9 @@ class PromptDataset:
     """Tokenised prompts plus the per-row fields the reward needs."""
 
     def __init__(self, files: str, tokenizer, max_prompt_length: int, prompt_key: str = "prompt",
-                 max_samples: int | None = None, sample_seed: int | None = None):
+                 max_samples: int | None = None, sample_seed: int | None = None, tools: list[dict] | None = None):
         """``max_samples`` keeps that many rows: the first ones, or with ``sample_seed`` a random subset drawn
-        once with that seed (in file order)."""
+        once with that seed (in file order). ``tools``: JSON schemas the chat template shows (hermes format)."""
         rows = read_rows(files, required=(prompt_key, "reward_model"))
         if max_samples is not None and max_samples < len(rows):
             keep = np.sort(np.random.default_rng(sample_seed).choice(len(rows), max_samples, replace=False)) \
@@ -98,7 +98,7 @@ class PromptDataset:
         too_long: dict[int, int] = {}  # row -> prompt tokens, for rows over max_prompt_length
         for i, row in enumerate(rows):
             check_row(row, prompt_key, f"row {i} of {files!r}")
-            ids = render_prompt(tokenizer, row[prompt_key])
+            ids = render_prompt(tokenizer, row[prompt_key], tools)
             if len(ids) > max_prompt_length:
                 too_long[i] = len(ids)
                 continue

@@ -3,7 +3,8 @@
 A row is the RL schema (``prompt``, ``reward_model``, optional ``data_source`` and ``extra_info``; docs/design.md,
 "Parquet row schema") plus ``turns``: the response in order, a list of ``{"text": str, "sampled": bool}``. A
 ``sampled`` turn was written by the policy (trained); any other turn was inserted by the environment (an
-``<information>`` block, invalid-action feedback: context only).
+``<information>`` block, invalid-action feedback: context only). An optional ``tools`` column (a JSON string of tool
+schemas) marks a hermes-format trajectory: its prompt is rendered with those tools, as the RL trainer renders it.
 
 Choices:
 - **The RL loop's layout, built by the RL loop's code.** The prompt is tokenised by ``PromptDataset`` (the chat
@@ -21,6 +22,7 @@ Choices:
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -28,6 +30,7 @@ import numpy as np
 from verl.protocol import Batch
 from verl.utils.dataset import DataError, PromptDataset
 from verl.utils.seq import pack_trajectories
+from verl.utils.tokenizer import render_prompt
 
 TURNS_HINT = ("an SFT row is the RL schema plus turns: [{text: str, sampled: bool}, ...] (sampled = written by the "
               "policy); see docs/design.md, \"Supervised cold start\", and python -m data_prep.cold_start")
@@ -73,6 +76,8 @@ class TrajectoryDataset:
             if "turns" not in row:
                 raise DataError(f"{files!r} lacks the column 'turns' (it has {sorted(row)}); {TURNS_HINT}")
             response, info_mask = encode_turns(tokenizer, _check_turns(row["turns"], where))
+            if row.get("tools"):  # the hermes format: the prompt shows the tools, as the RL trainer renders it
+                prompt = self.prompt_ids[i] = render_prompt(tokenizer, row["prompt"], json.loads(row["tools"]))
             if len(prompt) + len(response) > max_length:
                 raise DataError(f"{where}: the trajectory has {len(prompt) + len(response)} tokens (prompt "
                                 f"{len(prompt)} + response {len(response)}) > data.max_length={max_length}: raise "

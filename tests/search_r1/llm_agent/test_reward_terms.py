@@ -114,3 +114,16 @@ def test_retrieval_hit_pays_once_per_passage():
     late = Trajectory([turns[2], Turn("<search> capital of France </search>", info.format(doc)), turns[3]], "",
                       ["Paris"], "nq")
     np.testing.assert_equal(TERMS.get("retrieval_hit")([late], Context()).turns, [[0.0, 1.0, float("nan")]])
+
+
+def test_retrieval_hit_reads_hermes_search_calls_and_tool_responses():
+    """Guards against the retrieval_hit and grounding terms seeing no search in a hermes-format trajectory: the
+    query is the turn's search tool call, the passages those of its tool message (search_r1.tools.format_hits)."""
+    call = '<tool_call>{"name": "search", "arguments": {"query": "capital of France"}}</tool_call>'
+    inserted = ("\n<|im_start|>user\n<tool_response>\nDoc 1 (id: p, Title: Paris) Paris is the capital of France.\n"
+                "Doc 2 (id: l, Title: Lyon) Lyon is a city.\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    turn = Turn(call, inserted)
+    assert turn.query == "capital of France"
+    assert turn.passages == ["Paris) Paris is the capital of France.", "Lyon) Lyon is a city."]
+    t = Trajectory([turn, Turn("<answer> Paris </answer>", "")], "", ["Paris"], "nq")
+    np.testing.assert_equal(TERMS.get("retrieval_hit")([t], Context()).turns, [[1.0, float("nan")]])

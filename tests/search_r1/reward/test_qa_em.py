@@ -162,6 +162,14 @@ def test_extract_answer(response: str, expected: str | None) -> None:
     assert extract_answer(response) == expected
 
 
+def test_answer_inside_a_hermes_tool_response_is_ignored() -> None:
+    """Guards against scoring text a tool returned (hermes format) as the policy's answer."""
+    response = ('<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>\nuser\n<tool_response>\n'
+                "Doc 1 <answer>Paris</answer>\n</tool_response>\nassistant\n")
+    assert extract_answer(response) is None
+    assert extract_answer(response + "<answer> Lyon </answer>") == "Lyon"
+
+
 def test_answer_inside_retrieved_information_is_ignored() -> None:
     """Guards against crediting an <answer> tag that the environment inserted inside a retrieved passage."""
     response = "<search>q</search><information>Doc 1 <answer>Paris</answer></information>"
