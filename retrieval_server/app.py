@@ -226,16 +226,17 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
     request_stats = RequestStats() if log_interval_s > 0 else None
 
     async def load_in_background() -> None:
-        try:
+        try:  # everything up to ready: an error here must not leave /health at "loading" for ever
             service = await _run_in_daemon_thread(load)
+            coalescer = Coalescer(service.search, max_batch=limits.max_queries)
+            corpus = getattr(service, "corpus", None)  # an online engine has none: /doc then says so
+            state.documents = DocumentIndex(corpus) if corpus is not None else None
         except Exception as exc:
             state.error = str(exc)
             logger.error("could not load the index: %s", exc)
             on_failure(exc)
             return
-        state.coalescer = Coalescer(service.search, max_batch=limits.max_queries)
-        state.documents = DocumentIndex(service.corpus)
-        state.service = service
+        state.coalescer, state.service = coalescer, service
 
     def backend_summary() -> str | None:
         return state.service.summary() if state.service is not None else None
@@ -325,6 +326,10 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
         req = parse_doc_request(payload, limits.max_queries)
         if isinstance(req, str):
             raise RequestError(422, req)
+        if state.documents is None:
+            return JSONResponse({"detail": "this service searches an online engine and holds no documents to open: "
+                                           "POST /doc needs a local index (retrieval_server.serve --index)"},
+                                status_code=404)
         try:
             content = await asyncio.to_thread(state.documents.render, req.ids)
         except UnknownDocument as err:

@@ -94,6 +94,8 @@ def test_each_engine_answers_in_search_r1_passage_format(engines, services, engi
         health = client.check_health()
         assert (health["retriever"], health["index"]) == ("online", engine)
         assert client.search(["Who wrote Laemze"]) == [response.json()["result"][0]]
+    opened = httpx.post(server.url + "/doc", json={"ids": ["https://example.com/a"]})  # no corpus to open from
+    assert opened.status_code == 404 and "online engine" in opened.json()["detail"], opened.text
 
 
 def test_429_and_5xx_are_retried_with_backoff_and_the_answer_arrives(engines, services):
