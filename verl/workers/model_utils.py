@@ -118,11 +118,6 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
-def resident_gib() -> float:
-    """This process's resident set now, GiB (Linux; 0 elsewhere)."""
-    return _proc_status().get("VmRSS", 0) / (1 << 20)
-
-
 def _proc_status() -> dict[str, int]:
     """VmHWM / VmRSS of this process in KiB (Linux /proc/self/status; empty elsewhere)."""
     try:

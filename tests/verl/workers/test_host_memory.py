@@ -28,7 +28,9 @@ def test_release_host_memory_returns_freed_tensors_pages():
     later one stays alive (so the heap's top cannot shrink by itself), stay resident until the release."""
     before, freed, released = run("""
         import torch
-        from verl.workers.model_utils import release_host_memory, resident_gib
+        from verl.workers.memory import resident_bytes
+        from verl.workers.model_utils import release_host_memory
+        resident_gib = lambda: resident_bytes() / (1 << 30)
         x = torch.ones(1 << 20)  # a freed 4 MiB block raises glibc's mmap threshold: 2 MiB blocks then share the heap
         del x
         base = resident_gib()
