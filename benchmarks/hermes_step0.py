@@ -22,24 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from search_r1.prompts import HERMES_TEMPLATE, retemplate  # noqa: E402
-
-
-def hermes_parquet(source: Path, out: Path) -> Path:
-    """``source``'s rows with each prompt made again under the hermes template."""
-    table = pq.read_table(source)
-    rows = table.to_pylist()
-    for row in rows:
-        row["prompt"] = [{**m, "content": retemplate(m["content"], HERMES_TEMPLATE)} if m["role"] == "user" else m
-                         for m in row["prompt"]]
-    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), out)
-    return out
+from data_prep.retemplate import retemplate_parquet  # noqa: E402
 
 
 def figures(out: Path) -> dict[str, float]:
@@ -67,7 +53,7 @@ def main() -> None:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs = {"search_r1": (args.data, []),
-            "hermes": (hermes_parquet(args.data, args.out / "hermes.parquet"),
+            "hermes": (retemplate_parquet(args.data, args.out / "hermes.parquet", "hermes"),
                        ["actor_rollout_ref.rollout.multi_turn.format=hermes"])}
     results = {}
     for name, (data, extra) in ((name, runs[name]) for name in args.formats):

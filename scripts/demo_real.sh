@@ -9,13 +9,25 @@
 #      (GRPO_STEPS steps of 6 prompts x 4 samples), evaluate again; every evaluation on the first EVAL_N test
 #      questions (half one-hop, half two-hop), greedy;
 #   4. print test EM (one-hop / two-hop) and searches per question for the three models.
-# Everything goes to DEMO_REAL_DIR (default outputs/demo_real); a rerun resumes or reuses each finished part.
+# DEMO_REAL_FORMAT=hermes (`make demo-real FORMAT=hermes`) runs the same steps in the hermes tool-call format: the demo
+# questions made again under its prompt (data_prep.retemplate), the cold start written with the model's chat template,
+# and actor_rollout_ref.rollout.multi_turn.format=hermes for GRPO and the evaluations. DEMO_REAL_SEED (`make demo-real
+# SEED=N`, default 1, the configs' trainer.seed) seeds the SFT order and GRPO's sampling; evaluations are greedy.
+# Everything goes to DEMO_REAL_DIR (default outputs/demo_real, with _hermes and _seedN added for a non-default format
+# or seed); a rerun resumes or reuses each finished part.
 # The demo's 96-token passage budget (configs/demo.yaml) is sized for the tiny policy's tokenizer; a real tokenizer
 # needs about 200 tokens for a search's three passages, so the runs here use the lengths in LENGTHS below.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
-OUT=${DEMO_REAL_DIR:-outputs/demo_real}
+FORMAT=${DEMO_REAL_FORMAT:-search_r1}
+SEED=${DEMO_REAL_SEED:-1}
+case "$FORMAT" in search_r1|hermes) ;; *) echo "[demo-real] error: DEMO_REAL_FORMAT=$FORMAT; allowed: search_r1, hermes" >&2; exit 2;; esac
+case "$SEED" in ''|*[!0-9]*) echo "[demo-real] error: DEMO_REAL_SEED=$SEED is not a non-negative integer" >&2; exit 2;; esac
+suffix=""
+[ "$FORMAT" = search_r1 ] || suffix+="_$FORMAT"
+[ "$SEED" = 1 ] || suffix+="_seed$SEED"
+OUT=${DEMO_REAL_DIR:-outputs/demo_real$suffix}
 PORT=${DEMO_REAL_PORT:-8013}
 SFT_STEPS=${SFT_STEPS:-16}
 GRPO_STEPS=${GRPO_STEPS:-20}
@@ -24,6 +36,14 @@ MODEL=data/models/smollm2-135m-instruct
 URL=http://127.0.0.1:$PORT
 LENGTHS=(data.max_obs_length=256 data.max_prompt_length=1024 data.max_response_length=320
          data.max_trajectory_length=640)
+DATA=data/demo
+COLD_START_FORMAT=()
+if [ "$FORMAT" = hermes ]; then
+  # the tool schema makes the hermes prompt about 275 tokens, over configs/demo.yaml's data.max_start_length=256
+  LENGTHS+=(data.max_start_length=1024 actor_rollout_ref.rollout.multi_turn.format=hermes)
+  DATA=$OUT/data
+  COLD_START_FORMAT=(--format hermes --tokenizer "$MODEL")
+fi
 mkdir -p "$OUT"
 say() { echo "[demo-real] $*"; }
 
@@ -40,6 +60,12 @@ if [ ! -f data/demo/train.parquet ]; then
   "$PYTHON" -m data_prep.demo_kb --out data/demo
   demo_source_hash > data/demo/.source_hash
 fi
+if [ "$FORMAT" = hermes ]; then
+  for split in train test; do
+    [ -f "$DATA/$split.parquet" ] || "$PYTHON" -m data_prep.retemplate --format hermes --data "data/demo/$split.parquet" \
+      --out "$DATA/$split.parquet"
+  done
+fi
 if curl -sf "$URL/health" >/dev/null 2>&1; then
   say "error: something already answers on port $PORT; set DEMO_REAL_PORT" >&2; exit 2
 fi
@@ -54,32 +80,33 @@ done
 
 evaluate() {  # NAME MODEL_DIR
   say "evaluating $1 on $EVAL_N test questions"
-  "$PYTHON" -m search_r1.evaluate --model "$2" --data data/demo/test.parquet --retriever-url "$URL" \
+  "$PYTHON" -m search_r1.evaluate --model "$2" --data "$DATA/test.parquet" --retriever-url "$URL" \
     --out "$OUT/eval_$1" --limit "$EVAL_N" --config configs/demo.yaml "${LENGTHS[@]}" > "$OUT/eval_$1.log" 2>&1
 }
 start=$(date +%s)
 evaluate base "$MODEL"
-[ -f "$OUT/cold_start.parquet" ] || "$PYTHON" -m data_prep.cold_start scripted --data data/demo/train.parquet \
-  --retriever-url "$URL" --out "$OUT/cold_start.parquet"
+[ -f "$OUT/cold_start.parquet" ] || "$PYTHON" -m data_prep.cold_start scripted --data "$DATA/train.parquet" \
+  --retriever-url "$URL" --out "$OUT/cold_start.parquet" "${COLD_START_FORMAT[@]}"
 say "cold start: $SFT_STEPS SFT steps"
 "$PYTHON" -m verl.trainer.main_sft model.partial_pretrain="$MODEL" data.train_files="$OUT/cold_start.parquet" \
   trainer.default_local_dir="$OUT/sft" data.train_batch_size=8 data.micro_batch_size_per_gpu=4 optim.lr=5e-5 \
-  trainer.total_training_steps="$SFT_STEPS" model.dtype=bfloat16 trainer.save_freq=8 trainer.logger=[jsonl]
+  trainer.total_training_steps="$SFT_STEPS" trainer.seed="$SEED" model.dtype=bfloat16 trainer.save_freq=8 trainer.logger=[jsonl]
 evaluate sft "$OUT/sft/hf_model"
 say "GRPO: $GRPO_STEPS steps"
 bash train_grpo.sh --config configs/demo.yaml actor_rollout_ref.model.path="$OUT/sft/hf_model" \
-  data.train_files=data/demo/train.parquet data.val_files=data/demo/test.parquet retriever.url="$URL" "${LENGTHS[@]}" \
-  trainer.total_training_steps="$GRPO_STEPS" data.train_batch_size=6 actor_rollout_ref.rollout.n=4 \
+  data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" retriever.url="$URL" "${LENGTHS[@]}" \
+  trainer.total_training_steps="$GRPO_STEPS" trainer.seed="$SEED" data.seed="$SEED" data.train_batch_size=6 actor_rollout_ref.rollout.n=4 \
   actor_rollout_ref.actor.ppo_mini_batch_size=24 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
   actor_rollout_ref.actor.fsdp_config.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 \
   actor_rollout_ref.actor.optim.lr=5e-6 trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=10 \
   trainer.default_local_dir="$OUT/grpo" > "$OUT/grpo.log" 2>&1
 evaluate grpo "$OUT/grpo/hf_model"
-"$PYTHON" - "$OUT" "$(( $(date +%s) - start ))" <<'PY'
+"$PYTHON" - "$OUT" "$(( $(date +%s) - start ))" "$FORMAT" "$SEED" <<'PY'
 import json, sys
-out, seconds = sys.argv[1], int(sys.argv[2])
-print(f"[demo-real] test EM (one-hop / two-hop / overall) and searches per question, {seconds // 60} min:")
+out, seconds, fmt, seed = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+print(f"[demo-real] {fmt} format, seed {seed}: test EM (one-hop / two-hop / overall) and searches per question, "
+      f"{seconds // 60} min:")
 for name in ("base", "sft", "grpo"):
     r = json.load(open(f"{out}/eval_{name}/results.json"))
     hop = {s: v["em"] for s, v in r["by_source"].items()}
