@@ -121,7 +121,8 @@ class RewardConfig:
 @dataclass
 class SearchConfig(Config):
     """The one flat config of the trainer with the search recipe. Every key is documented above its line.
-    Generated from the declarations (verl/config_sections.py, search_r1/config.py) by `make docs`: edit those.
+    Generated from the declarations (verl/config_sections.py, verl/config_algorithm.py, search_r1/config.py) by
+    `make docs`: edit those.
     Override any key on the command line in OmegaConf dotlist style:
       python -m verl.trainer.main_ppo data.train_batch_size=64 algorithm.adv_estimator=grpo
     Paths are relative to the directory you launch from. Unknown keys are errors naming the key.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from data_prep.qwen_tokenizer import build_qwen_tokenizer
 from tests.ray_cluster import start_cluster
@@ -24,6 +25,18 @@ from tests.verl.trainer.trainer_test_utils import trained_run, trained_run_ray, 
 def qwen_tokenizer():
     """Qwen2.5's tokenizer: 151,665 ids, byte-level BPE, search tags are several tokens."""
     return build_qwen_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for the module that asks (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``),
+    its module fixtures included (a policy memorised, a tiny model trained). Tiny models gain nothing from threads,
+    and on a shared 2-core machine OpenMP threads spinning against other processes made a tiny model's update ~100x
+    slower and a 151k-row LM head's memorising ~3x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 

@@ -2,11 +2,11 @@
 
 Choices:
 - **The trainer knows no task.** ``Config`` holds the trainer's sections (data, actor_rollout_ref, critic,
-  algorithm, custom_reward_function, trainer; ``verl.config_sections``) and two keys that choose code:
-  ``recipe`` (a module name: the task) and ``plugins`` (modules imported first). The recipe module declares its
-  config class (``CONFIG_CLASS``, a subclass of ``Config`` adding the task's sections; default ``Config``) and its
-  YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults). The search recipe's are
-  ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``.
+  algorithm, custom_reward_function, trainer; ``verl.config_sections``, the algorithm's ``verl.config_algorithm``)
+  and two keys that choose code: ``recipe`` (a module name: the task) and ``plugins`` (modules imported first). The
+  recipe module declares its config class (``CONFIG_CLASS``, a subclass of ``Config`` adding the task's sections;
+  default ``Config``) and its YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults). The search
+  recipe's are ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``.
 - **Code before keys.** ``load_config`` first reads ``recipe`` and ``plugins`` from the files and overrides, imports
   each plug-in and then the recipe module, and only then merges and checks the config against the recipe's class:
   whatever those modules register (an advantage estimator, a policy loss, a reward term) is then a valid value.
@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from verl import config_checks
+from verl.config_algorithm import AlgorithmConfig, FilterGroupsConfig, KLControlConfig, OverlongConfig
 from verl.config_checks import (
     adv_estimator,
     max_sequence_length,
@@ -51,17 +52,13 @@ from verl.config_sections import (
     LOGGERS,
     ActorConfig,
     ActorRolloutRefConfig,
-    AlgorithmConfig,
     CriticConfig,
     CriticModelConfig,
     CustomRewardConfig,
     DataConfig,
-    FilterGroupsConfig,
     FSDPConfig,
-    KLControlConfig,
     ModelConfig,
     OptimConfig,
-    OverlongConfig,
     PolicyLossConfig,
     RefConfig,
     RefFSDPConfig,

@@ -41,7 +41,11 @@ def start_service(engines: LoopbackEngines, engine: str, cache_dir: Path, *extra
                "--search-url", engines.url(engine), "--cache-dir", str(cache_dir), "--port", str(port), *FAST,
                *(["--google-cx", "test-cx"] if engine == "google" else []), *extra]
     server = ServerProcess(command=command, port=port, env={**os.environ, KEY_ENV: key})
-    server.wait_ready(60)
+    try:
+        server.wait_ready(60)
+    except BaseException:  # not ready in time, or exited: stopped here, as no caller holds it yet
+        server.stop()
+        raise
     return server
 
 
@@ -58,8 +62,10 @@ def made_up(engine: str, query: str, i: int) -> dict:
 @pytest.fixture(scope="module")
 def engines():
     engines = LoopbackEngines(KEY).start()
-    yield engines
-    engines.stop()
+    try:
+        yield engines
+    finally:
+        engines.stop()
 
 
 @pytest.fixture(scope="module")
@@ -202,9 +208,9 @@ def test_the_api_key_is_in_no_log_file_or_answer(engines, tmp_path):
     refused key whose error body echoes it, the key is in neither service's log, the cache files, /health, /stats,
     an error detail, nor the run directory's record of the service; the refused key's error names the variable."""
     texts = []
-    server = start_service(engines, "serpapi", tmp_path / "cache")
-    wrong = start_service(engines, "serpapi", tmp_path / "cache_wrong", key="not-the-key-5Yp")
-    try:
+    # stopped on leaving, also when the second fails to start
+    with start_service(engines, "serpapi", tmp_path / "cache") as server, \
+            start_service(engines, "serpapi", tmp_path / "cache_wrong", key="not-the-key-5Yp") as wrong:
         for queries in (["key check"], ["fail429-1-k key"], ["malformed key"]):
             texts.append(retrieve(server, queries).text)
         refused = retrieve(wrong, ["key check"])
@@ -219,9 +225,6 @@ def test_the_api_key_is_in_no_log_file_or_answer(engines, tmp_path):
             s.proc.terminate()
             s.proc.wait(30)
             texts.append(s.log_text())
-    finally:
-        server.stop()
-        wrong.stop()
     assert "retry 1 of 2" in texts[-2] and "(totals)" in texts[-2]  # the log did record the failures
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "responses.sqlite" for p in files) and any(p.name == "retrieval.json" for p in files)

@@ -20,15 +20,11 @@ import sys
 import torch
 
 from verl.config import Config, ConfigError, load_config, recipe_module, trajectories_per_step, world_size
-from verl.trainer.cli import HelpRequested, split_args
+from verl.trainer import cli
 from verl.trainer.health import TrainingStopped
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.trainer.recipe import EnvironmentUnavailable, load_recipe
 from verl.utils import checkpoint
-from verl.utils.checkpoint import CheckpointError
-from verl.utils.dataset import DataError
-from verl.utils.logs import setup_logging
-from verl.utils.run_dir import RunDirError
 from verl.utils.tracking import check_loggers
 from verl.workers.train_utils import optimizer_steps_per_training_step
 
@@ -94,36 +90,25 @@ def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    setup_logging()
+    return cli.run(argv, train, help_text, stopped=(TrainingStopped, EnvironmentUnavailable))
+
+
+def train(files: list[str], overrides: list[str]) -> int:
+    """Build the config and the trainer, print the summary, fit, print the results; errors are ``cli.run``'s to
+    report (exit 2 for unusable input, 3 for a run stopped on purpose)."""
+    cfg = load_config(overrides, files)
+    check_loggers(cfg.trainer.logger)  # before any model loads
     try:
-        files, overrides = split_args(sys.argv[1:] if argv is None else argv)
-    except HelpRequested:
-        print(help_text(sys.argv[1:] if argv is None else argv))
-        return 0
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        cfg = load_config(overrides, files)
-        check_loggers(cfg.trainer.logger)  # before any model loads
         trainer = build_trainer(cfg)
-    except (ConfigError, DataError, RunDirError, EnvironmentUnavailable) as err:  # unusable input or service
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except EnvironmentUnavailable as err:  # the service does not answer at start-up: unusable input, not a stop
+        return cli.failed(err, cli.EXIT_INPUT)
     print(startup_summary(cfg, trainer), flush=True)
     try:
         final = trainer.fit()
-    except CheckpointError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except (TrainingStopped, EnvironmentUnavailable) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
     finally:
         trainer.shutdown()
     if trainer.already_complete:
-        print(f"run already complete: {trainer.step} of {trainer.total_steps} steps in {trainer.out_dir}; nothing to "
-              "train (raise trainer.total_training_steps to continue it, or name another trainer.experiment_name)")
+        print(cli.already_complete(trainer.step, trainer.total_steps, trainer.out_dir))
     for key in sorted(k for k in final if k.startswith(trainer.recipe.summary_prefixes)):
         before = trainer.initial_validation.get(key)
         if cfg.trainer.val_only or before is None:

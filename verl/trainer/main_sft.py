@@ -13,13 +13,8 @@ import sys
 import torch
 
 from verl.config_sft import load_sft_config
-from verl.errors import ConfigError
-from verl.trainer.cli import HelpRequested, split_args
+from verl.trainer import cli
 from verl.trainer.sft_trainer import SFTTrainer
-from verl.utils.checkpoint import CheckpointError
-from verl.utils.dataset import DataError
-from verl.utils.logs import setup_logging
-from verl.utils.run_dir import RunDirError
 from verl.utils.tracking import check_loggers
 
 HELP = """usage: python -m verl.trainer.main_sft [--config FILE ...] key=value ...
@@ -39,32 +34,22 @@ Exit status: 0 done, 2 unusable input (the message names the key, file or row)."
 
 
 def main(argv: list[str] | None = None) -> int:
-    setup_logging()
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        files, overrides = split_args(argv, base="configs/sft_trainer.yaml")
-    except HelpRequested:
-        print(HELP)
-        return 0
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        cfg = load_sft_config(overrides, files)
-        check_loggers(cfg.trainer.logger)
-        torch.manual_seed(cfg.trainer.seed)
-        trainer = SFTTrainer(cfg)
-        print(f"sft: {len(trainer.train_set)} trajectories ({trainer.train_set.policy_tokens()} policy tokens), "
-              f"{trainer.total_steps} steps of {cfg.data.train_batch_size}, model {cfg.model.partial_pretrain}"
-              f"{f' (LoRA rank {cfg.model.lora_rank})' if trainer.lora else ''}, run directory {trainer.out_dir}",
-              flush=True)
-        final = trainer.fit()
-    except (ConfigError, DataError, RunDirError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return cli.run(argv, train, lambda argv: HELP, base="configs/sft_trainer.yaml")
+
+
+def train(files: list[str], overrides: list[str]) -> int:
+    """Build the config and the trainer, fit, print where the model is; errors are ``cli.run``'s to report."""
+    cfg = load_sft_config(overrides, files)
+    check_loggers(cfg.trainer.logger)
+    torch.manual_seed(cfg.trainer.seed)
+    trainer = SFTTrainer(cfg)
+    print(f"sft: {len(trainer.train_set)} trajectories ({trainer.train_set.policy_tokens()} policy tokens), "
+          f"{trainer.total_steps} steps of {cfg.data.train_batch_size}, model {cfg.model.partial_pretrain}"
+          f"{f' (LoRA rank {cfg.model.lora_rank})' if trainer.lora else ''}, run directory {trainer.out_dir}",
+          flush=True)
+    final = trainer.fit()
     if trainer.already_complete:
-        print(f"run already complete: {trainer.step} of {trainer.total_steps} steps in {trainer.out_dir}; nothing to "
-              "train (raise trainer.total_training_steps to continue it, or name another trainer.experiment_name)")
+        print(cli.already_complete(trainer.step, trainer.total_steps, trainer.out_dir))
         return 0
     shown = ", ".join(f"{k} {final[k]:.4f}" for k in ("train/loss", "val/loss") if k in final)
     print(f"{shown}; model: {trainer.out_dir / 'hf_model'}  metrics: {trainer.tracker.jsonl_path}")

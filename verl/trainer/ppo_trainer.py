@@ -14,7 +14,8 @@ phase, ``recipe.check_generated``); the advantage estimator is called with what 
 (``advantages.py``, ``registry.AdvantageInputs``). The driver's
 traffic is metered by the worker groups: each step logs ``perf/driver_bytes_to_workers`` and
 ``perf/driver_bytes_from_workers`` (every call's arguments and results) and ``perf/sync_bytes_driver``
-(those of the weight sync alone).
+(those of the weight sync alone). What a step logs beyond the workers' own metrics is computed from the batch by
+``step_metrics.py``.
 
 Masks: ``loss_mask = response_mask * info_mask`` when ``actor.state_masking`` (else
 ``response_mask``) is computed once, right after generation, and is the only mask the reward
@@ -35,14 +36,13 @@ import logging
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -65,7 +65,7 @@ from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic
 from verl.single_controller.rollout import GroupRollout
 from verl.tools import run_tool_specs
-from verl.trainer import columns
+from verl.trainer import columns, step_metrics
 from verl.trainer.advantages import compute_advantages
 from verl.trainer.dynamic_sampling import fill_batch, round_seed
 from verl.trainer.health import HealthMonitor, TrainingStopped
@@ -78,7 +78,7 @@ from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.plots import plot_curves
 from verl.utils.rollout_log import write_rollouts
 from verl.utils.tokenizer import pad_token_id
-from verl.utils.tracking import Tracker, read_metrics
+from verl.utils.tracking import Tracker
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.flops import MfuMeter
@@ -89,10 +89,6 @@ from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout_worker import RolloutWorker
 
 logger = logging.getLogger(__name__)
-
-# rollout/* of an on-policy step come from the update's forward pass (actor.py), under the actor's prefix
-_FUSED_MISMATCH = {f"actor/rollout_{name}": f"rollout/{name}" for name in ("logprob_diff_mean", "logprob_diff_max",
-                                                                             "kl_k3")}
 
 
 @contextmanager
@@ -108,10 +104,6 @@ def _concurrently(*calls):
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         futures = [pool.submit(call) for call in calls]
         return [future.result() for future in futures]
-
-
-def _mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float(core_algos.masked_mean(x.float(), mask.float()))
 
 
 class PPOTrainer:
@@ -315,11 +307,11 @@ class PPOTrainer:
                 batch = columns.run(batch, "values", lambda b: self.critic.execute_split("compute_values", b))
         with _timed("adv", timing):
             batch, metrics = compute_advantages(batch, self.cfg, self.kl_ctrl)
-        metrics.update(self._mismatch_metrics(batch))
+        metrics.update(step_metrics.mismatch_metrics(batch))
         if not self._finite_targets(batch):
             updates = self.cfg.actor_rollout_ref.actor.ppo_epochs * (len(batch) //
                                                                      self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
-            return {**metrics, **self._data_metrics(batch), "actor/skipped_updates": float(updates),
+            return {**metrics, **step_metrics.data_metrics(batch), "actor/skipped_updates": float(updates),
                     "actor/nonfinite_advantages": 1.0}, False
         if self.critic is not None:
             with _timed("update_critic", timing):
@@ -329,10 +321,10 @@ class PPOTrainer:
         if updated:
             with _timed("update_actor", timing):
                 actor_metrics = self.actor.execute_split("update_actor", columns.require(batch, "update_actor"))
-            metrics.update({_FUSED_MISMATCH.get(name, name): value for name, value in actor_metrics.items()})
+            metrics.update(step_metrics.update_metrics(actor_metrics))
         per_rank = self.actor.execute_all("peak_memory")  # the largest rank's peak of this step
         metrics.update({key: max(rank[key] for rank in per_rank) for key in per_rank[0]})
-        return {**metrics, **self._data_metrics(batch)}, updated
+        return {**metrics, **step_metrics.data_metrics(batch)}, updated
 
     # ------------------------------------------------------------------ phases
     def generate(self, batch: Batch, params: SamplingParams, n: int | None = None) -> Batch:
@@ -349,15 +341,6 @@ class PPOTrainer:
 
     def score(self, batch: Batch) -> Batch:
         return self.reward.score_batch(batch)
-
-    def _mismatch_metrics(self, batch: Batch) -> dict[str, float]:
-        """``rollout/*``: the engines' log-probs against the trainer's old log-probs over the policy tokens
-        (response tokens the policy sampled, whatever ``state_masking`` says)."""
-        if "rollout_log_probs" not in batch or "old_log_probs" not in batch:  # on-policy: the update logs them
-            return {}
-        policy_tokens = batch["response_mask"] * batch["info_mask"]  # [B, R], 1 = sampled by the policy
-        mismatch = core_algos.rollout_mismatch(batch["old_log_probs"], batch["rollout_log_probs"], policy_tokens)
-        return {f"rollout/{name}": value for name, value in mismatch.items()}
 
     def _finite_targets(self, batch: Batch) -> bool:
         """Whether the advantages and returns are finite on every counted token (logged when not)."""
@@ -434,13 +417,7 @@ class PPOTrainer:
             extra = row_metrics(list(out["response_text"]), out) if row_metrics else {}
             for name, values in extra.items():
                 per_row[name].extend(values)
-        sources = np.array(per_row.pop("data_source"))
-        metrics = {}
-        for name, values in per_row.items():
-            values = np.asarray(values, dtype=np.float64)
-            metrics[f"val/{name}"] = float(values.mean())
-            for source in sorted(set(sources)):
-                metrics[f"val/{name}/{source}"] = float(values[sources == source].mean())
+        metrics = step_metrics.validation_metrics(per_row)
         logger.debug("validation at step %d: %s", self.step, {k: round(v, 4) for k, v in metrics.items()})
         return metrics
 
@@ -475,25 +452,11 @@ class PPOTrainer:
         self.loader_state = self.loader.state_dict()
         self.kl_ctrl.value = state["kl_coef"]
         self.tracker.truncate_after(self.step)
-        self.initial_validation, self.last_validation = self._logged_validations()
+        self.initial_validation, self.last_validation = step_metrics.logged_validations(self.tracker.jsonl_path)
         with self.rollout.weights_update(version=self.step):
             self.sync_weights()
 
-    def _logged_validations(self) -> tuple[dict[str, float], dict[str, float]]:
-        """(the validation before the first step, the latest validation) of this run's metrics.jsonl ({} if none)."""
-        if not self.tracker.jsonl_path.exists():
-            return {}, {}
-        validations = [(r.get("step", 0), {k: v for k, v in r.items() if k.startswith("val/")})
-                       for r in read_metrics(self.tracker.jsonl_path)]
-        validations = [(step, val) for step, val in validations if val]
-        before = next((val for step, val in validations if step == 0), {})
-        return before, (validations[-1][1] if validations else {})
-
     # ------------------------------------------------------------------ helpers
-    def _batch_stream(self) -> Iterator[Batch]:
-        while True:
-            yield from self.loader
-
     def _due(self, freq: int) -> bool:
         return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)
 
@@ -502,23 +465,6 @@ class PPOTrainer:
         # A per-step seed makes a resumed run sample exactly what the uninterrupted run sampled.
         return SamplingParams(max_tokens=self.cfg.data.max_response_length, temperature=r.temperature, top_p=r.top_p,
                               top_k=r.top_k, seed=self.cfg.trainer.seed * 100_003 + step, logprobs=True)
-
-    def _data_metrics(self, batch: Batch) -> dict[str, float]:
-        mask, rmask = batch["loss_mask"].float(), batch["response_mask"].float()
-        metrics = {
-            "critic/score/mean": float(np.mean(batch["score"])),
-            **{key: float(np.mean(batch[key].astype(np.float64))) for key in batch.non_tensors
-               if key.startswith("reward/")},
-            "critic/rewards/mean": float(batch["token_level_rewards"].sum(-1).mean()),
-            "critic/advantages/mean": _mean(batch["advantages"], mask),
-            "critic/returns/mean": _mean(batch["returns"], mask),
-            "response_length/mean": float(rmask.sum(-1).mean()),
-            "response_length/trained_mean": float(mask.sum(-1).mean()),
-            **batch.meta.get("gen_metrics", {}),
-        }
-        if "values" in batch:
-            metrics["critic/values/mean"] = _mean(batch["values"], mask)
-        return metrics
 
     def shutdown(self) -> None:
         """Release every worker group (Ray: their processes end now, not when this driver exits; a driver that goes
@@ -537,12 +483,8 @@ class PPOTrainer:
         return sum((g.take_traffic() for g in self._groups()), Traffic())
 
     def _perf(self, batch: Batch, timing: dict[str, float]) -> dict[str, float]:
-        """Throughput, and the payload the step's worker-group calls moved through the driver (``traffic``)."""
-        tokens = float(batch["attention_mask"].sum())
-        traffic = self._take_traffic()
-        return {"perf/tokens_per_s": tokens / max(timing["timing/step"], 1e-9),
-                "perf/gen_tokens_per_s": float(batch["response_mask"].sum()) / max(timing["timing/gen"], 1e-9),
-                "perf/driver_bytes_to_workers": float(traffic.to_workers),
-                "perf/driver_bytes_from_workers": float(traffic.to_driver), **self.mfu.metrics(batch, timing),
+        """Throughput, the payload the step's worker-group calls moved through the driver (``traffic``), MFU and
+        memory."""
+        return {**step_metrics.perf_metrics(batch, timing, self._take_traffic()), **self.mfu.metrics(batch, timing),
                 **self.memory.metrics(batch)}
 

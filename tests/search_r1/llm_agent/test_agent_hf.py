@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import ray
-import torch
 
 from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, StopReason
 from search_r1.search.client import RetrievalClient
@@ -20,16 +19,9 @@ from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
 
-pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Memorising with a 151k-row LM head: one thread was ~3x faster than two on the shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# slow: starts trainers, services or engines (not in `make test-fast`); one thread: memorising with a 151k-row LM
+# head was ~3x faster than with two on the shared 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

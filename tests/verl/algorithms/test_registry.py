@@ -16,7 +16,8 @@ from tests.verl.trainer.trainer_test_utils import metrics, overrides
 from tests.verl.workers.worker_test_utils import add_targets, make_config, random_batch
 from verl.algorithms.core_algos import AdvantageInputs, masked_mean, register_adv_estimator
 from verl.config import ConfigError, load_config, uses_critic
-from verl.trainer.main_ppo import build_trainer, split_args
+from verl.trainer.cli import split_args
+from verl.trainer.main_ppo import build_trainer
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 

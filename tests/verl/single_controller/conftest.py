@@ -2,6 +2,6 @@
 helpers live in ``tests/verl/workers`` and ``tests/verl/workers/rollout``."""
 
 from tests.verl.workers.rollout.rollout_helpers import model_dir, prompts, tokenizer
-from tests.verl.workers.worker_test_utils import one_torch_thread, tiny_model_dir
+from tests.verl.workers.worker_test_utils import tiny_model_dir
 
-__all__ = ["model_dir", "one_torch_thread", "prompts", "tiny_model_dir", "tokenizer"]
+__all__ = ["model_dir", "prompts", "tiny_model_dir", "tokenizer"]

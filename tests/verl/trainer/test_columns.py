@@ -251,7 +251,8 @@ def test_one_real_step_keeps_to_the_table(workspace, tmp_path):
     """Through PPOTrainer.fit with the search recipe (one step: GAE with a critic, a KL loss so the reference runs,
     overlong masking, per-turn scores): the batch's columns before and after every phase against the table."""
     from search_r1.recipe import SEARCH_COLUMNS
-    from verl.trainer.main_ppo import build_trainer, split_args
+    from verl.trainer.cli import split_args
+    from verl.trainer.main_ppo import build_trainer
 
     files, args = split_args(overrides(workspace, tmp_path / "run", 1, "algorithm.adv_estimator=gae",
                                        "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.overlong.mode=mask",

@@ -33,7 +33,11 @@ def online_service(engines: LoopbackEngines, port: int, cache: Path, budget: int
                "--search-url", engines.url("serper"), "--cache-dir", str(cache), "--port", str(port),
                "--max-requests", str(budget), "--backoff", "0.01", "--max-retries", "4"]
     server = ServerProcess(command=command, port=port, env={**os.environ, KEY_ENV: KEY})
-    server.wait_ready(60)
+    try:
+        server.wait_ready(60)
+    except BaseException:  # not ready in time, or exited: stopped here, as no caller holds it yet
+        server.stop()
+        raise
     return server
 
 
@@ -50,8 +54,8 @@ def test_a_spent_budget_ends_the_run_with_a_checkpoint_and_a_message_naming_it(w
     is restarted over an empty cache with a budget of 2 while the engine answers every request 429: the resumed
     run's step 2 burns the budget in retries and stops (exit 3) naming --max-requests 2 and global_step_1, and it
     stops at once: its client does not wait out retriever.outage_timeout_s=300."""
-    engines = LoopbackEngines(KEY, index=search_setup["index"], corpus=search_setup["corpus"]).start()
     port, out = free_port(), tmp_path / "run"
+    engines = LoopbackEngines(KEY, index=search_setup["index"], corpus=search_setup["corpus"]).start()
     try:
         with online_service(engines, port, tmp_path / "cache", budget=10):
             first = main_ppo_in_process(*run_args(workspace, search_setup, out, port, steps=1))

@@ -20,7 +20,8 @@ from verl.algorithms import core_algos as ca
 from verl.algorithms.registry import AdvantageInputs, register_adv_estimator
 from verl.config import ConfigError, OverlongConfig, load_config
 from verl.protocol import Batch
-from verl.trainer.main_ppo import build_trainer, split_args
+from verl.trainer.cli import split_args
+from verl.trainer.main_ppo import build_trainer
 from verl.trainer.overlong import apply_overlong, soft_overlong_penalty
 from verl.trainer.reward import last_token_index
 

@@ -121,7 +121,8 @@ def test_weights_through_the_driver_show_in_sync_bytes(workspace, tmp_path, monk
     reads at least their bytes, and the step's driver traffic grows by as much."""
     from transformers import AutoModelForCausalLM
 
-    from verl.trainer.main_ppo import build_trainer, split_args
+    from verl.trainer.cli import split_args
+    from verl.trainer.main_ppo import build_trainer
     from verl.workers.actor_rollout import ActorRolloutWorker
 
     def one_step(out):

@@ -15,8 +15,8 @@ from search_r1.recipe import build_recipe
 from tests.verl.trainer.trainer_test_utils import overrides
 from verl.config import load_config
 from verl.protocol import Batch
+from verl.trainer.cli import split_args
 from verl.trainer.columns import PHASES
-from verl.trainer.main_ppo import split_args
 from verl.trainer.ppo_trainer import PPOTrainer
 from verl.trainer.recipe import RecipeOutputError, check_generated
 from verl.utils.seq import pack_trajectories

@@ -23,14 +23,8 @@ from tests.verl.trainer.sft_test_utils import TEMPLATE, question, scripted_rows,
 
 ROOT = Path(__file__).resolve().parents[3]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """A tiny model's step: 0.06-0.1 s with one thread, 1-4 s with two on the shared, loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# one thread: a tiny model's step took 0.06-0.1 s with one, 1-4 s with two on the shared, loaded 2-core machine
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Fixtures of the worker tests (defined in ``worker_test_utils``; nothing autouse, so the rollout
 tests below this directory are not affected)."""
 
-from tests.verl.workers.worker_test_utils import one_torch_thread, qwen_model_dir, tiny_model_dir
+from tests.verl.workers.worker_test_utils import qwen_model_dir, tiny_model_dir
 
-__all__ = ["one_torch_thread", "qwen_model_dir", "tiny_model_dir"]
+__all__ = ["qwen_model_dir", "tiny_model_dir"]

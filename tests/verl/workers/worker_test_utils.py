@@ -77,16 +77,6 @@ def real_vocab_batch(tokenizer) -> Batch:
     return Batch(tensors, {"uid": [f"u{i}" for i in range(len(rows))]})
 
 
-@pytest.fixture
-def one_torch_thread():
-    """The tiny model gains nothing from threads, and on a shared 2-core machine OpenMP threads
-    spinning against other processes make each update ~100x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_config(model_dir: Path, *overrides: str) -> Config:
     """A validated config for 8-row batches on CPU; ``overrides`` are ``key=value`` strings."""
     base = [
