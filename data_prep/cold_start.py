@@ -8,7 +8,7 @@ server, kept by exact match (``data_prep.teacher``).
 
 A row is the question's RL row (prompt, gold answers, data source, index: ``qa_search.PARQUET_SCHEMA``) plus
 ``turns``: the response in order, ``[{text, sampled}]`` (sampled = the policy's text, trained; otherwise a block the
-loop inserts, rendered by ``search_r1.llm_agent.formatting`` exactly as the loop renders it); ``data_prep.sft_rows``.
+loop inserts, rendered exactly as the loop renders it: ``data_prep.turns``); ``data_prep.sft_rows``.
 Every source prints one summary line: trajectories kept (and how) and dropped (and why).
 
 Choices (the scripted searcher):
@@ -18,12 +18,14 @@ Choices (the scripted searcher):
   the question does not mention, in the order they appear (Doc 1 first), at most ``--max-bridges``; the first
   whose passages hold a gold answer becomes the second search. Every other question is dropped, and counted
   with its reason: a trajectory whose passages do not support its answer would teach the policy to guess.
-- The policy's text says what it does in a few plain words (``SEARCH``, ``BRIDGE``, ``ANSWER``): the cold start
-  teaches the protocol (tags, when to search, copying the answer out of the passages), not a style of reasoning.
+- The policy's text says what it does in a few plain words (``data_prep.turns``: ``SEARCH``, ``BRIDGE``,
+  ``ANSWER``): the cold start teaches the protocol (tags, when to search, copying the answer out of the passages), not
+  a style of reasoning.
 - The question is read back from the prompt with the template the QA parquet was made with (``--template``,
   default ``search_r1.prompts``); a prompt of another template is dropped, counted.
-- ``--format hermes``: the same script as tool calls in the policy's chat template (``HermesTurns``): rows written
-  for one tokenizer's template, whose prompts show the search tool (the SFT row's ``tools``).
+- ``--format hermes`` (``scripted`` and ``teacher``): the turns as tool calls in the policy's chat template
+  (``data_prep.turns.HermesTurns``): rows written for one tokenizer's template, whose prompts show the search tool
+  (the SFT row's ``tools``).
 - The passages are the service's, at ``--topk`` (use the RL run's ``retriever.topk``); a block longer than the RL
   run's ``data.max_obs_length`` is cut there by the loop but not here: keep ``max_obs_length`` above the blocks
   (``verl.trainer.main_sft`` refuses trajectories longer than ``data.max_length``).
@@ -32,7 +34,6 @@ Choices (the scripted searcher):
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import sys
@@ -45,70 +46,22 @@ from data_prep.qa_search import _template
 from data_prep.rft import add_rft_args, rft_cold_start
 from data_prep.sft_rows import SFT_SCHEMA, gold_answers, qa_fields, rows_to_sft_parquet, sft_row, summary
 from data_prep.teacher import add_teacher_args, openai_chat, teacher_cold_start
-from search_r1.llm_agent.formatting import information_turn, policy_turn, split_title
-from search_r1.llm_agent.hermes import ChatFormat
-from search_r1.prompts import DEFAULT_TEMPLATE, HERMES_TEMPLATE, make_prompt, question_of
+from data_prep.turns import TAG_TURNS, HermesTurns, TagTurns
+from search_r1.llm_agent.formatting import split_title
+from search_r1.prompts import DEFAULT_TEMPLATE, make_prompt, question_of
 from search_r1.reward.qa_em import DEFAULT_NORMALIZE, normalize_answer
 from search_r1.reward.terms import contains
-from search_r1.tools import SEARCH_SCHEMA, format_hits
 from verl.utils.dataset import DataError, read_rows
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SFT_SCHEMA", "rows_to_sft_parquet", "scripted_cold_start", "sft_row"]
-
-SEARCH = "<think> I need to search for this. </think><search> {query} </search>"
-BRIDGE = "<think> The passages name {bridge}; I need to search for it. </think><search> {bridge} </search>"
-ANSWER = "<think> The passages say it is {answer}. </think><answer> {answer} </answer>"
+__all__ = ["SFT_SCHEMA", "HermesTurns", "TagTurns", "rows_to_sft_parquet", "scripted_cold_start", "sft_row"]
 
 # A name: capitalised words (letters, digits, ' and -), joined by spaces; a leading article or pronoun is dropped.
 _NAME = re.compile(r"[A-Z][\w'-]*(?: [A-Z][\w'-]*)*")
 _LEADING = {"The", "A", "An", "It", "He", "She", "They", "In", "On", "At", "Of", "This", "That", "Its", "His", "Her"}
 
 SearchFn = Callable[[list[str]], list[list[dict]]]  # queries -> per query, docs {"id", "contents"}
-
-
-class TagTurns:
-    """The scripted turns in Search-R1's tags, as the tag-format loop renders them."""
-
-    tools: list[dict] | None = None  # the prompt shows no tools
-    template = DEFAULT_TEMPLATE
-
-    def search(self, query: str, bridge: bool = False) -> dict:
-        return policy_turn(BRIDGE.format(bridge=query) if bridge else SEARCH.format(query=query))
-
-    def passages(self, docs: list[dict]) -> dict:
-        return information_turn(docs)
-
-    def answer(self, answer: str) -> dict:
-        return policy_turn(ANSWER.format(answer=answer))
-
-
-TAG_TURNS = TagTurns()
-
-
-class HermesTurns(TagTurns):
-    """The scripted turns in the hermes format for ``tokenizer``'s chat template, exactly as the hermes loop
-    inserts them (``search_r1.llm_agent.hermes.ChatFormat``): a search is a ``search`` tool call ending the turn
-    with the template's end-of-turn token, the passages a tool message (``search_r1.tools.format_hits``); the
-    prompt shows the search tool and asks in ``HERMES_TEMPLATE``'s words."""
-
-    tools = [SEARCH_SCHEMA]
-    template = HERMES_TEMPLATE
-
-    def __init__(self, tokenizer) -> None:
-        self.chat = ChatFormat(tokenizer, self.tools)
-        self.eos = tokenizer.eos_token
-
-    def search(self, query: str, bridge: bool = False) -> dict:
-        think = SEARCH if not bridge else BRIDGE
-        think = think.format(query=query, bridge=query).split("<search>")[0]
-        call = json.dumps({"name": "search", "arguments": {"query": query}})
-        return policy_turn(f"{think}<tool_call>{call}</tool_call>{self.eos}")
-
-    def passages(self, docs: list[dict]) -> dict:
-        text = self.chat.insertion_text([{"role": "tool", "content": format_hits(docs)}], after_eos=self.eos)
-        return {"text": text, "sampled": False}
 
 
 def gold_in(docs: list[dict], golds: list[str], normalize: str = DEFAULT_NORMALIZE) -> str | None:
@@ -208,11 +161,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.add_argument("--out", required=True, type=Path, help="SFT parquet to write")
     scripted.add_argument("--template", type=Path, metavar="PATH",
                           help="the prompt template the QA parquet was made with (to read the question back)")
-    scripted.add_argument("--format", choices=["search_r1", "hermes"], default="search_r1",
-                          help="action format (actor_rollout_ref.rollout.multi_turn.format of the RL run); hermes "
-                          "renders the turns with --tokenizer's chat template")
-    scripted.add_argument("--tokenizer", metavar="DIR", help="--format hermes: the policy's tokenizer (its chat "
-                          "template renders the tool messages)")
+    for p in (scripted, teacher):
+        p.add_argument("--format", choices=["search_r1", "hermes"], default="search_r1",
+                       help="action format (actor_rollout_ref.rollout.multi_turn.format of the RL run); hermes "
+                       "renders the turns with --tokenizer's chat template")
+        p.add_argument("--tokenizer", metavar="DIR", help="--format hermes: the policy's tokenizer (its chat "
+                       "template renders the tool messages)")
     scripted.add_argument("--max-bridges", type=int, default=3,
                           help="bridge entities tried when the question's passages hold no gold answer (0 = none)")
     add_rft_args(rft)
@@ -244,13 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.source == "rft":
             rows, counts = rft_cold_start(args)
         else:
+            write = _turn_writer(args)
             client = RetrievalClient(args.retriever_url, topk=args.topk, outage_timeout_s=30.0)
             client.check_health()
             if args.source == "scripted":
                 rows, counts = scripted_cold_start(args.data, client.search, _template(args.template),
-                                                   args.max_bridges, _turn_writer(args))
+                                                   args.max_bridges, write)
             else:
-                rows, counts = teacher_cold_start(args, openai_chat(args), client.search)
+                rows, counts = teacher_cold_start(args, openai_chat(args, write), client.search, write)
         if not rows:
             raise ValueError(f"no trajectory kept of {sum(counts.values())} questions ({dict(counts)}): nothing to "
                              "write")

@@ -23,7 +23,8 @@ Choices:
   and ``GET /health`` answers 200); after ``--health-failures`` failed checks in a row, or when the replica's actor
   or node is gone, the replica is killed and a new one started (possibly on another node, with a new URL).
 - ``endpoints()`` lists the URLs of the replicas that are up. The client (``search_r1.search.endpoints``) groups
-  them into shards from their ``/health`` as for hand-listed URLs, and looks them up again when every replica of a
+  them into shards from their ``/health`` as for hand-listed URLs, sends them ``/retrieve`` and ``/doc`` (whole
+  documents, ``documents.py``: each replica is an ordinary server), and looks them up again when every replica of a
   shard fails (``RetrievalClient._refresh``), which is how it follows a restart. The client does not import this
   module: it finds the actor by ``NAME`` in ``NAMESPACE`` through Ray's API and calls ``endpoints()``, so those
   three are a contract like ``/retrieve`` (``tests/search_r1/search/test_ray_endpoints.py`` checks they agree).

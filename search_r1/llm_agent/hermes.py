@@ -95,6 +95,23 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
+def parse_turn(text: str, finish_reason: str, stop_str: str | None, cut: bool) -> tuple[ActionKind, Any]:
+    """The action of one turn from its decoded text (special tokens skipped) -> ANSWER with the answer (stopped at
+    ``</answer>``), SEARCH with the turn's calls (ended with its end-of-turn token and wrote ``<tool_call>``), INVALID
+    (``</answer>`` without its opening tag), EOS (ended without a call or an answer) or LENGTH. ``stop_str`` and
+    ``cut`` as in ``tags.parse_action``."""
+    end = text.rfind(stop_str) if stop_str and not cut else -1
+    stripped = text[:end + len(stop_str)] if end >= 0 else text.rstrip()
+    if stripped.endswith("</answer>"):
+        start = stripped.rfind("<answer>")
+        return (ActionKind.ANSWER, stripped[start + len("<answer>"):-len("</answer>")].strip()) if start >= 0 \
+            else (ActionKind.INVALID, None)
+    if cut or finish_reason == "length":
+        return ActionKind.LENGTH, None
+    calls = parse_tool_calls(text)
+    return (ActionKind.SEARCH, calls) if calls else (ActionKind.EOS, None)
+
+
 def check_calls(calls: list[ToolCall], tools: dict[str, Tool], max_parallel_calls: int) -> None:
     """Mark each call of an unknown tool, with arguments that do not fit its schema, or beyond the turn's
     ``max_parallel_calls`` well-formed calls, as malformed (its ``error`` says why and what is allowed)."""
@@ -112,6 +129,20 @@ def check_calls(calls: list[ToolCall], tools: dict[str, Tool], max_parallel_call
                 call.error = f"at most {max_parallel_calls} tool calls run per turn; this one was not run"
             else:
                 executed += 1
+
+
+async def run_calls(tools: dict[str, Tool], calls: list[ToolCall]) -> list[str | ToolCallError]:
+    """The results of well-formed ``calls`` (any rows), in order: each tool answers all its calls at once."""
+    by_tool: dict[str, list[int]] = {}
+    for i, call in enumerate(calls):
+        by_tool.setdefault(call.name, []).append(i)
+    answers = await asyncio.gather(*(tools[name].call_many([calls[i].arguments for i in where])
+                                     for name, where in by_tool.items()))
+    results: list[str | ToolCallError] = [""] * len(calls)
+    for where, answer in zip(by_tool.values(), answers, strict=True):
+        for i, result in zip(where, answer, strict=True):
+            results[i] = result
+    return results
 
 
 def error_message(error: str) -> str:
@@ -215,19 +246,7 @@ class HermesActions:
         self._warned_cut = False
 
     def parse(self, ids: list[int], out: GenerationOutput, cut: bool) -> tuple[ActionKind, Any]:
-        """ANSWER (stopped at ``</answer>``), SEARCH with the turn's calls (ended with its end-of-turn token and wrote
-        ``<tool_call>``), INVALID, EOS (ended without a call or an answer) or LENGTH."""
-        text = self.agent._decode(ids)
-        end = text.rfind(out.stop_str) if out.stop_str and not cut else -1
-        stripped = text[:end + len(out.stop_str)] if end >= 0 else text.rstrip()
-        if stripped.endswith("</answer>"):
-            start = stripped.rfind("<answer>")
-            return (ActionKind.ANSWER, stripped[start + len("<answer>"):-len("</answer>")].strip()) if start >= 0 \
-                else (ActionKind.INVALID, None)
-        if cut or out.finish_reason == "length":
-            return ActionKind.LENGTH, None
-        calls = parse_tool_calls(text)
-        return (ActionKind.SEARCH, calls) if calls else (ActionKind.EOS, None)
+        return parse_turn(self.agent._decode(ids), out.finish_reason, out.stop_str, cut)
 
     def feedback(self, row: Trajectory, ids: list[int]) -> list[int]:
         """The ids of the feedback message after an invalid turn (the assistant message closed first)."""
@@ -278,17 +297,7 @@ class HermesActions:
         return text
 
     async def run_calls(self, calls: list[ToolCall]) -> list[str | ToolCallError]:
-        """The results of well-formed ``calls`` (any rows), in order: each tool answers all its calls at once."""
-        by_tool: dict[str, list[int]] = {}
-        for i, call in enumerate(calls):
-            by_tool.setdefault(call.name, []).append(i)
-        answers = await asyncio.gather(*(self.tools[name].call_many([calls[i].arguments for i in where])
-                                         for name, where in by_tool.items()))
-        results: list[str | ToolCallError] = [""] * len(calls)
-        for where, answer in zip(by_tool.values(), answers, strict=True):
-            for i, result in zip(where, answer, strict=True):
-                results[i] = result
-        return results
+        return await run_calls(self.tools, calls)
 
     def warn(self, rows: list[Trajectory]) -> None:
         """Warn once when more than TRUNCATED_OBS_WARN_FRAC of a call's tool results were cut (the sanity check warns

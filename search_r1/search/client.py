@@ -25,8 +25,9 @@ Choices:
   that fails, or takes longer than ``replica_timeout_s`` while another replica is left to try, is
   marked down for ``replica_cooldown_s`` and the request goes at once to another replica (logged).
   Only when every replica of a shard has failed does the backoff above apply (with ``ray://``, the
-  endpoints are looked up again before each retry: restarted replicas listen on new ports). One URL
-  sends exactly the requests it always did.
+  endpoints are looked up again before each retry: restarted replicas listen on new ports). Whole documents
+  (``POST /doc``, the hermes format's ``open`` tool) go the same way to a replica of any shard, since each shard
+  server serves the whole corpus file. One URL sends exactly the requests it always did.
 """
 
 from __future__ import annotations
@@ -140,19 +141,15 @@ class RetrievalClient:
             retry += 1
 
     def documents(self, ids: list[str]) -> list[dict | None]:
-        """Whole documents by corpus id (``POST /doc`` of the first endpoint: every shard serves the whole corpus
-        file) -> per id ``{"id", "contents"}``, or None for an id the corpus does not have. Retried as ``search``."""
-        endpoint = self.urls[0] + "/doc"
-        if endpoint.startswith("ray://"):
-            raise RetrievalError(f"{self.urls[0]}: opening documents needs an http:// endpoint of the service")
+        """Whole documents by corpus id (``POST /doc``) -> per id ``{"id", "contents"}``, or None for an id the corpus
+        does not have; a service that holds no documents (an online engine) is a ``RetrievalError`` naming it. Several
+        endpoints (``ray://NAME`` included): a replica of any shard answers, as every shard server serves the whole
+        corpus file, picked and failed over as for ``/retrieve``. Retried as ``search``."""
         found: dict[str, dict | None] = {}
         first_failure, retry = None, 0
         while todo := [i for i in dict.fromkeys(ids) if i not in found]:
-            try:
-                response = self._http.post(endpoint, json={"ids": todo})
-            except httpx.TransportError as e:
-                problem = f"{type(e).__name__}: {e}"
-            else:
+            response, endpoint, problem = self._post_doc({"ids": todo})
+            if response is not None:
                 body = response.json() if response.headers.get("content-type", "").startswith("application/json") \
                     else {}
                 if response.status_code == 200:
@@ -161,12 +158,33 @@ class RetrievalClient:
                 if response.status_code == 404 and body.get("id") in todo:  # the first unknown id is named
                     found[body["id"]] = None
                     continue
-                if response.status_code < 500:
-                    raise _rejected(endpoint, response)
-                problem = f"HTTP {response.status_code}: {_detail(response)}"
+                raise _rejected(endpoint, response)
             first_failure = self._wait_or_give_up(endpoint, problem, first_failure, retry)
             retry += 1
         return [found[i] for i in ids]
+
+    def _post_doc(self, payload: dict) -> tuple[httpx.Response | None, str, str]:
+        """One ``POST /doc``: (an answer below 500, its URL, "") or (None, where, the problem). Every replica gets the
+        full ``timeout``: a service's first ``/doc`` builds its id map (``retrieval_server/documents.py``)."""
+        if not self.several:
+            endpoint = self.url + "/doc"
+            try:
+                response = self._http.post(endpoint, json=payload)
+            except httpx.TransportError as e:
+                return None, endpoint, f"{type(e).__name__}: {e}"
+            if response.status_code >= 500:
+                return None, endpoint, f"HTTP {response.status_code}: {_detail(response)}"
+            return response, endpoint, ""
+        shards = self._layout()
+        problems = []
+        for shard in shards:
+            response, url, problem = self._send(shard, "/doc", payload, self.timeout)
+            if response is not None:
+                return response, url + "/doc", ""
+            problems.append(problem)
+        if any(url.startswith("ray://") for url in self.urls):
+            self._refresh(shards)
+        return None, f"{self.url} (every replica, /doc)", "; ".join(problems)
 
     def _wait_or_give_up(self, where: str, problem: str, first_failure: float | None, retry: int) -> float:
         """After failed attempt ``retry``: wait before the next one, or raise ``RetrievalUnavailable`` once the service
@@ -202,29 +220,32 @@ class RetrievalClient:
         while True:
             shards = self._layout()
             shard = shards[index]
-            hits, problem = self._try_replicas(shard, payload, len(queries))
-            if hits is not None:
-                return hits
+            response, url, problem = self._send(shard, "/retrieve", payload, self.replica_timeout_s)
+            if response is not None:
+                if response.status_code != 200:
+                    raise _rejected(url + "/retrieve", response)
+                return self._parse(response, url + "/retrieve", len(queries))
             where = f"{', '.join(url + '/retrieve' for url in shard.urls)} (every replica of {shard.name()})"
             first_failure = self._wait_or_give_up(where, problem, first_failure, retry)
             retry += 1
             if any(url.startswith("ray://") for url in self.urls):
                 self._refresh(shards)
 
-    def _try_replicas(self, shard: Shard, payload: dict, n_queries: int) -> tuple[list | None, str]:
-        """Send ``payload`` to the replicas of ``shard`` in turn until one answers: (its hits, "") or (None, the
-        problems of all)."""
+    def _send(self, shard: Shard, path: str, payload: dict,
+              failover_timeout: float) -> tuple[httpx.Response | None, str, str]:
+        """POST ``payload`` to ``path`` of the replicas of ``shard`` in turn until one answers below 500: (its answer,
+        its URL, "") or (None, "", the problems of all). A replica slower than ``failover_timeout`` is abandoned while
+        another is left to try; the last one gets the full ``timeout``."""
         tried: set[str] = set()
         problems = []
         include_down = shard.all_down()  # down replicas are tried again only when none is up
         while (picked := shard.acquire(tried, include_down)) is not None:
             url, others_left = picked
             tried.add(url)
-            endpoint = url + "/retrieve"
             ok = False
-            try:  # a slow replica is abandoned while another is left to try; the last one gets the full timeout
-                response = self._http.post(endpoint, json=payload,
-                                           timeout=self.replica_timeout_s if others_left else self.timeout)
+            try:
+                response = self._http.post(url + path, json=payload,
+                                           timeout=failover_timeout if others_left else self.timeout)
             except httpx.TransportError as e:
                 problem = f"{type(e).__name__}: {e}"
             else:
@@ -232,15 +253,13 @@ class RetrievalClient:
                 problem = f"HTTP {response.status_code}: {_detail(response)}"
             finally:
                 shard.release(url, ok)
-            if ok and response.status_code == 200:
-                return self._parse(response, endpoint, n_queries), ""
             if ok:
-                raise _rejected(endpoint, response)
+                return response, url, ""
             problems.append(f"{url}: {problem}")
             if others_left:
                 logger.warning("retrieval replica %s of %s failed (%s); down for %gs (retriever.replica_cooldown_s), "
                                "request sent to another replica", url, shard.name(), problem, shard.cooldown_s)
-        return None, "; ".join(problems) or "no replica"
+        return None, "", "; ".join(problems) or "no replica"
 
     def _layout(self) -> list[Shard]:
         """The shards (with their replicas) of several endpoints, found on first use."""

@@ -3,8 +3,9 @@
 - ``SearchTool``: the retrieval service, as the tag format's ``<search>``; all queries of a turn (of all rows, in
   lockstep) go out in one ``/retrieve`` request, through the loop's schedule (its coalescer in async mode). Each
   passage is shown with its corpus id, so the policy can ``open`` it.
-- ``OpenTool``: a whole document by id, from the service's ``POST /doc``; an unknown id gets an error message naming
-  it. The loop cuts a long page to ``multi_turn.max_tool_response_length`` tokens, with a notice.
+- ``OpenTool``: a whole document by id, from the service's ``POST /doc`` (``RetrievalClient.documents``: with several
+  endpoints or ``ray://NAME``, a replica of the index); an unknown id gets an error message naming it. The loop cuts
+  a long page to ``multi_turn.max_tool_response_length`` tokens, with a notice.
 
 Importing this module registers both (``verl.tools.register_tool``); ``search_r1.recipe`` imports it.
 ``DEFAULT_TOOLS`` is what a run offers when ``multi_turn.tool_config_path`` is null: ``search`` alone, the tag

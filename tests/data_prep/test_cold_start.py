@@ -2,7 +2,9 @@
 real retrieval service on loopback. Scripted: one-hop questions answered after one search, a two-hop one through
 its bridge entity, and questions it must drop (no gold answer in any passage; a prompt not made from the template),
 with the summary line naming each; the SFT parquet it writes loads into the SFT trainer's dataset. Teacher: a real
-(tiny) model behind an OpenAI-compatible chat server, its trajectories kept by exact match."""
+(tiny) model behind an OpenAI-compatible chat server, its trajectories kept by exact match; in the hermes format, a
+loopback server answering the scripted searcher's turns in both servers' conventions for tool calls (parsed into
+``tool_calls``, or left in the text), whose kept rows must be the scripted searcher's."""
 
 from __future__ import annotations
 
@@ -10,22 +12,30 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pyarrow.parquet as pq
 import pytest
+import torch
+from transformers import AutoTokenizer
 
+from data_prep.cold_start import HermesTurns, scripted_cold_start
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.sft_rows import rows_to_sft_parquet, sft_row
 from data_prep.tiny_model import save_tiny_model, train_tokenizer
 from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.llm_agent.formatting import information_block, policy_turn
+from search_r1.prompts import HERMES_TEMPLATE
 from search_r1.reward.qa_em import em_check, extract_answer
 from search_r1.search.client import RetrievalClient
+from search_r1.tools import SEARCH_SCHEMA, format_hits
 from tests.entry_points import in_process
+from tests.search_r1.llm_agent.test_hermes import family_tokenizer
 from verl.utils.sft_dataset import TrajectoryDataset
 
 pytestmark = pytest.mark.slow  # the retrieval service runs in its own process
@@ -168,3 +178,106 @@ def test_teacher_trajectories_are_kept_by_exact_match(service, teacher_url, tmp_
         assert row["turns"] == [{"text": f"<search> {query} </search>", "sampled": True},
                                 {"text": information_block(client.search([query])[0]), "sampled": False},
                                 {"text": f"<answer> {gold} </answer>", "sampled": True}]
+
+
+class LoopbackTeacher:
+    """An OpenAI-compatible chat server on loopback answering from a script: per question (the first user message)
+    and turn (the assistant messages so far) one ``{"message", "finish_reason"}``; every request body is kept."""
+
+    def __init__(self, script: dict[str, list[dict]]) -> None:
+        self.script, self.requests = script, []
+        teacher = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                teacher.requests.append(body)
+                question = next(m["content"] for m in body["messages"] if m["role"] == "user")
+                reply = teacher.script[question][sum(m["role"] == "assistant" for m in body["messages"])]
+                data = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 0,
+                                   "model": body["model"], "choices": [{
+                                       "index": 0, "message": {"role": "assistant", **reply["message"]},
+                                       "finish_reason": reply["finish_reason"]}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def server_reply(text: str, parses_calls: bool) -> dict:
+    """What a server answers for a hermes policy turn ``text`` (Qwen's <|im_end|> ending a calling turn): the
+    end-of-turn token stripped; with ``parses_calls`` (OpenAI, vLLM with a tool parser) the call as ``tool_calls`` and
+    the stop string dropped, without (``transformers serve`` of a small model) both left in the content."""
+    if text.endswith("</answer>"):
+        return {"message": {"content": text.removesuffix("</answer>") if parses_calls else text},
+                "finish_reason": "stop"}
+    content = text.removesuffix("<|im_end|>")
+    if not parses_calls:
+        return {"message": {"content": content}, "finish_reason": "stop"}
+    before, _, call = content.partition("<tool_call>")
+    call = json.loads(call.removesuffix("</tool_call>"))
+    return {"message": {"content": before, "tool_calls": [{"id": "srv-1", "type": "function", "function": {
+        "name": call["name"], "arguments": json.dumps(call["arguments"])}}]}, "finish_reason": "tool_calls"}
+
+
+def test_hermes_teacher_writes_the_scripted_hermes_layout_and_keeps_exact_matches(service, tmp_path):
+    """Guards against a hermes teacher whose rows differ from what the hermes cold start writes (and RL produces) for
+    the same turns (a call rendered otherwise, a missing end-of-turn token, tool messages inserted otherwise, a prompt
+    without the tools), against losing calls a server returns as ``tool_calls`` or as text, and against keeping a
+    wrong answer: the teacher writes the scripted searcher's turns, so its kept rows must equal the scripted ones and
+    tokenise to the same masks; a malformed call gets the loop's error message; the teacher is offered the tool."""
+    family_tokenizer("qwen").save_pretrained(tmp_path / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
+    qa = [make_row("toy", q, golds, "train", i, template=HERMES_TEMPLATE)
+          for i, (q, golds, _) in enumerate(QUESTIONS[:3])]
+    rows_to_parquet(qa, tmp_path / "qa.parquet")
+    client = RetrievalClient(service, topk=1)
+    scripted, counts = scripted_cold_start(str(tmp_path / "qa.parquet"), client.search, write=HermesTurns(tokenizer))
+    assert [counts["one_search"], counts["two_searches"]] == [2, 1]
+    script = {row["prompt"][-1]["content"]: [server_reply(t["text"], parses_calls=i == 0) for t in row["turns"]
+                                             if t["sampled"]] for i, row in enumerate(scripted[:2])}
+    beislous = qa[2]["prompt"][-1]["content"]  # an unknown tool and a search in one turn, then a wrong answer
+    script[beislous] = [
+        {"message": {"content": "<think> Two lookups. </think>", "tool_calls": [
+            {"id": "srv-a", "type": "function", "function": {"name": "browse", "arguments": '{"url": "x"}'}},
+            {"id": "srv-b", "type": "function", "function": {"name": "search", "arguments": '{"query": "Beislous"}'}}]},
+         "finish_reason": "tool_calls"},
+        {"message": {"content": "<answer> Gorm Tallow "}, "finish_reason": "stop"}]
+    teacher = LoopbackTeacher(script)
+    out = tmp_path / "teacher.parquet"
+    try:
+        done = in_process("data_prep.cold_start", "teacher", "--teacher-url", teacher.url, "--teacher-model", "t",
+                          "--data", tmp_path / "qa.parquet", "--retriever-url", service, "--topk", "1", "--out", out,
+                          "--n", "2", "--temperature", "0", "--concurrency", "2", "--format", "hermes",
+                          "--tokenizer", tmp_path / "tokenizer")
+    finally:
+        teacher.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == f"kept 2 of 6 (exact_match: 2); dropped 4 (duplicate: 2, wrong answer: 2) -> {out}"
+    rows_to_sft_parquet(scripted[:2], tmp_path / "scripted.parquet")
+    assert pq.read_table(out).to_pylist() == pq.read_table(tmp_path / "scripted.parquet").to_pylist()
+    batches = [TrajectoryDataset(str(path), tokenizer, max_length=4096).batch(range(2))
+               for path in (out, tmp_path / "scripted.parquet")]
+    for key in ("input_ids", "response_mask", "info_mask", "loss_mask"):
+        assert torch.equal(batches[0][key], batches[1][key]), key
+
+    assert all(r["tools"] == [SEARCH_SCHEMA] and r["stop"] == ["</answer>"] for r in teacher.requests)
+    last = {}  # each question's longest chat
+    for messages in sorted((r["messages"] for r in teacher.requests), key=len):
+        last[messages[0]["content"]] = messages
+    assert [(m["tool_call_id"], m["content"][:26]) for m in last[beislous][-2:]] == [
+        ("srv-a", "Error: unknown tool 'brows"), ("srv-b", format_hits(client.search(["Beislous"])[0])[:26])]
+    text_calls = last[qa[1]["prompt"][-1]["content"]]  # calls written as text: the content keeps them, ids given here
+    assert "<tool_call>" in text_calls[1]["content"] and text_calls[2]["tool_call_id"] == "call_0"

@@ -22,7 +22,7 @@ import pytest
 from retrieval_server.launcher import ServerProcess, free_port
 from retrieval_server.online.backend import NO_RESULTS
 from retrieval_server.serve import parse_args
-from search_r1.search.client import RetrievalClient, RetrievalUnavailable
+from search_r1.search.client import RetrievalClient, RetrievalError, RetrievalUnavailable
 from search_r1.search.identity import record_retrieval
 from tests.retrieval_server.loopback_engines import ENGINE_PATHS, LoopbackEngines
 
@@ -102,6 +102,9 @@ def test_each_engine_answers_in_search_r1_passage_format(engines, services, engi
         assert client.search(["Who wrote Laemze"]) == [response.json()["result"][0]]
     opened = httpx.post(server.url + "/doc", json={"ids": ["https://example.com/a"]})  # no corpus to open from
     assert opened.status_code == 404 and "online engine" in opened.json()["detail"], opened.text
+    for url in (server.url, f"{server.url},{server.url}"):  # one endpoint; replicas (as ray://NAME lists them)
+        with RetrievalClient(url, topk=2) as client, pytest.raises(RetrievalError, match="holds no documents"):
+            client.documents(["https://example.com/a"])
 
 
 def test_429_and_5xx_are_retried_with_backoff_and_the_answer_arrives(engines, services):

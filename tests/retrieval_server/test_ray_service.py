@@ -8,6 +8,7 @@ a real training step of the tiny model; the reference for search results is the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -25,10 +26,12 @@ from retrieval_server import ray_service
 from retrieval_server.ray_service import DeploymentError, DeploymentSpec
 from retrieval_server.service import ServeOptions, load_service
 from search_r1.search import RetrievalClient, RetrievalUnavailable
+from search_r1.tools import OPEN_SCHEMA, ToolEnv
 from tests.entry_points import main_ppo_in_process
 from tests.ray_cluster import forget_as_current_ray
 from tests.retrieval_server.test_shards import QUERIES
 from tests.verl.trainer.trainer_test_utils import ROOT, metrics, overrides
+from verl.tools import ToolCallError, ToolSpec, build_tools
 
 pytestmark = pytest.mark.slow  # a Ray cluster, servers, a training run
 
@@ -127,6 +130,21 @@ def test_a_killed_server_is_restarted_and_no_request_is_lost(deployment, referen
     assert "server exited with status -9" in after["last_problem"]
     assert len(results) >= n_before + 2 and all(r == want for r in results)
     assert after["url"] in ray_service.resolve_endpoints(f"ray://{NAME}")
+
+
+def test_open_reads_whole_documents_from_the_deployments_replicas(deployment, corpus_path):
+    """Guards against the open tool failing over ray:// (the client posted /doc to "ray://NAME/doc"): the client
+    finds the replicas through the cluster and they answer whole documents by id (their DocumentIndex), for rows of
+    either shard, in the order asked; an unknown id is None, which the open tool answers with its error message."""
+    lines = [json.loads(line) for line in corpus_path.read_text().splitlines() if line.strip()]
+    first, last = lines[0], lines[-1]  # rows of shard 0 and of shard 1
+    with RetrievalClient(f"ray://{NAME}", topk=3) as client:
+        assert client.documents([last["id"], "no-such-id", first["id"]]) == [last, None, first]
+        env = ToolEnv(retrieve=None, client=client, do_search=True)
+        tool = build_tools([ToolSpec("OpenTool", {}, OPEN_SCHEMA)], env)["open"]
+        opened, missing = asyncio.run(tool.call_many([{"id": last["id"]}, {"id": "no-such-id"}]))
+    assert opened == last["contents"]
+    assert isinstance(missing, ToolCallError) and "no document has the id 'no-such-id'" in str(missing)
 
 
 def test_bad_deployments_are_refused_with_what_is_wrong(cluster, deployment, sharded_index, corpus_path, tmp_path):
