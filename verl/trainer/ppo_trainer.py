@@ -114,7 +114,7 @@ class PPOTrainer:
         check_positions(cfg)
         self.out_dir = Path(cfg.trainer.default_local_dir)
         run_dir.claim(self.out_dir, to_yaml(cfg), cfg.trainer.resume_mode, cfg.trainer.val_only,
-                      steering_keys(cfg))
+                      steering_keys(cfg), to_yaml(type(cfg)()))
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data

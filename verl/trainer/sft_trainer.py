@@ -65,7 +65,8 @@ class SFTTrainer:
             raise ConfigError(f"config key model.partial_pretrain={m.partial_pretrain!r} is invalid: {err} (allowed: "
                               "a Hugging Face model directory whose config.json, tokenizer and weights load)") from None
         self.out_dir = Path(t.default_local_dir)
-        run_dir.claim(self.out_dir, sft_to_yaml(cfg), t.resume_mode, False, steering_keys(cfg))
+        run_dir.claim(self.out_dir, sft_to_yaml(cfg), t.resume_mode, False, steering_keys(cfg),
+                      sft_to_yaml(type(cfg)()))
         self.tokenizer = AutoTokenizer.from_pretrained(m.partial_pretrain, trust_remote_code=m.trust_remote_code)
         self.train_set = TrajectoryDataset(d.train_files, self.tokenizer, d.max_length)
         self.val_set = TrajectoryDataset(d.val_files, self.tokenizer, d.max_length) if d.val_files else None

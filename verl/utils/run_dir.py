@@ -9,6 +9,9 @@
   service's address, the directory's own path (so a run directory can be moved or copied and continued), ...,
   may differ) and ``trainer.resume_mode=auto``
   finds a checkpoint there to continue from (the crash-and-rerun case), or the command only validates.
+  A key the saved config lacks (the run was made before the key existed) counts as the same when the new config
+  holds its declared default: a key is added with the default that keeps the earlier behaviour, so an upgrade
+  does not strand the runs made before it.
 
 Anything else (a different config; metrics of a run with no checkpoint to continue; ``resume_mode=disable``
 over an earlier run) is a ``RunDirError`` naming the directory, the reason and the way out, because starting
@@ -45,13 +48,18 @@ def _flat(yaml_text: str) -> dict[str, object]:
     return out
 
 
-def config_differences(old_yaml: str, new_yaml: str, steering: Collection[str]) -> list[str]:
+def config_differences(old_yaml: str, new_yaml: str, steering: Collection[str],
+                       defaults_yaml: str | None = None) -> list[str]:
     """``key: old -> new`` for every key (outside ``steering``: the keys that only steer a run) whose value differs
-    between two resolved configs."""
+    between two resolved configs. With ``defaults_yaml`` (the config of all defaults), a key ``old_yaml`` lacks
+    and ``new_yaml`` holds at its default is not a difference."""
     old, new = _flat(old_yaml), _flat(new_yaml)
+    defaults = _flat(defaults_yaml) if defaults_yaml is not None else {}
+    absent = object()
     keys = sorted((set(old) | set(new)) - set(steering))
     return [f"{key}: {old.get(key, '(absent)')!r} -> {new.get(key, '(absent)')!r}" for key in keys
-            if old.get(key, "(absent)") != new.get(key, "(absent)")]
+            if old.get(key, "(absent)") != new.get(key, "(absent)")
+            and not (key not in old and key in new and defaults.get(key, absent) == new[key])]
 
 
 def _holds_a_run(out: Path) -> bool:
@@ -71,9 +79,11 @@ def _holds_a_run(out: Path) -> bool:
     return False
 
 
-def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool, steering: Collection[str]) -> None:
+def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool, steering: Collection[str],
+          defaults_yaml: str | None = None) -> None:
     """Check that a run with ``config_yaml`` may start in ``out`` (see the module docstring; ``steering``: the keys a
-    rerun may change), then record its config."""
+    rerun may change; ``defaults_yaml``: the config of all defaults, for keys the saved config predates), then record
+    its config."""
     way_out = ("choose another directory (trainer.experiment_name=NAME or trainer.default_local_dir=DIR) or move "
                f"{out} aside")
     if out.exists() and not out.is_dir():
@@ -81,7 +91,7 @@ def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool, st
     if out.is_dir() and _holds_a_run(out) and not validate_only:
         saved = out / CONFIG_FILE
         if saved.exists():
-            differences = config_differences(saved.read_text(), config_yaml, steering)
+            differences = config_differences(saved.read_text(), config_yaml, steering, defaults_yaml)
             if differences:
                 shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6
                                                        else "")
