@@ -50,7 +50,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from verl.protocol import Batch
-from verl.workers.model_utils import all_reduce_, release_host_memory, world
+from verl.workers.model_utils import all_reduce_, map_large_host_allocations, release_host_memory, world
 from verl.workers.optim import LowPrecisionStateAdamW
 
 logger = logging.getLogger(__name__)
@@ -103,6 +103,8 @@ class TrainState:
         self.model = model
         self.grad_clip = grad_clip
         self.on_host = all(p.device.type == "cpu" for p in model.parameters())
+        if self.on_host:  # activations in their own mappings: freed ones leave no holes in the heap
+            map_large_host_allocations()
         trainable = [p for p in model.parameters() if p.requires_grad]  # all, or the LoRA adapters
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay) \
             if state_dtype == torch.float32 else \

@@ -59,3 +59,34 @@ def test_step_peak_is_reset_after_each_read():
         print(one["perf/step_max_rss_gb"], two["perf/step_max_rss_gb"], two["perf/max_rss_gb"])
     """)
     assert first - second > 0.9 and lifetime >= first, (first, second, lifetime)
+
+
+def test_large_host_allocations_are_mapped_and_given_back_when_freed():
+    """Guards against the heap holding freed activations (what made a real-model step's peak grow by 1-2 GiB): after
+    map_large_host_allocations, the same 600 MiB of 2 MiB tensors as above leave the resident set when freed, with no
+    release, although a freed 4 MiB block tried to raise glibc's threshold first."""
+    before, freed = run("""
+        import torch
+        from verl.workers.memory import resident_bytes
+        from verl.workers.model_utils import map_large_host_allocations
+        resident_gib = lambda: resident_bytes() / (1 << 30)
+        assert map_large_host_allocations()
+        x = torch.ones(1 << 20)
+        del x
+        base = resident_gib()
+        blocks = [torch.ones(1 << 19) for _ in range(300)]
+        keep = torch.ones(1 << 19)
+        del blocks
+        print(base, resident_gib())
+    """)
+    assert freed - before < 0.1, (before, freed)
+
+
+def test_a_threshold_the_user_set_is_kept(monkeypatch):
+    """Guards against overriding the user's own glibc setting (returns before calling mallopt: safe in-process)."""
+    from verl.workers.model_utils import map_large_host_allocations
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
+    assert map_large_host_allocations() is False
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert map_large_host_allocations() is False

@@ -1,0 +1,93 @@
+"""Host allocator settings for CPU training: time and peak resident set of the same micro-batches, glibc's default
+(its mmap threshold rises with each freed block) against ``map_large_host_allocations`` (a fixed 1 MiB threshold),
+each in a fresh process, alternated (figures, not pass/fail).
+
+    python benchmarks/bench_host_alloc.py --model data/models/smollm2-135m-instruct [--rounds 2] [--steps 3]
+        [--micro 4] [--lengths 640,480,560,320] [--dtype bfloat16]
+
+A step is what the actor's update does per micro-batch: forward under autocast, the chunked log-probs and entropy
+(``verl.algorithms.logprobs``), a loss on their mean, backward,
+for micro-batches of ``--micro`` rows at each of ``--lengths`` (GRPO rows differ in length from one micro-batch to
+the next), then ``release_host_memory`` (as ``TrainState`` does on a host) and an AdamW step. Prints per setting:
+the median step time, and the peak resident set of the steps (the kernel's high-water mark after the first step,
+so model loading is not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import json, sys, time, torch
+from transformers import AutoModelForCausalLM
+from verl.algorithms.logprobs import logprobs_and_entropy
+from verl.workers.model_utils import map_large_host_allocations, peak_memory_metrics, release_host_memory
+model_dir, mapped, steps, micro = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
+lengths, dtype = [int(x) for x in sys.argv[5].split(",")], getattr(torch, sys.argv[6])
+if mapped:
+    assert map_large_host_allocations()
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+model.gradient_checkpointing_disable()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+vocab = model.config.vocab_size
+times, peaks = [], []
+cpu = torch.device("cpu")
+peak_memory_metrics(cpu)
+for step in range(steps):
+    start = time.perf_counter()
+    for length in lengths:
+        ids = torch.randint(vocab, (micro, length))
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            logits = model(input_ids=ids).logits
+        logp, _ = logprobs_and_entropy(logits[:, :-1], ids[:, 1:], with_entropy=True)
+        loss = -logp.mean()
+        loss.backward()
+        del logits, logp, loss
+        release_host_memory()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    times.append(time.perf_counter() - start)
+    peaks.append(peak_memory_metrics(cpu)["perf/step_max_rss_gb"])
+print(json.dumps({"times": times, "peaks": peaks}))
+"""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="a Hugging Face model directory")
+    p.add_argument("--rounds", type=int, default=2, help="fresh processes per setting, alternated")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--micro", type=int, default=4, help="rows per micro-batch")
+    p.add_argument("--lengths", default="640,480,560,320", help="tokens per row of each micro-batch of a step")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    args = p.parse_args()
+    results: dict[str, dict[str, list[float]]] = {"default": {"times": [], "peaks": []},
+                                                  "mapped": {"times": [], "peaks": []}}
+    for round_ in range(args.rounds):
+        for name in ("default", "mapped"):
+            done = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD), args.model,
+                                   "1" if name == "mapped" else "0", str(args.steps), str(args.micro), args.lengths,
+                                   args.dtype], cwd=ROOT, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"{name} round {round_}: exit {done.returncode}\n{done.stderr[-2000:]}")
+            got = json.loads(done.stdout.strip().splitlines()[-1])
+            results[name]["times"] += got["times"][1:]  # the first step warms up
+            results[name]["peaks"] += got["peaks"]
+            print(f"round {round_} {name:7s} step s {[round(t, 1) for t in got['times']]}  "
+                  f"peak GiB {[round(x, 2) for x in got['peaks']]}", flush=True)
+    for name, r in results.items():
+        print(f"{name:7s} median step {statistics.median(r['times']):.1f} s  max peak {max(r['peaks']):.2f} GiB  "
+              f"median peak {statistics.median(r['peaks']):.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
