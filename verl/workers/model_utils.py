@@ -106,15 +106,16 @@ def release_host_memory() -> None:
     where there is none. Freed tensors of one size rarely fit the next micro-batch's other sizes, and the generation
     thread's arena is not reused by the training thread's, so without it the resident set grows to the sum of the
     phases' peaks (measured: docs/results.md, "Memory over a long run")."""
-    trim = _malloc_trim()
+    trim = _glibc("malloc_trim")
     if trim is not None:
         trim(0)
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc(name: str) -> Callable[..., int] | None:
+    """glibc's function ``name``, or None where there is no glibc (or no such function)."""
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
+        return getattr(ctypes.CDLL("libc.so.6"), name)
     except (OSError, AttributeError):
         return None
 
@@ -133,16 +134,9 @@ def map_large_host_allocations(threshold: int = HOST_MMAP_THRESHOLD) -> bool:
     (``MALLOC_MMAP_THRESHOLD_``, or ``mmap_threshold`` in ``GLIBC_TUNABLES``)."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
-    mallopt = _mallopt()
+    mallopt = _glibc("mallopt")
     return mallopt is not None and mallopt(M_MMAP_THRESHOLD, threshold) == 1
 
-
-@functools.cache
-def _mallopt() -> Callable[[int, int], int] | None:
-    try:
-        return ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return None
 
 
 def _proc_status() -> dict[str, int]:
