@@ -58,7 +58,15 @@ class ServerProcess:
         return Path(self._log.name).read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 120.0) -> dict:
-        """Poll ``/health`` until it answers 200; returns its JSON. Raises if the process exits or time runs out."""
+        """Poll ``/health`` until it answers 200; returns its JSON. If the process exits or time runs out, it is
+        stopped (a caller that never got a ready server holds nothing to stop) and the error carries its log's end."""
+        try:
+            return self._poll_health(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _poll_health(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:

@@ -33,11 +33,7 @@ def online_service(engines: LoopbackEngines, port: int, cache: Path, budget: int
                "--search-url", engines.url("serper"), "--cache-dir", str(cache), "--port", str(port),
                "--max-requests", str(budget), "--backoff", "0.01", "--max-retries", "4"]
     server = ServerProcess(command=command, port=port, env={**os.environ, KEY_ENV: KEY})
-    try:
-        server.wait_ready(60)
-    except BaseException:  # not ready in time, or exited: stopped here, as no caller holds it yet
-        server.stop()
-        raise
+    server.wait_ready(60)  # stops the server itself if it never becomes ready
     return server
 
 
