@@ -171,8 +171,10 @@ class SearchService:
 
     def describe(self) -> dict:
         """What is served (for ``GET /health``); ``recall``: tuning.served_recall (null where not measured)."""
-        from retrieval_server.index_kinds import search_params  # imports FAISS: not for a BM25-only server start
-        from retrieval_server.tuning import served_recall
+        dense = self.manifest.retriever == "dense"
+        if dense:  # both modules import FAISS, which a BM25 service runs without (a machine may lack it)
+            from retrieval_server.index_kinds import search_params
+            from retrieval_server.tuning import served_recall
 
         encoder = getattr(self.retriever, "encoder", None)
         return {"retriever": self.manifest.retriever, "index": self.manifest.index, "model": self.manifest.model,
@@ -180,8 +182,9 @@ class SearchService:
                 "encoder_backend": encoder.backend if encoder is not None else None,
                 "corpus_sha256": self.manifest.corpus_sha256, "passages": len(self.corpus),
                 "probe_sha256": probe_hash(self.manifest.probe), "shard": self.manifest.shard,
-                "search_params": search_params(self.manifest.index_params),
-                "recall": served_recall(self.manifest.index_params) if self.manifest.retriever == "dense" else None,
+                # a BM25 index's parameters (k1, b, ...) hold none of the search parameters (nprobe, efSearch, k_factor)
+                "search_params": search_params(self.manifest.index_params) if dense else {},
+                "recall": served_recall(self.manifest.index_params) if dense else None,
                 "cache_size": self.options.cache_size,
                 "reranker": self.options.reranker, "rerank_topk": self.options.rerank_topk if self.reranker else None}
 
