@@ -34,7 +34,7 @@ cat ${GGUF_PARTS:?GGUF_PARTS: the files that make the GGUF, in order} > /tmp/smo
 echo "$GGUF_SHA256  /tmp/smollm2.gguf" | sha256sum -c --quiet || { say "GGUF parts do not make the expected file"; exit 1; }
 MODEL=data/models/smollm2-135m-instruct
 t0=$(date +%s)
-"$PYTHON" -m data_prep.import_model --gguf /tmp/smollm2.gguf --out "$MODEL" --overwrite > "$OUT/import.log" 2>&1 \
+[ -f "$MODEL/import.json" ] || "$PYTHON" -m data_prep.import_model --gguf /tmp/smollm2.gguf --out "$MODEL" --overwrite > "$OUT/import.log" 2>&1 \
   || { say "import failed:"; tail -n 20 "$OUT/import.log" | tee -a "$OUT/summary.txt"; exit 1; }
 say "model imported in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"

@@ -190,7 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: 0, or 2 with ``error: ...`` naming the bad file, row or service."""
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from openai import OpenAIError
+    teacher_errors: tuple[type[BaseException], ...] = ()
+    if args.source == "teacher":  # only the teacher needs the openai package
+        from openai import OpenAIError
+        teacher_errors = (OpenAIError,)
 
     from search_r1.search.client import RetrievalClient, RetrievalError
 
@@ -213,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DataError, RetrievalError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except OpenAIError as err:  # the teacher's server: not answering, or refusing the request
+    except teacher_errors as err:  # the teacher's server: not answering, or refusing the request
         print(f"error: the teacher at --teacher-url {args.teacher_url} failed: {err}", file=sys.stderr)
         return 2
     print(summary(counts, args.out))

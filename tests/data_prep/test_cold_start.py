@@ -97,6 +97,17 @@ def test_scripted_searcher_keeps_grounded_trajectories_and_names_what_it_drops(s
     assert len(data) == 3 and data.policy_tokens() > 0
 
 
+def test_the_scripted_searcher_needs_no_openai_package(service, tmp_path, monkeypatch):
+    """Guards against the scripted mode importing the teacher's client: on a machine without the openai package
+    (a GPU image, a minimal install) it failed with ModuleNotFoundError before writing anything."""
+    monkeypatch.setitem(sys.modules, "openai", None)  # `import openai` now raises ImportError
+    rows_to_parquet([make_row("toy", "Who wrote Laemze", ["Brargrur Moulzel"], "train", 0)], tmp_path / "qa.parquet")
+    done = in_process("data_prep.cold_start", "scripted", "--data", tmp_path / "qa.parquet", "--retriever-url",
+                      service, "--topk", "1", "--out", tmp_path / "sft.parquet")
+    assert done.returncode == 0, done.stderr
+    assert pq.read_table(tmp_path / "sft.parquet").num_rows == 1
+
+
 def test_a_service_that_does_not_answer_is_named(tmp_path):
     """Guards against a traceback (or an empty file) when the retrieval service is not running."""
     rows_to_parquet([make_row("toy", "Who wrote Laemze", ["x"], "train", 0)], tmp_path / "qa.parquet")
