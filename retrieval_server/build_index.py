@@ -15,6 +15,8 @@ count, corpus checksum). Choices:
   queries of a build that encodes are corpus passages, read and encoded before the build's pass.
 - ``--shards N`` (dense) writes N row-range shards ``DIR/shard-i`` instead of one index, from the same
   encoding pass (``shards.py``).
+- FAISS (an optional dependency) is imported only for a dense build: a BM25 build runs without it, and a dense build
+  without it stops at once with exit status 2 naming the package to install (``index_kinds.require_faiss``).
 """
 
 from __future__ import annotations
@@ -33,12 +35,10 @@ from tqdm import tqdm
 
 from retrieval_server.bm25 import build_bm25_index
 from retrieval_server.corpus import CorpusError, CorpusScan, iter_passages, scan_corpus
-from retrieval_server.dense import build_dense_index, build_measured_index, flat_batches, read_index
 from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, Encoder, EncoderError
-from retrieval_server.index_kinds import INDEX_KINDS, REFINES
+from retrieval_server.index_kinds import INDEX_KINDS, REFINES, FaissMissing, require_faiss
 from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import INDEX_FILE, RETRIEVERS, Manifest, ManifestError
-from retrieval_server.shards import write_dense_shards
 from retrieval_server.staging import staged
 from retrieval_server.tuning import (
     DEFAULT_QUERIES,
@@ -156,6 +156,8 @@ def _held_out(choice: IndexChoice, scan: CorpusScan, encoder: Encoder | None, fr
         return encoder.encode_queries(load_tune_queries(choice.tune_queries)), f"questions of {choice.tune_queries}"
     rows = sample_rows(scan.count)
     if from_flat is not None:
+        from retrieval_server.dense import read_index
+
         flat = read_index(source.index_path(from_flat))
         return np.stack([flat.reconstruct(int(r)) for r in rows]), f"{len(rows)} stored passages (seeded sample)"
     wanted, texts = set(rows.tolist()), []
@@ -167,7 +169,10 @@ def _held_out(choice: IndexChoice, scan: CorpusScan, encoder: Encoder | None, fr
 
 def _build_dense(scan: CorpusScan, out: Path, model: str, choice: IndexChoice, e5_prefixes: bool, batch_size: int,
                  from_flat: Path | None, progress: bool, shards: int = 1) -> Manifest | list[Manifest]:
-    import faiss
+    import faiss  # here, with the dense machinery, not at the top: a BM25 build runs without FAISS
+
+    from retrieval_server.dense import build_dense_index, build_measured_index, flat_batches
+    from retrieval_server.shards import write_dense_shards
 
     source, encoder = None, None
     if from_flat is not None:
@@ -253,6 +258,8 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "dense", m
     if shards > 1 and retriever != "dense":
         raise ValueError("--shards needs --retriever dense: BM25 scores use corpus-wide statistics, so BM25 shards "
                          "would not rank as the whole index does")
+    if retriever == "dense":
+        require_faiss()  # before the corpus is scanned and --out created
     out = Path(out)
     scan = scan_corpus(corpus)
     if scan.count == 0:
@@ -351,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                              args.tune_queries, args.nprobe, args.ef_search, args.k_factor)
         build_index(args.corpus, args.out, args.retriever, args.model, choice, args.e5_prefixes,
                     args.batch_size, args.from_flat, shards=args.shards)
-    except (CorpusError, ManifestError, EncoderError, TuningError, ValueError) as e:  # ValueError: index_kinds
+    except (CorpusError, ManifestError, EncoderError, TuningError, FaissMissing,
+            ValueError) as e:  # ValueError: index_kinds
         logger.error("%s", e)
         return 2
     return 0

@@ -41,6 +41,7 @@ import numpy as np
 from retrieval_server.build_index import load_encoder, make_out_dir
 from retrieval_server.corpus import CorpusError, CorpusScan, CorpusStore, scan_corpus
 from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, EncoderError
+from retrieval_server.index_kinds import FaissMissing, require_faiss
 from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import Manifest, ManifestError
 from retrieval_server.staging import staged
@@ -148,6 +149,7 @@ def import_index(faiss_file: str | Path, corpus: str | Path, out: str | Path, mo
     faiss_file, corpus, out = Path(faiss_file).resolve(), Path(corpus), Path(out)
     if not faiss_file.is_file():
         raise ManifestError(f"FAISS index file not found: {faiss_file}")
+    require_faiss("importing a FAISS index")
     make_out_dir(out)
     with staged(out) as stage:  # a failed import leaves `out` as it was (staging.py)
         manifests = _import(faiss_file, corpus, stage, model, e5_prefixes, sample, progress, shards)
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     try:
         import_index(args.faiss, args.corpus, args.out, args.model, args.e5_prefixes, args.sample, shards=args.shards)
-    except (CorpusError, ManifestError, EncoderError) as e:
+    except (CorpusError, ManifestError, EncoderError, FaissMissing) as e:
         logger.error("%s", e)
         return 2
     return 0

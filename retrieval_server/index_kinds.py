@@ -46,14 +46,20 @@ opq         OPQ rotation, then IVF-PQ              ``nprobe``                   
   centroids move little after 10, and training is the build's largest cost at millions of rows on a CPU).
 - Every kind here loads memory-mapped (``IO_FLAG_MMAP_IFC``: flat and SQ codes, PQ codes, IVF lists, the refine
   store, HNSW's vectors; HNSW's links are read into memory); the tests check that the file is mapped.
+- FAISS is imported by the functions that use it, not by this module: a BM25 build imports ``INDEX_KINDS`` and
+  ``REFINES`` (its arguments' choices) on a machine without faiss, which is an optional dependency (setup.py's
+  ``cpu`` / ``gpu`` extras). ``require_faiss`` is the check a dense build or service makes first.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
+
+if TYPE_CHECKING:
+    import faiss
 
 INDEX_KINDS = ("flat", "fp16", "sq8", "hnsw", "hnswsq8", "hnswsq6", "pcahnswsq8", "ivf", "ivfsq8", "ivfpq", "opq")
 EXACT_KINDS = ("flat",)
@@ -72,9 +78,22 @@ OPQ_MIN_ROWS = 256
 K_FACTOR = 4  # refine: candidates re-ranked per result wanted
 _IVF_KINDS = ("ivf", "ivfsq8", "ivfpq", "opq")
 HNSW_KINDS = ("hnsw", "hnswsq8", "hnswsq6", "pcahnswsq8")
-_HNSW_SQ = {"hnswsq8": faiss.ScalarQuantizer.QT_8bit, "hnswsq6": faiss.ScalarQuantizer.QT_6bit,
-            "pcahnswsq8": faiss.ScalarQuantizer.QT_8bit}
-_IP = faiss.METRIC_INNER_PRODUCT
+_HNSW_SQ = {"hnswsq8": "QT_8bit", "hnswsq6": "QT_6bit", "pcahnswsq8": "QT_8bit"}  # faiss.ScalarQuantizer.<name>
+FAISS_INSTALL = "pip install faiss-cpu (or the project's extra, pip install -e '.[cpu]'; '.[gpu]' for faiss-gpu-cu12)"
+
+
+class FaissMissing(ImportError):
+    """A dense index was asked for and faiss is not installed (the tools' ``main`` turn it into exit status 2)."""
+
+
+def require_faiss(what: str = "a dense index"):
+    """The ``faiss`` module; ``FaissMissing`` naming it and how to install it where it is not installed."""
+    try:
+        import faiss
+    except ImportError as e:
+        raise FaissMissing(f"{what} needs FAISS, and `import faiss` fails here ({e}): install it with "
+                           f"{FAISS_INSTALL}. A BM25 index (--retriever bm25) needs no FAISS") from None
+    return faiss
 
 
 def nlist_for(count: int) -> int:
@@ -123,6 +142,8 @@ def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int 
     """An empty index of ``kind`` for ``count`` vectors of size ``dim`` and its parameters (for the manifest):
     search parameters, ``train_size`` (rows to buffer before training; 0 = no training). ``nlist`` (IVF kinds) and
     ``hnsw_m`` (HNSW kinds: links per node) replace the kind's default where given."""
+    import faiss
+
     if kind not in INDEX_KINDS:
         raise ValueError(f"unknown index kind {kind!r}; choose one of {', '.join(INDEX_KINDS)}")
     if refine not in REFINES:
@@ -132,17 +153,18 @@ def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int 
     if kind == "opq" and count < OPQ_MIN_ROWS:
         raise ValueError(f"opq trains its rotation with 256 centroids per sub-quantizer: it needs at least "
                          f"{OPQ_MIN_ROWS} passages, the corpus has {count}; use ivfpq")
+    ip = faiss.METRIC_INNER_PRODUCT  # every kind ranks by inner product
     params: dict = {}
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
     elif kind in ("fp16", "sq8"):
         index = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_fp16 if kind == "fp16"
-                                           else faiss.ScalarQuantizer.QT_8bit, _IP)
+                                           else faiss.ScalarQuantizer.QT_8bit, ip)
     elif kind in HNSW_KINDS:
         m = hnsw_m or (HNSW_M if kind == "hnsw" else HNSW_SQ_M)
         graph_dim = pca_dim(dim) if kind == "pcahnswsq8" else dim
-        index = faiss.IndexHNSWFlat(dim, m, _IP) if kind == "hnsw" else faiss.IndexHNSWSQ(
-            graph_dim, _HNSW_SQ[kind], m, _IP)
+        index = faiss.IndexHNSWFlat(dim, m, ip) if kind == "hnsw" else faiss.IndexHNSWSQ(
+            graph_dim, getattr(faiss.ScalarQuantizer, _HNSW_SQ[kind]), m, ip)
         index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
         params = {"M": m, "efConstruction": HNSW_EF_CONSTRUCTION, "efSearch": HNSW_EF_SEARCH}
         if kind == "pcahnswsq8":  # the projection is learnt from the training rows (train_projection)
@@ -153,7 +175,7 @@ def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int 
         m, bits = pq_m(dim), pq_nbits(count)
         spec = {"ivf": f"IVF{nlist},Flat", "ivfsq8": f"IVF{nlist},SQ8", "ivfpq": f"IVF{nlist},PQ{m}x{bits}",
                 "opq": f"OPQ{m},IVF{nlist},PQ{m}x{bits}"}[kind]
-        index = faiss.index_factory(dim, spec, _IP)
+        index = faiss.index_factory(dim, spec, ip)
         ivf = faiss.extract_index_ivf(index)
         ivf.cp.niter = KMEANS_ITERS
         params = {"nlist": nlist, "nprobe": min(nlist, IVF_NPROBE)}
@@ -164,7 +186,7 @@ def new_index(kind: str, dim: int, count: int, refine: str = "none", nlist: int 
             params.update(pq_m=m, pq_bits=bits)
     if refine != "none":
         store = faiss.IndexFlatIP(dim) if refine == "fp32" else faiss.IndexScalarQuantizer(
-            dim, faiss.ScalarQuantizer.QT_fp16 if refine == "fp16" else faiss.ScalarQuantizer.QT_8bit, _IP)
+            dim, faiss.ScalarQuantizer.QT_fp16 if refine == "fp16" else faiss.ScalarQuantizer.QT_8bit, ip)
         index = faiss.IndexRefine(index, store)
         params.update(refine=refine, k_factor=K_FACTOR)
     params["train_size"] = min(count, _train_size(kind, refine, params))
@@ -184,6 +206,8 @@ def _train_size(kind: str, refine: str, params: dict) -> int:
 
 def kind_of(index: faiss.Index) -> tuple[str, str]:
     """(kind, refine store) of a loaded index; ``ValueError`` naming what is served for any other type."""
+    import faiss
+
     index = faiss.downcast_index(index)
     refine = "none"
     if isinstance(index, faiss.IndexRefine):
@@ -218,6 +242,8 @@ def kind_of(index: faiss.Index) -> tuple[str, str]:
 
 
 def _sq_kind(index: faiss.Index) -> str:
+    import faiss
+
     qtype = index.sq.qtype
     return {faiss.ScalarQuantizer.QT_fp16: "fp16", faiss.ScalarQuantizer.QT_8bit: "sq8",
             faiss.ScalarQuantizer.QT_6bit: "sq6"}.get(qtype, f"SQ{qtype}")
@@ -255,6 +281,8 @@ def check_search_params(kind: str, refine: str, count: int, search: dict) -> Non
 
 def apply_search_params(index: faiss.Index, params: dict) -> None:
     """Set ``nprobe`` / ``efSearch`` / ``k_factor`` of ``params`` on ``index`` (those that apply)."""
+    import faiss
+
     index = faiss.downcast_index(index)
     if "k_factor" in params:
         index.k_factor = float(params["k_factor"])
@@ -266,6 +294,8 @@ def apply_search_params(index: faiss.Index, params: dict) -> None:
 
 def graph_of(index: faiss.Index) -> faiss.Index:
     """The HNSW index inside ``index`` (under a refine store and a projection, where there are)."""
+    import faiss
+
     index = faiss.downcast_index(index)
     if isinstance(index, faiss.IndexRefine):
         index = faiss.downcast_index(index.base_index)
@@ -279,6 +309,8 @@ def train_projection(index: faiss.Index, sample: np.ndarray) -> float | None:
     are the top ``p`` eigenvectors of the uncentred second moment ``sample^T sample / n`` ``[d, d]``, no bias.
     Returns the share of the sample's energy (sum of squares) the projection keeps, None if there was nothing to
     learn."""
+    import faiss
+
     index = faiss.downcast_index(index)
     if isinstance(index, faiss.IndexRefine):
         index = faiss.downcast_index(index.base_index)

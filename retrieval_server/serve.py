@@ -35,6 +35,7 @@ import uvicorn
 from retrieval_server.app import Limits, create_app
 from retrieval_server.corpus import CorpusError
 from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
+from retrieval_server.index_kinds import FaissMissing, require_faiss
 from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
 from retrieval_server.online.backend import OnlineService, add_online_args, online_options, read_api_key
@@ -254,8 +255,10 @@ def prepare_index(args: argparse.Namespace) -> tuple[Callable[[], object], str] 
         logger.error("%s", e)
         return 2
     try:
+        if manifest.retriever == "dense":  # before the server starts, not a failure of its background load
+            require_faiss(f"serving the dense index {args.index}")
         check_gpu_placement(manifest, args.options)
-    except ValueError as e:
+    except (ValueError, FaissMissing) as e:
         logger.error("%s", e)
         return 2
     shard = manifest.shard

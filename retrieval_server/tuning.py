@@ -35,8 +35,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
 
 from retrieval_server.index_kinds import (
@@ -46,6 +46,9 @@ from retrieval_server.index_kinds import (
     resident_bytes_per_vector,
     search_params,
 )
+
+if TYPE_CHECKING:  # faiss only in annotations: build_index imports this module for a BM25 build, without FAISS
+    import faiss
 
 logger = logging.getLogger(__name__)
 
