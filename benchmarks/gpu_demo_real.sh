@@ -55,13 +55,6 @@ for name in ("base", "sft", "grpo"):
     if p.exists():
         o = json.loads(p.read_text())["overall"]
         print(name, "em", round(o["em"], 3), "searches", round(o["searches"], 2), "n", o["n"])
-m = d / "grpo" / "metrics.jsonl"
-if m.exists():
-    rows = [json.loads(line) for line in m.read_text().splitlines() if line.strip()]
-    keys = sorted({k for r in rows for k in r if k.startswith(("timing/", "perf/"))})
-    for k in keys:
-        vals = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
-        if vals:
-            print(f"{k}: first {vals[0]:.4g} median {sorted(vals)[len(vals) // 2]:.4g} last {vals[-1]:.4g} ({len(vals)} steps)")
 PY
+"$PYTHON" benchmarks/gpu_step_check.py report grpo "$D/grpo" >> "$OUT/summary.txt" 2>&1
 say "done"
