@@ -2,10 +2,10 @@
 
 Choices:
 - **verl's SFT key names** where verl's ``fsdp_sft_trainer`` has the setting (``data.train_files``,
-  ``data.micro_batch_size_per_gpu``, ``data.max_length``, ``optim.lr``, ``optim.warmup_steps_ratio``,
-  ``model.partial_pretrain``, ``model.lora_rank``, ``trainer.total_epochs``, ``trainer.default_local_dir``, ...), so a
-  verl SFT command line runs here; the rest is the RL trainer's spelling of the same setting (``trainer.save_freq``,
-  ``trainer.resume_mode``, ``trainer.logger``).
+  ``data.micro_batch_size_per_gpu``, ``data.max_length``, ``optim.lr``, ``optim.betas``, ``optim.warmup_steps_ratio``,
+  ``optim.lr_scheduler``, ``model.partial_pretrain``, ``model.lora_rank``, ``trainer.total_epochs``,
+  ``trainer.default_local_dir``, ...), so a verl SFT command line runs here; the rest is the RL trainer's spelling of
+  the same setting (``trainer.save_freq``, ``trainer.resume_mode``, ``trainer.logger``).
 - **Declared once**, as the RL config is (``verl.config_schema``): ``python -m verl.config_doc`` writes
   ``configs/sft_trainer.yaml`` and ``docs/config_sft.md`` from these declarations, and the same walk checks every
   value. No recipe or plug-in keys: the SFT data are already trajectories (``verl.utils.sft_dataset``), so the
@@ -29,6 +29,7 @@ from verl.config_checks import _check_model_dir
 from verl.config_schema import check_settings, section, setting
 from verl.config_sections import DTYPE_NAMES, LOGGERS
 from verl.errors import ConfigError
+from verl.utils.lr_schedule import SCHEDULES
 
 SFT_CONFIG = CONFIG_DIR / "sft_trainer.yaml"  # generated: python -m verl.config_doc
 
@@ -76,9 +77,16 @@ class SFTModelConfig:
 class SFTOptimConfig:
     lr: float = setting(1e-5, "AdamW learning rate.", low=0, high=1, low_open=True, what="a learning rate")
     weight_decay: float = setting(0.01, "AdamW weight decay.", low=0, high=1, what="a decoupled weight decay")
+    betas: list[float] = setting([0.9, 0.999], "AdamW's two moment decay rates, [beta1, beta2] (verl's SFT trainer "
+                                 "uses [0.9, 0.95]).")
     warmup_steps_ratio: float = setting(
-        0.0, "Fraction of the run's optimiser steps spent warming the LR up linearly from 0; constant afterwards.",
+        0.0, "Fraction of the run's optimiser steps spent warming the LR up linearly from 0; then optim.lr_scheduler.",
         low=0, high=1, what="a fraction of the run's steps")
+    lr_scheduler: str = setting("constant", "The learning rate after the warm-up: constant | cosine (half a cosine "
+                                "from optim.lr down towards optim.min_lr_ratio x optim.lr, reached just after the "
+                                "last step; verl's SFT default).", choices=SCHEDULES)
+    min_lr_ratio: float = setting(0.0, "cosine: the floor of the learning rate, as a fraction of optim.lr.", low=0,
+                                  high=1, what="a fraction of optim.lr")
     clip_grad: float | None = setting(1.0, "Maximum gradient norm; null = no clipping.", low=0, low_open=True,
                                       null_means="no clipping")
 
@@ -127,6 +135,10 @@ class SFTConfig:
     def check(self) -> None:
         """The rules between keys."""
         d = self.data
+        betas = self.optim.betas
+        if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
+            raise ConfigError(f"config key optim.betas={list(betas)} is invalid (allowed: two numbers in [0, 1), "
+                              "e.g. [0.9, 0.95])")
         if d.train_batch_size % d.micro_batch_size_per_gpu:
             raise ConfigError(f"config key data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} must divide "
                               f"data.train_batch_size={d.train_batch_size}")

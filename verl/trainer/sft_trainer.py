@@ -81,7 +81,8 @@ class SFTTrainer:
                                 seed=t.seed, trainable=True, gradient_checkpointing=m.enable_gradient_checkpointing,
                                 trust_remote_code=m.trust_remote_code, lora=self.lora)
         o = cfg.optim
-        self.state = TrainState(self.model, o.lr, o.weight_decay, o.warmup_steps_ratio, self.total_steps, o.clip_grad)
+        self.state = TrainState(self.model, o.lr, o.weight_decay, o.warmup_steps_ratio, self.total_steps, o.clip_grad,
+                                betas=tuple(o.betas), schedule=o.lr_scheduler, min_lr_ratio=o.min_lr_ratio)
         self.tracker = Tracker(t.logger, self.out_dir, t.project_name, t.experiment_name,
                                OmegaConf.to_container(OmegaConf.structured(cfg)))
         self.last_validation: dict[str, float] = {}

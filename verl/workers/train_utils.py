@@ -50,6 +50,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from verl.protocol import Batch
+from verl.utils.lr_schedule import lr_schedule_factor
 from verl.workers.model_utils import all_reduce_, map_large_host_allocations, release_host_memory, world
 from verl.workers.optim import LowPrecisionStateAdamW
 
@@ -96,22 +97,25 @@ def optimizer_steps_per_training_step(rows: int, mini_batch_size: int, epochs: i
 
 
 class TrainState:
-    """A trainable model with its AdamW optimiser, warmup scheduler and checkpoint I/O."""
+    """A trainable model with its AdamW optimiser, learning-rate schedule and checkpoint I/O."""
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_ratio: float,
-                 total_optimizer_steps: int, grad_clip: float | None, state_dtype: torch.dtype = torch.float32):
+                 total_optimizer_steps: int, grad_clip: float | None, state_dtype: torch.dtype = torch.float32,
+                 betas: tuple[float, float] = (0.9, 0.999), schedule: str = "constant", min_lr_ratio: float = 0.0):
         self.model = model
         self.grad_clip = grad_clip
         self.on_host = all(p.device.type == "cpu" for p in model.parameters())
         if self.on_host:  # activations in their own mappings: freed ones leave no holes in the heap
             map_large_host_allocations()
         trainable = [p for p in model.parameters() if p.requires_grad]  # all, or the LoRA adapters
-        self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay) \
+        betas = (float(betas[0]), float(betas[1]))
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=betas, weight_decay=weight_decay) \
             if state_dtype == torch.float32 else \
-            LowPrecisionStateAdamW(trainable, lr=lr, weight_decay=weight_decay, state_dtype=state_dtype)
+            LowPrecisionStateAdamW(trainable, lr=lr, betas=betas, weight_decay=weight_decay, state_dtype=state_dtype)
         warmup = int(warmup_ratio * total_optimizer_steps)
+        lr_schedule_factor(0, warmup, total_optimizer_steps, schedule, min_lr_ratio)  # an unknown schedule fails here
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+            self.optimizer, lambda s: lr_schedule_factor(s, warmup, total_optimizer_steps, schedule, min_lr_ratio))
 
     def update(self, batch: Batch, mini_batch_size: int, epochs: int,
                split_micro: Callable[[Batch], list[Batch]], loss_fn: LossFn) -> dict[str, float]:

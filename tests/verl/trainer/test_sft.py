@@ -81,15 +81,19 @@ def test_a_short_sft_teaches_a_tiny_model_to_start_a_search(workspace, tmp_path)
 
 
 def test_a_rerun_resumes_from_the_last_checkpoint_exactly(workspace, tmp_path):
-    """Guards against a resume that restarts the data order, the optimiser or the LR schedule: a 4-step run whose
+    """Guards against a resume that restarts the data order, the optimiser or the LR schedule (warm-up, then verl's
+    cosine with its betas, each step's LR checked): a 4-step run whose
     last checkpoint and model are lost (a kill during the last save) is rerun; it continues from step 2 and ends
     with the same losses and weights; a rerun of the finished run trains nothing (and writes hf_model/ if a kill
     lost it)."""
     out = tmp_path / "run"
-    argv = args(workspace, out, "trainer.save_freq=2", "optim.lr=1e-3", "optim.warmup_steps_ratio=0.5",
+    argv = args(workspace, out, "trainer.save_freq=2", "optim.lr=1e-3", "optim.warmup_steps_ratio=0.25",
+                "optim.lr_scheduler=cosine", "optim.min_lr_ratio=0.1", "optim.betas=[0.9,0.95]",
                 "trainer.total_training_steps=4")
     assert main(argv) == 0
     first, weights = losses(out), load_file(out / "hf_model" / "model.safetensors")
+    lrs = [r["train/lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+    assert lrs == pytest.approx([1e-3, 1e-3, 1e-3 * (0.1 + 0.9 * 0.75), 1e-3 * (0.1 + 0.9 * 0.25)])  # verl's keys
     shutil.rmtree(out / "global_step_4")
     shutil.rmtree(out / "hf_model")
     assert main(argv) == 0
@@ -126,7 +130,8 @@ def _write_table(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case", ["rl_parquet", "not_parquet", "bad_turn", "too_long", "unknown_key"])
+@pytest.mark.parametrize("case", ["rl_parquet", "not_parquet", "bad_turn", "too_long", "unknown_key", "betas",
+                                  "scheduler"])
 def test_bad_input_fails_naming_it(workspace, tmp_path, capsys, case):
     """Guards against tracebacks or silent truncation on bad input: each is exit 2 with a message naming the file,
     column, row or key and the fix."""
@@ -146,6 +151,14 @@ def test_bad_input_fails_naming_it(workspace, tmp_path, capsys, case):
         write_rows(scripted_rows(range(16)), data)
         extra = ["data.max_length=60"]
         expected = ["row 0 of", "> data.max_length=60", "trajectories are never cut"]
+    elif case == "betas":
+        write_rows(scripted_rows(range(8)), data)
+        extra = ["optim.betas=[0.9]"]
+        expected = ["optim.betas=[0.9] is invalid", "two numbers in [0, 1)"]
+    elif case == "scheduler":
+        write_rows(scripted_rows(range(8)), data)
+        extra = ["optim.lr_scheduler=linear"]
+        expected = ["optim.lr_scheduler", "linear", "cosine"]
     else:
         write_rows(scripted_rows(range(8)), data)
         extra = ["data.max_len=10"]

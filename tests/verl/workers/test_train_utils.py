@@ -10,6 +10,7 @@ from torch import nn
 
 from tests.verl.workers.worker_test_utils import random_batch
 from verl.protocol import Batch
+from verl.utils.lr_schedule import lr_schedule_factor
 from verl.workers.model_utils import micro_batches
 from verl.workers.train_utils import TrainState, global_counts, optimizer_steps_per_training_step
 
@@ -33,6 +34,23 @@ def test_lr_warmup_matches_the_plain_formula():
     no_warmup = TrainState(nn.Linear(2, 2), 0.1, 0.0, 0.0, total, None)
     assert [one_step(no_warmup, 0.01)[1] for _ in range(3)] == [0.1, 0.1, 0.1]
 
+
+
+def test_cosine_schedule_falls_from_the_warmup_peak_to_the_floor_and_betas_reach_adam():
+    """Guards against a cosine that starts before the warm-up ends, ends above or below min_lr_ratio x lr, or is
+    ignored (constant), and against betas that never reach the optimiser."""
+    total, warmup = 10, 2
+    state = TrainState(nn.Linear(2, 2), lr=0.1, weight_decay=0.0, warmup_ratio=0.2, total_optimizer_steps=total,
+                       grad_clip=None, betas=(0.8, 0.95), schedule="cosine", min_lr_ratio=0.1)
+    assert state.optimizer.param_groups[0]["betas"] == (0.8, 0.95)
+    lrs = [one_step(state, 0.01)[1] for _ in range(total)]
+    cosine = [0.1 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / (total - warmup))))
+              for s in range(warmup, total)]
+    assert lrs == pytest.approx([0.05, 0.1] + cosine)
+    assert lrs[2] == pytest.approx(0.1) and lrs[-1] > 0.01 and all(a > b for a, b in zip(lrs[2:], lrs[3:]))
+    assert lr_schedule_factor(total + 5, warmup, total, "cosine", 0.1) == pytest.approx(0.1)  # past the end: floor
+    with pytest.raises(ValueError, match="allowed: constant, cosine"):
+        TrainState(nn.Linear(2, 2), 0.1, 0.0, 0.0, total, None, schedule="linear")
 
 def test_grad_norm_is_reported_before_clipping_and_non_finite_steps_are_skipped():
     """Guards against logging the clipped norm (always <= grad_clip) and against one inf gradient
