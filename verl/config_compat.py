@@ -94,11 +94,6 @@ NO_EFFECT: dict[str, NoEffect] = {
         "log-probs and entropy are always computed over chunks of tokens"),
     "actor_rollout_ref.actor.entropy_checkpointing": NoEffect(
         "log-probs and entropy are always computed over chunks of tokens"),
-    "actor_rollout_ref.actor.optim.warmup_style": NoEffect("the learning rate warms up linearly, then stays constant",
-                                                           ("constant",)),
-    "critic.optim.warmup_style": NoEffect("the learning rate warms up linearly, then stays constant", ("constant",)),
-    "actor_rollout_ref.actor.optim.min_lr_ratio": NoEffect("no decay after the warm-up", (None,)),
-    "critic.optim.min_lr_ratio": NoEffect("no decay after the warm-up", (None,)),
     "actor_rollout_ref.actor.optim.total_training_steps": NoEffect(
         "computed from the data and trainer.total_training_steps"),
     "critic.optim.total_training_steps": NoEffect("computed from the data and trainer.total_training_steps"),

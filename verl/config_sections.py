@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from verl.config_algorithm import agg_mode_names, kl_estimator_names, policy_loss_names
 from verl.config_compat import Alias, GlobalCount
 from verl.config_schema import section, setting
+from verl.utils.lr_schedule import SCHEDULES
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
@@ -97,8 +98,14 @@ class OptimConfig:
                         "critic).", low=0, high=1, low_open=True, what="a learning rate (AdamW; typical 1e-6 .. 1e-5)",
                         spellings=(Alias("../lr", _RENAMED),))
     lr_warmup_steps_ratio: float = setting(
-        0.0, "Fraction of the run's optimiser steps spent warming the LR up linearly from 0; constant afterwards.",
+        0.0, "Fraction of the run's optimiser steps spent warming the LR up linearly from 0; then optim.warmup_style.",
         low=0, high=1, what="a fraction of the run's steps", spellings=(Alias("../lr_warmup_steps_ratio", _RENAMED),))
+    warmup_style: str = setting(
+        "constant", "The learning rate after the warm-up: constant | cosine (half a cosine from optim.lr down towards "
+        "optim.min_lr_ratio x optim.lr, reached just after the last optimiser step). verl's newer name "
+        "optim.lr_scheduler_type is the same key.", choices=SCHEDULES, spellings=(Alias("../optim.lr_scheduler_type"),))
+    min_lr_ratio: float | None = setting(None, "cosine: the floor of the learning rate, as a fraction of optim.lr.",
+                                         low=0, high=1, what="a fraction of optim.lr", null_means="0")
     weight_decay: float = setting(0.0, "AdamW weight decay.", low=0, high=1, what="a decoupled weight decay",
                                   spellings=(Alias("../weight_decay", _RENAMED),))
 

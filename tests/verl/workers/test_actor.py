@@ -169,6 +169,18 @@ def test_checkpoint_then_fresh_worker_gives_identical_next_update(tiny_model_dir
     assert all(t.device.type == "cpu" for t in state.values())
 
 
+
+def test_verl_cosine_schedule_keys_reach_the_actor_and_the_critic(tiny_model_dir):
+    """Guards against optim.warmup_style / verl's newer optim.lr_scheduler_type being accepted and ignored (the
+    learning rate constant): three one-step updates follow half a cosine from lr down towards min_lr_ratio x lr."""
+    cfg = make_config(tiny_model_dir, "actor_rollout_ref.rollout.n=1",
+                      "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+                      "actor_rollout_ref.actor.optim.min_lr_ratio=0.5", "critic.optim.warmup_style=cosine")
+    assert cfg.actor_rollout_ref.actor.optim.warmup_style == cfg.critic.optim.warmup_style == "cosine"
+    worker = ActorWorker(cfg, total_steps=3)
+    lrs = [worker.update_actor(add_targets(random_batch(seed=s), seed=s))["actor/lr"] for s in range(3)]
+    assert lrs == pytest.approx([1e-3, 1e-3 * (0.5 + 0.5 * 0.75), 1e-3 * (0.5 + 0.5 * 0.25)])
+
 def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir):
     """Guards against checkpointing silently off (transformers only runs it in train mode) or changing the math."""
     batch = add_targets(random_batch(seed=17), seed=17)
