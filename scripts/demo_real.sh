@@ -9,7 +9,9 @@
 #      (GRPO_STEPS steps of 6 prompts x 4 samples, lr 1e-5), evaluate again; every evaluation on the first EVAL_N
 #      test questions (half one-hop, half two-hop), greedy. The cold start is short on purpose: 6 steps teach the
 #      format and leave the reading to RL (16 steps reach 0.93 test EM alone, and GRPO then has nothing to add;
-#      docs/results.md, "The real model");
+#      docs/results.md, "The real model"). The hermes format takes 10 steps (its JSON call and the chat template's
+#      turn markers are more tokens per action; after 6 its sampled rollouts rarely finished and GRPO had nothing
+#      to learn from: docs/results.md, "The real-model demo in the hermes format");
 #   4. print test EM (one-hop / two-hop) and searches per question for the three models.
 # DEMO_REAL_FORMAT=hermes (`make demo-real FORMAT=hermes`) runs the same steps in the hermes tool-call format: the demo
 # questions made again under its prompt (data_prep.retemplate), the cold start written with the model's chat template,
@@ -31,7 +33,7 @@ suffix=""
 [ "$SEED" = 1 ] || suffix+="_seed$SEED"
 OUT=${DEMO_REAL_DIR:-outputs/demo_real$suffix}
 PORT=${DEMO_REAL_PORT:-8013}
-SFT_STEPS=${SFT_STEPS:-6}
+SFT_STEPS=${SFT_STEPS:-$([ "$FORMAT" = hermes ] && echo 10 || echo 6)}
 GRPO_STEPS=${GRPO_STEPS:-24}
 EVAL_N=${EVAL_N:-60}
 MODEL=data/models/smollm2-135m-instruct
