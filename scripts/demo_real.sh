@@ -17,6 +17,10 @@
 # questions made again under its prompt (data_prep.retemplate), the cold start written with the model's chat template,
 # and actor_rollout_ref.rollout.multi_turn.format=hermes for GRPO and the evaluations. DEMO_REAL_SEED (`make demo-real
 # SEED=N`, default 1, the configs' trainer.seed) seeds the SFT order and GRPO's sampling; evaluations are greedy.
+# DEMO_REAL_VARIANT (`make demo-real VARIANT=...`) picks the RL learning signal trained from the cold start: grpo (the
+# default), grpo_ds (GRPO + dynamic sampling: groups whose samples all score alike are dropped and generation goes on,
+# at most 3 rounds a step) or grpo_turn (GRPO + retrieval-hit turn credit); a variant shares its seed's cold start and
+# evaluations and trains into $DEMO_REAL_DIR/<variant>, so variants compare side by side on one cold start.
 # Everything goes to DEMO_REAL_DIR (default outputs/demo_real, with _hermes and _seedN added for a non-default format
 # or seed); a rerun resumes or reuses each finished part.
 # The demo's 96-token passage budget (configs/demo.yaml) is sized for the tiny policy's tokenizer; a real tokenizer
@@ -28,6 +32,13 @@ FORMAT=${DEMO_REAL_FORMAT:-search_r1}
 SEED=${DEMO_REAL_SEED:-1}
 case "$FORMAT" in search_r1|hermes) ;; *) echo "[demo-real] error: DEMO_REAL_FORMAT=$FORMAT; allowed: search_r1, hermes" >&2; exit 2;; esac
 case "$SEED" in ''|*[!0-9]*) echo "[demo-real] error: DEMO_REAL_SEED=$SEED is not a non-negative integer" >&2; exit 2;; esac
+VARIANT=${DEMO_REAL_VARIANT:-grpo}
+case "$VARIANT" in
+  grpo) VARIANT_ARGS=() ;;
+  grpo_ds) VARIANT_ARGS=(algorithm.filter_groups.enable=true algorithm.filter_groups.max_num_gen_batches=3) ;;
+  grpo_turn) VARIANT_ARGS=(algorithm.adv_estimator=grpo_turn reward.turn_term=retrieval_hit algorithm.turn_adv_coef=1.0) ;;
+  *) echo "[demo-real] error: DEMO_REAL_VARIANT=$VARIANT; allowed: grpo, grpo_ds, grpo_turn" >&2; exit 2;;
+esac
 suffix=""
 [ "$FORMAT" = search_r1 ] || suffix+="_$FORMAT"
 [ "$SEED" = 1 ] || suffix+="_seed$SEED"
@@ -108,24 +119,24 @@ say "cold start: $SFT_STEPS SFT steps"
   trainer.default_local_dir="$OUT/sft" data.train_batch_size=8 data.micro_batch_size_per_gpu=4 optim.lr=5e-5 \
   trainer.total_training_steps="$SFT_STEPS" trainer.seed="$SEED" model.dtype=bfloat16 trainer.save_freq=8 trainer.logger=[jsonl]
 evaluate sft "$OUT/sft/hf_model"
-say "GRPO: $GRPO_STEPS steps"
-logged "$OUT/grpo.log" bash train_grpo.sh --config configs/demo.yaml actor_rollout_ref.model.path="$OUT/sft/hf_model" \
+say "$VARIANT: $GRPO_STEPS steps"
+logged "$OUT/$VARIANT.log" bash train_grpo.sh --config configs/demo.yaml actor_rollout_ref.model.path="$OUT/sft/hf_model" \
   data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" retriever.url="$URL" "${LENGTHS[@]}" \
   trainer.total_training_steps="$GRPO_STEPS" trainer.seed="$SEED" data.seed="$SEED" data.train_batch_size=6 actor_rollout_ref.rollout.n=4 \
   actor_rollout_ref.actor.ppo_mini_batch_size=24 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
   actor_rollout_ref.actor.fsdp_config.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 \
   actor_rollout_ref.actor.optim.lr=1e-5 trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=8 \
-  trainer.default_local_dir="$OUT/grpo"
-evaluate grpo "$OUT/grpo/hf_model"
-"$PYTHON" - "$OUT" "$(( $(date +%s) - start ))" "$FORMAT" "$SEED" <<'PY'
+  "${VARIANT_ARGS[@]}" trainer.default_local_dir="$OUT/$VARIANT"
+evaluate "$VARIANT" "$OUT/$VARIANT/hf_model"
+"$PYTHON" - "$OUT" "$(( $(date +%s) - start ))" "$FORMAT" "$SEED" "$VARIANT" <<'PY'
 import json, sys
-out, seconds, fmt, seed = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+out, seconds, fmt, seed, variant = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 print(f"[demo-real] {fmt} format, seed {seed}: test EM (one-hop / two-hop / overall) and searches per question, "
       f"{seconds // 60} min:")
-for name in ("base", "sft", "grpo"):
+for name in ("base", "sft", variant):
     r = json.load(open(f"{out}/eval_{name}/results.json"))
     hop = {s: v["em"] for s, v in r["by_source"].items()}
-    print(f"  {name:5s} {hop.get('demo_single', 0):.3f} / {hop.get('demo_multi', 0):.3f} / {r['overall']['em']:.3f}"
+    print(f"  {name:9s} {hop.get('demo_single', 0):.3f} / {hop.get('demo_multi', 0):.3f} / {r['overall']['em']:.3f}"
           f"   searches {r['overall']['searches']:.2f}")
 PY
