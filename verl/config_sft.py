@@ -43,7 +43,15 @@ class SFTDataConfig:
     val_files: str | None = setting(
         None, "Parquet file(s) of held-out trajectories: their loss (val/loss) is logged every trainer.test_freq "
         "steps. null = no validation.")
-    train_batch_size: int = setting(16, "Trajectories per optimiser step, over all ranks.", low=1)
+    train_batch_size: int = setting(16, "Trajectories per optimiser step, over all ranks (unused when "
+                                    "data.train_batch_tokens is set).", low=1)
+    train_batch_tokens: int | None = setting(
+        None, "Padded tokens per optimiser step, instead of a fixed number of trajectories: each epoch the "
+        "trajectories are grouped by length into steps of rows x longest <= this many tokens (a longer trajectory is "
+        "a step of its own), in shuffled order, so little compute goes to padding; the loss is then the sum over the "
+        "step's policy tokens divided by an epoch's mean policy tokens per step, so every policy token weighs the "
+        "same whichever step it lands in. null = data.train_batch_size trajectories a step, token-mean loss.",
+        low=1, null_means="data.train_batch_size trajectories a step")
     micro_batch_size_per_gpu: int = setting(
         4, "Trajectories per forward/backward pass (gradients are accumulated up to train_batch_size; the loss is "
         "normalised by the step's policy tokens, so this changes only memory and speed).", low=1)
@@ -139,7 +147,7 @@ class SFTConfig:
         if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
             raise ConfigError(f"config key optim.betas={list(betas)} is invalid (allowed: two numbers in [0, 1), "
                               "e.g. [0.9, 0.95])")
-        if d.train_batch_size % d.micro_batch_size_per_gpu:
+        if d.train_batch_tokens is None and d.train_batch_size % d.micro_batch_size_per_gpu:
             raise ConfigError(f"config key data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} must divide "
                               f"data.train_batch_size={d.train_batch_size}")
 

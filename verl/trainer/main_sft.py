@@ -43,8 +43,10 @@ def train(files: list[str], overrides: list[str]) -> int:
     check_loggers(cfg.trainer.logger)
     torch.manual_seed(cfg.trainer.seed)
     trainer = SFTTrainer(cfg)
+    d = cfg.data
+    step = f"{d.train_batch_size}" if d.train_batch_tokens is None else f"<= {d.train_batch_tokens} tokens"
     print(f"sft: {len(trainer.train_set)} trajectories ({trainer.train_set.policy_tokens()} policy tokens), "
-          f"{trainer.total_steps} steps of {cfg.data.train_batch_size}, model {cfg.model.partial_pretrain}"
+          f"{trainer.total_steps} steps of {step}, model {cfg.model.partial_pretrain}"
           f"{f' (LoRA rank {cfg.model.lora_rank})' if trainer.lora else ''}, run directory {trainer.out_dir}",
           flush=True)
     final = trainer.fit()

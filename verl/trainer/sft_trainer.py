@@ -10,7 +10,10 @@ Choices, and what is shared with the RL trainer (so a cold-started policy is tra
   accumulation with the loss normalised by the step's global token count, non-finite steps skipped), and its
   log-probs come from ``model_utils.response_log_probs``, the function the actor's PPO loss uses.
 - Loss: token-mean over the step's policy tokens (every policy token weighs the same, whichever row it is in;
-  verl's SFT trainer does the same).
+  verl's SFT trainer does the same). With ``data.train_batch_tokens`` the steps are groups of similar length
+  (``TokenBudgetLoader``) and the divisor is a constant, the epoch's mean policy tokens per step: a step's own count
+  would give a token in a step of many short rows less weight than one in a step of a few long rows, and what the
+  policy learns would follow how rows fall into steps (the demo's tiny policy then searched where its data guessed).
 - The run directory, checkpoints and resume are the RL trainer's (``run_dir.claim``, ``checkpoint.begin/commit``,
   ``verify``): ``global_step_N/model`` holds the trainable weights and optimiser, ``trainer.pt`` the step and the
   loader's position, so a rerun of the same command continues where the last checkpoint was written, with the
@@ -40,7 +43,7 @@ from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import StatefulLoader
 from verl.utils.plots import plot_curves
 from verl.utils.progress import progress
-from verl.utils.sft_dataset import TrajectoryDataset
+from verl.utils.sft_dataset import TokenBudgetLoader, TrajectoryDataset
 from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.export import save_hf_model
 from verl.workers.lora import LoraSpec
@@ -70,7 +73,12 @@ class SFTTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(m.partial_pretrain, trust_remote_code=m.trust_remote_code)
         self.train_set = TrajectoryDataset(d.train_files, self.tokenizer, d.max_length)
         self.val_set = TrajectoryDataset(d.val_files, self.tokenizer, d.max_length) if d.val_files else None
-        self.loader = StatefulLoader(self.train_set, d.train_batch_size, d.shuffle, t.seed)
+        if d.train_batch_tokens is None:
+            self.loader = StatefulLoader(self.train_set, d.train_batch_size, d.shuffle, t.seed)
+            self.token_divisor = None  # token-mean over the step's own policy tokens
+        else:
+            self.loader = TokenBudgetLoader(self.train_set, d.train_batch_tokens, d.shuffle, t.seed)
+            self.token_divisor = self.loader.policy_tokens_per_step()  # constant: every token weighs the same
         self.total_steps = t.total_training_steps or self.loader.batches_per_epoch() * t.total_epochs
         self.step = 0
         self.already_complete = False
@@ -132,12 +140,15 @@ class SFTTrainer:
         return {f"train/{name}": value for name, value in out.items()}
 
     def _micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[Tensor, dict[str, float]]:
-        """Token-mean NLL of the micro-batch's policy tokens, divided by the step's policy tokens (so the micro-batch
-        losses add up to the step's)."""
+        """The NLL summed over the micro-batch's policy tokens, divided by the step's policy tokens (so the micro-batch
+        losses add up to the step's token mean) or, with ``data.train_batch_tokens``, by the constant mean policy
+        tokens per step (steps of short rows hold more rows; each token weighs the same in every step). The logged
+        ``loss`` is the token mean either way."""
         mask = micro["loss_mask"].to(self.device).float()  # [b, R], 1 = sampled by the policy (trained)
         log_prob, _ = response_log_probs(self.model, micro, self.device, self.dtype)  # [b, R]
-        loss = -agg_loss(log_prob, mask, "token-mean", global_tokens=counts.tokens)
-        return loss, {"loss": loss.item()}
+        divisor = self.token_divisor or counts.tokens
+        loss = -agg_loss(log_prob, mask, "token-mean", global_tokens=divisor)
+        return loss, {"loss": loss.item() * divisor / counts.tokens}
 
     def validate(self) -> dict[str, float]:
         """``val/loss``: the mean NLL per policy token of the validation trajectories (no gradient)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -99,3 +100,71 @@ class TrajectoryDataset:
                                    [self.info_masks[i] for i in idx], self.pad_id)
         packed["loss_mask"] = packed["response_mask"] * packed["info_mask"]  # [B, R]
         return Batch(packed, {"row": idx})
+
+
+class TokenBudgetLoader:
+    """Steps of trajectories of similar length, each step's padded size (rows x (longest prompt + longest response),
+    as ``pack_trajectories`` pads them) at most ``budget`` tokens; a trajectory longer than the budget is a step of
+    its own. ``StatefulLoader``'s interface, so ``state_dict`` resumes exactly.
+
+    Why: trajectories differ in length by 10x (an answer at once, or two searches with their passages). Fixed row
+    counts pad the short rows of a batch to its longest; grouping by length wastes little compute on padding and
+    spends optimiser steps in proportion to tokens, not rows. Each epoch the rows are sorted by length (ties in a
+    seeded random order) and cut greedily into steps, and the steps are shuffled; so every epoch has the same number
+    of steps and the same policy tokens (``policy_tokens_per_step``), whatever the shuffle.
+    """
+
+    def __init__(self, dataset: TrajectoryDataset, budget: int, shuffle: bool, seed: int):
+        self.dataset, self.budget, self.shuffle, self.seed = dataset, budget, shuffle, seed
+        self.epoch, self.position = 0, 0  # position = index of the next step within the epoch
+        self._cached: tuple[int, list[list[int]]] | None = None
+
+    def steps(self, epoch: int) -> list[list[int]]:
+        """The row indices of each step of ``epoch``, in the order they are trained."""
+        if self._cached is not None and self._cached[0] == epoch:
+            return self._cached[1]
+        rng = np.random.default_rng([self.seed, epoch])
+        ties = rng.random(len(self.dataset)) if self.shuffle else np.zeros(len(self.dataset))
+        prompt = [len(p) for p in self.dataset.prompt_ids]
+        response = [len(r) for r in self.dataset.response_ids]
+        # by length, then by response length (equal keys then have equal prompts too, so the cut below does not
+        # depend on the tie order): ascending, so the row being added is (about) the longest so far
+        order = sorted(range(len(self.dataset)), key=lambda i: (prompt[i] + response[i], response[i], ties[i]))
+        steps: list[list[int]] = []
+        current: list[int] = []
+        longest_prompt = longest_response = 0
+        for i in order:
+            p, r = max(longest_prompt, prompt[i]), max(longest_response, response[i])
+            if current and (len(current) + 1) * (p + r) > self.budget:
+                steps.append(current)
+                current, p, r = [], prompt[i], response[i]
+            current.append(i)
+            longest_prompt, longest_response = p, r
+        if current:
+            steps.append(current)
+        if self.shuffle:
+            steps = [steps[k] for k in rng.permutation(len(steps))]
+        self._cached = (epoch, steps)
+        return steps
+
+    def batches_per_epoch(self) -> int:
+        return len(self.steps(self.epoch))
+
+    def policy_tokens_per_step(self) -> float:
+        """Mean policy tokens of a step over an epoch (the same for every epoch): the constant the loss divides by."""
+        return self.dataset.policy_tokens() / self.batches_per_epoch()
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Yields the rest of the current epoch, then advances to the next one."""
+        steps = self.steps(self.epoch)
+        while self.position < len(steps):
+            rows = steps[self.position]
+            self.position += 1
+            yield self.dataset.batch(rows)
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -1,5 +1,6 @@
 """The supervised cold start (``verl.trainer.main_sft``) on a tiny model: it learns the loop's tags, resumes exactly,
-trains LoRA adapters, and refuses bad input with a message naming it. In-process (``main(argv)``), no services."""
+trains LoRA adapters, groups rows into token-budget steps, and refuses bad input with a message naming it.
+In-process (``main(argv)``), no services."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ from data_prep.qa_search import make_row, rows_to_parquet
 from search_r1.prompts import make_prompt
 from tests.entry_points import in_process
 from tests.verl.trainer.sft_test_utils import TEMPLATE, question, scripted_rows, tiny_sft_model, write_rows
+from verl.config_sft import load_sft_config
+from verl.trainer.sft_trainer import SFTTrainer
+from verl.utils.sft_dataset import TokenBudgetLoader, TrajectoryDataset
+from verl.workers.model_utils import response_log_probs
+from verl.workers.train_utils import GlobalCounts
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -123,6 +129,84 @@ def test_lora_trains_only_the_adapters_and_exports_merged_weights(workspace, tmp
     assert shards < sum(t.numel() * 4 for t in base.values()) / 4  # adapters and their Adam moments only
     steps = losses(out)
     assert steps[6] < steps[1]
+
+
+def mixed_length_rows(n: int) -> list[dict]:
+    """Trajectories of three lengths, like the demo's scripted agent: an answer at once, one search, two searches."""
+    rows = scripted_rows(range(n))
+    for k, row in enumerate(rows):
+        if k % 3 == 0:  # a guess: the answer turn alone
+            row["turns"] = row["turns"][-1:]
+        elif k % 3 == 2:  # a second search before the answer
+            row["turns"] = row["turns"][:2] + row["turns"][:2] + row["turns"][2:]
+    return rows
+
+
+def test_token_budget_steps_group_by_length_and_resume_exactly(workspace, tmp_path):
+    """Guards against token-budget steps that drop or repeat a trajectory, overflow the budget, depend on the shuffle
+    for their count, or restart the epoch on resume: every row is trained once an epoch, every step of several rows
+    pads to <= the budget, each epoch has the same steps count in another order, and a loader restored from a
+    mid-epoch state yields the same remaining steps."""
+    tokenizer = AutoTokenizer.from_pretrained(workspace / "model")
+    data = TrajectoryDataset(str(write_rows(mixed_length_rows(60), tmp_path / "mixed.parquet")), tokenizer, 4096)
+    lengths = [len(p) + len(r) for p, r in zip(data.prompt_ids, data.response_ids, strict=True)]
+    budget = 3 * max(lengths)
+    loader = TokenBudgetLoader(data, budget, shuffle=True, seed=3)
+    epochs = []
+    for _ in range(2):
+        steps = [list(batch["row"]) for batch in loader]
+        assert sorted(i for rows in steps for i in rows) == list(range(60))
+        for rows in steps:
+            padded = len(rows) * (max(len(data.prompt_ids[i]) for i in rows) + max(len(data.response_ids[i])
+                                                                                   for i in rows))
+            assert len(rows) == 1 or padded <= budget, (rows, padded)
+        epochs.append(steps)
+    assert len(epochs[0]) == len(epochs[1]) < 60 / 2 and epochs[0] != epochs[1]
+    assert max(len(rows) for rows in epochs[0]) > min(len(rows) for rows in epochs[0])  # short rows, more a step
+    loader = TokenBudgetLoader(data, budget, shuffle=True, seed=3)
+    stream = iter(loader)
+    [next(stream) for _ in range(4)]
+    restored = TokenBudgetLoader(data, budget, shuffle=True, seed=3)
+    restored.load_state_dict(loader.state_dict())
+    assert [list(batch["row"]) for batch in restored] == epochs[0][4:]
+
+
+def test_token_budget_steps_weigh_every_policy_token_the_same(workspace, tmp_path):
+    """Guards against dividing a token-budget step's loss by its own token count (a token in a step of many short
+    rows would then weigh less than one in a step of a few long rows): each step's loss is its policy tokens' summed
+    NLL over one constant, the epoch's mean policy tokens per step, while the logged loss stays the token mean; and
+    a run on such steps trains (the loss falls) and resumes exactly."""
+    data = write_rows(mixed_length_rows(48), tmp_path / "mixed.parquet")
+    out = tmp_path / "run"
+    argv = args(workspace, out, f"data.train_files={data}", "data.train_batch_tokens=600", "optim.lr=3e-3",
+                "trainer.save_freq=3", "trainer.total_epochs=2")
+    cfg = load_sft_config(argv)
+    trainer = SFTTrainer(cfg)
+    steps = trainer.loader.steps(0)
+    divisor = trainer.loader.policy_tokens_per_step()
+    assert divisor == pytest.approx(trainer.train_set.policy_tokens() / len(steps))
+    tokens = [float(trainer.train_set.batch(rows)["loss_mask"].sum()) for rows in steps]
+    assert min(tokens) < divisor < max(tokens)  # the steps differ, so the two divisors differ
+    for rows in (steps[tokens.index(min(tokens))], steps[tokens.index(max(tokens))]):
+        batch = trainer.train_set.batch(rows)
+        mask = batch["loss_mask"].float()
+        with torch.no_grad():
+            log_prob, _ = response_log_probs(trainer.model, batch, trainer.device, trainer.dtype)
+            loss, metrics = trainer._micro_batch_loss(batch, GlobalCounts(tokens=float(mask.sum()), seqs=len(rows)))
+        nll = -float((log_prob * mask).sum())
+        assert float(loss) == pytest.approx(nll / divisor, rel=1e-5)
+        assert metrics["loss"] == pytest.approx(nll / float(mask.sum()), rel=1e-5)
+    trainer.tracker.close()
+    shutil.rmtree(out)
+    assert main(argv) == 0
+    first = losses(out)
+    assert sorted(first) == list(range(1, 2 * len(steps) + 1))
+    assert sum(first[k] for k in sorted(first)[-3:]) < sum(first[k] for k in sorted(first)[:3]) / 2
+    last = max(first)
+    shutil.rmtree(out / f"global_step_{last}")
+    shutil.rmtree(out / "hf_model")
+    assert main(argv) == 0
+    assert losses(out) == pytest.approx(first, rel=1e-6)
 
 
 def _write_table(path: Path, rows: list[dict]) -> Path:
