@@ -44,6 +44,9 @@ Choices:
 - Sizes: vocabulary 2048 (BPE on corpus, prompts and trajectories), Qwen2 with hidden 64 x ``num_heads`` (vLLM's
   CPU attention needs head_dim 64), ``num_layers`` layers; AdamW with linear warmup and cosine decay; batches of
   similar-length trajectories to waste little compute on padding; seeded.
+- ``--trainer main_sft`` trains the same trajectories through ``verl.trainer.main_sft``, the cold start every user's
+  model takes (``data_prep/warm_start_sft.py``: the rows hold this loop's tokens exactly); it becomes the default, and
+  this loop goes, once ``make demo``'s ranges are measured with it (three seeds).
 - Pinned numerics: the command runs under ``configs/demo_numerics.env`` (it re-executes itself with those variables
   if they are not set), so the same seed gives the same policy, bit for bit, on any AVX2 machine and with any
   thread count; ``make demo`` and ``benchmarks/ablations.py`` run the trainer under the same variables.
@@ -113,6 +116,8 @@ class WarmStartConfig:
     warmup_ratio: float = 0.05
     max_obs_length: int = 96  # tokens of one inserted block, tags included (data.max_obs_length)
     seed: int = 0
+    trainer: str = "own"  # own: this module's loop; main_sft: the rows through verl.trainer.main_sft
+    # (data_prep/warm_start_sft.py), the path of every user's cold start, being validated before it is the default
     threads: int | None = None  # torch threads (None: torch's default, OMP_NUM_THREADS or the cores); under the
     # pinned numerics the result does not depend on it
 
@@ -336,6 +341,18 @@ def _optimise(model: Qwen2ForCausalLM, steps: int, lr: float, warmup_ratio: floa
     return losses
 
 
+def pretrain_copy(model: Qwen2ForCausalLM, pad_id: int, cfg: WarmStartConfig, rng: random.Random,
+                  copy_tokens: Sequence[int]) -> None:
+    """At most ``cfg.copy_steps`` steps of the copy task alone (64 rows each), until its loss is below 0.2: the
+    copying circuit has formed (what a pretrained model brings; ``copy_task_batch``)."""
+    if cfg.copy_steps and copy_tokens:
+        copy_losses = _optimise(model, cfg.copy_steps, cfg.lr, 0.05, lambda: batch_loss(
+            model, None, copy_task_batch(copy_tokens, 64, cfg.copy_length, rng, pad_id)), "copy task", decay=False,
+            stop_below=0.2)
+        logger.info("copy task: loss %.3f after %d steps", sum(copy_losses[-20:]) / len(copy_losses[-20:]),
+                    len(copy_losses))
+
+
 def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int], list[int]]], pad_id: int,
                           cfg: WarmStartConfig, rng: random.Random, copy_tokens: Sequence[int] = ()) -> list[float]:
     """Train on (ids, labels) examples; returns the loss of each trajectory step.
@@ -355,12 +372,7 @@ def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int
     n_prefix = shared_prefix_length(examples)
     prefix = torch.tensor([examples[0][0][:n_prefix]])  # [1, P]
     rest = [(ids[n_prefix:], labels[n_prefix:]) for ids, labels in examples]
-    if cfg.copy_steps and copy_tokens:
-        copy_losses = _optimise(model, cfg.copy_steps, cfg.lr, 0.05, lambda: batch_loss(
-            model, None, copy_task_batch(copy_tokens, 64, cfg.copy_length, rng, pad_id)), "copy task", decay=False,
-            stop_below=0.2)
-        logger.info("copy task: loss %.3f after %d steps", sum(copy_losses[-20:]) / len(copy_losses[-20:]),
-                    len(copy_losses))
+    pretrain_copy(model, pad_id, cfg, rng, copy_tokens)
     lengths = [len(ids) for ids, _ in rest]
     labelled = [sum(label != IGNORE for label in labels) for _, labels in rest]
     batches = token_budget_batches(lengths, cfg.tokens_per_batch, rng)  # one epoch; every epoch has as many
@@ -406,13 +418,20 @@ def build_tiny_policy(data_dir: str | Path, out_dir: str | Path, search: SearchF
     train_start = time.time()
     special = set(tokenizer.all_special_ids) | set(tokenizer.convert_tokens_to_ids(TAG_TOKENS))
     copy_tokens = [i for i in range(len(tokenizer)) if i not in special]
-    losses = supervised_warm_start(model, examples, tokenizer.pad_token_id, cfg, rng, copy_tokens)
-    train_seconds = time.time() - train_start
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    if cfg.trainer == "main_sft":
+        from data_prep import warm_start_sft
+
+        pretrain_copy(model, tokenizer.pad_token_id, cfg, rng, copy_tokens)
+        losses = warm_start_sft.run(model, tokenizer, trajs, [len(ids) for ids, _ in examples],
+                                    shared_prefix_length(examples), corpus, cfg, rng, out_dir)
+    else:
+        losses = supervised_warm_start(model, examples, tokenizer.pad_token_id, cfg, rng, copy_tokens)
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+    train_seconds = time.time() - train_start
     figures = {
         "trajectories": len(trajs),
         "guess_fraction": sum(len(t.segments) == 1 for t in trajs) / len(trajs),
@@ -465,6 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-heads", type=int, default=defaults.num_heads, help="hidden size = 64 x heads")
     parser.add_argument("--copy-steps", type=int, default=defaults.copy_steps,
                         help="at most this many steps of the copy task before the trajectories")
+    parser.add_argument("--trainer", choices=("own", "main_sft"), default=defaults.trainer,
+                        help="own: this module's training loop; main_sft: the scripted rows through "
+                             "verl.trainer.main_sft (data_prep/warm_start_sft.py)")
     parser.add_argument("--threads", type=int, default=defaults.threads,
                         help="torch threads (default: torch's own; the result does not depend on it)")
     args = parser.parse_args(argv)
@@ -473,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     client = RetrievalClient(args.retriever_url, topk=3)
     cfg = WarmStartConfig(steps=args.steps, seed=args.seed, num_layers=args.num_layers, num_heads=args.num_heads,
-                          copy_steps=args.copy_steps, threads=args.threads)
+                          copy_steps=args.copy_steps, trainer=args.trainer, threads=args.threads)
     figures = build_tiny_policy(args.data, args.out, client.search, cfg)
     print(json.dumps(figures, indent=1))
     return 0

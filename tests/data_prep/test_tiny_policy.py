@@ -208,3 +208,50 @@ def test_tiny_warm_start_saves_a_model_that_loads_and_generates(demo, tmp_path):
     out = model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False)
     assert out.shape[1] == len(ids) + 5 or out[0, -1].item() == tokenizer.eos_token_id
     assert (tmp_path / "policy" / "warm_start.json").exists()
+
+
+def test_warm_start_rows_hold_the_own_loops_tokens_and_masks(scripted, tmp_path):
+    """Guards against the main_sft warm start training on other tokens than the own loop's (a passage block
+    tokenised or cut differently, a lost turn, a mask on the prompt or the passages): every trajectory's SFT row,
+    read by the SFT dataset, has the own loop's ids (without the EOS it appended after the answer) and loss
+    positions; copy rows repeat their prompt's words."""
+    from data_prep import warm_start_sft
+    from verl.utils.sft_dataset import TrajectoryDataset
+
+    trajs, tokenizer, cfg = scripted
+    words = ["Vuzaholm", "Arlen", "Tosk", "guild", "north"]
+    path = warm_start_sft.write_rows(trajs, tokenizer, words, 5, 8, cfg.max_obs_length, random.Random(1),
+                                     tmp_path / "rows.parquet")
+    data = TrajectoryDataset(str(path), tokenizer, 100000)
+    assert len(data) == len(trajs) + 5
+    cut = 0
+    for k, traj in enumerate(trajs):
+        ids, labels, n_prompt = encode_trajectory(tokenizer, traj, cfg.max_obs_length)
+        assert ids[-1] == tokenizer.eos_token_id
+        assert data.prompt_ids[k] == ids[:n_prompt] and data.response_ids[k] == ids[n_prompt:-1], k
+        assert data.info_masks[k] == [int(label != IGNORE) for label in labels[n_prompt:-1]], k
+        cut += sum(len(observation_ids(tokenizer, seg.docs, 10**6)) > cfg.max_obs_length
+                   for seg in traj.segments if seg.docs is not None)
+    assert cut > 0  # blocks the loop cuts are among them
+    for k in range(len(trajs), len(data)):
+        copied = tokenizer.decode(data.response_ids[k])
+        assert 2 <= len(copied.split()) <= 8 and set(copied.split()) <= set(words)
+        assert tokenizer.decode(data.prompt_ids[k]).count(copied) == 1
+
+
+def test_warm_start_through_main_sft_saves_a_policy_that_loads_and_generates(demo, tmp_path):
+    """Guards against the main_sft warm start failing end to end or leaving the policy directory without what RL
+    loads: a few copy and trajectory steps, then load and generate; the SFT run (rows, checkpoints, metrics) is kept
+    beside the model."""
+    root, client = demo
+    cfg = WarmStartConfig(steps=3, copy_steps=2, tokens_per_batch=600, trajectories_per_question=1, vocab_size=600,
+                          trainer="main_sft")
+    figures = build_tiny_policy(root / "data", tmp_path / "policy", client.search, cfg)
+    assert figures["trajectories"] == 35 * 2 and figures["final_loss"] > 0
+    run = tmp_path / "policy" / "warm_start" / "sft"
+    assert (run / "metrics.jsonl").read_text().count("\n") == 3 and (run / "hf_model").is_dir()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "policy")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    ids = prompt_ids(tokenizer, "Who founded the Lorem Guild?")
+    out = model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False)
+    assert out.shape[1] == len(ids) + 5 or out[0, -1].item() == tokenizer.eos_token_id

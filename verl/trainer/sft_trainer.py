@@ -19,6 +19,9 @@ Choices, and what is shared with the RL trainer (so a cold-started policy is tra
   loader's position, so a rerun of the same command continues where the last checkpoint was written, with the
   same batches. ``hf_model/`` (merged under LoRA) is written at the end: give it to RL as
   ``actor_rollout_ref.model.path``.
+- The prompt tokens every training row starts with (the instruction, a chat template's system prompt) run once per
+  micro-batch and their keys and values serve every row (``verl/workers/shared_prefix.py``, equal to the actor's
+  log-probs to float rounding); in the demo that is half of each row's tokens.
 - One process (``trainer.device``): a cold start is short next to RL; no data-parallel ranks.
 """
 
@@ -48,6 +51,7 @@ from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.export import save_hf_model
 from verl.workers.lora import LoraSpec
 from verl.workers.model_utils import DTYPES, check_model_files, load_model, resolve_device, response_log_probs
+from verl.workers.shared_prefix import MIN_PREFIX, batch_prefix_length, shared_prefix_log_probs
 from verl.workers.train_utils import GlobalCounts, TrainState
 
 logger = logging.getLogger(__name__)
@@ -88,6 +92,9 @@ class SFTTrainer:
         self.model = load_model(AutoModelForCausalLM, m.partial_pretrain, device=self.device, dtype=torch.float32,
                                 seed=t.seed, trainable=True, gradient_checkpointing=m.enable_gradient_checkpointing,
                                 trust_remote_code=m.trust_remote_code, lora=self.lora)
+        # the prompt tokens all rows of a micro-batch start with (the instruction) run once; not under gradient
+        # checkpointing, which turns the model's cache off in training
+        self.share_prefix = not getattr(self.model, "is_gradient_checkpointing", False)
         o = cfg.optim
         self.state = TrainState(self.model, o.lr, o.weight_decay, o.warmup_steps_ratio, self.total_steps, o.clip_grad,
                                 betas=tuple(o.betas), schedule=o.lr_scheduler, min_lr_ratio=o.min_lr_ratio)
@@ -145,10 +152,22 @@ class SFTTrainer:
         tokens per step (steps of short rows hold more rows; each token weighs the same in every step). The logged
         ``loss`` is the token mean either way."""
         mask = micro["loss_mask"].to(self.device).float()  # [b, R], 1 = sampled by the policy (trained)
-        log_prob, _ = response_log_probs(self.model, micro, self.device, self.dtype)  # [b, R]
+        log_prob = self._log_probs(micro)  # [b, R]
         divisor = self.token_divisor or counts.tokens
         loss = -agg_loss(log_prob, mask, "token-mean", global_tokens=divisor)
         return loss, {"loss": loss.item() * divisor / counts.tokens}
+
+    def _log_probs(self, micro: Batch) -> Tensor:
+        """Log-probs [b, R] of the micro-batch's responses; the shared prompt prefix run once when there is one
+        (``verl/workers/shared_prefix.py``: the same values), unless the model's cache cannot be repeated per row."""
+        prefix = batch_prefix_length(micro) if self.share_prefix else 0
+        if prefix >= MIN_PREFIX:
+            try:
+                return shared_prefix_log_probs(self.model, micro, prefix, self.device, self.dtype)
+            except (AttributeError, NotImplementedError) as err:  # a cache type without batch_repeat_interleave
+                logger.warning("running every row's prompt in full: the model's cache cannot be shared (%s)", err)
+                self.share_prefix = False
+        return response_log_probs(self.model, micro, self.device, self.dtype)[0]
 
     def validate(self) -> dict[str, float]:
         """``val/loss``: the mean NLL per policy token of the validation trajectories (no gradient)."""

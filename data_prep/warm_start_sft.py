@@ -1,0 +1,125 @@
+"""The demo's warm start through the supervised cold-start path: the tiny policy's scripted trajectories as SFT rows,
+trained by ``verl.trainer.main_sft`` (``python -m data_prep.tiny_policy --trainer main_sft``).
+
+What is the same as the tiny policy's own loop (``data_prep/tiny_policy.py``): the scripted agent, the tokenizer, the
+model, the copy task that forms the copying circuit before the trajectories (the tiny model's stand-in for what a
+pretrained model brings), AdamW with betas (0.9, 0.98) and weight decay 0.01, a linear warm-up then a cosine to 10 %,
+clipping at 1, steps of similar-length trajectories up to a padded-token budget with every policy token weighted the
+same (``data.train_batch_tokens``).
+
+What differs, because the rows now go through the path every user's cold start takes:
+- the rows are text (``turns``), tokenised by ``verl.utils.sft_dataset`` as RL tokenises them; a passage block that the
+  loop would cut to ``data.max_obs_length`` is written as the decoded cut block, so the rows hold what RL shows;
+- a policy turn ends at its stop string, without the EOS the own loop appended (the loop never samples past
+  ``</answer>``);
+- the copy task's rows that the own loop mixed into every step (fresh random sequences) are rows of the data: random
+  words of the corpus, the prompt a sequence and the response the same sequence, as many as the own loop drew in one
+  epoch's steps;
+- the token budget counts the prompt too (the own loop ran the instruction shared by all rows once per step, so its
+  budget counted what came after it): it is scaled by the rows' whole length over their length after the instruction,
+  which keeps about as many steps per epoch (30 against 27 for 400 questions, copy rows included).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from data_prep.cold_start import sft_row
+from data_prep.qa_search import make_row
+from data_prep.sft_rows import rows_to_sft_parquet
+from search_r1.llm_agent.formatting import information_block, observation_ids, policy_turn
+
+COPY_SOURCE = "copy_task"
+
+
+def trajectory_turns(tokenizer, segments: Sequence, max_obs_length: int) -> list[dict]:
+    """SFT turns of a scripted trajectory's segments (``tiny_policy.Segment``): policy text trained, passage blocks
+    context, each block as the agent loop inserts it (cut to ``max_obs_length`` tokens when longer)."""
+    turns = []
+    for seg in segments:
+        if seg.docs is None:
+            turns.append(policy_turn(seg.text))
+            continue
+        ((ids, cut),) = observation_ids(tokenizer, [seg.docs], max_obs_length)
+        turns.append({"text": tokenizer.decode(ids) if cut else information_block(seg.docs), "sampled": False})
+    return turns
+
+
+def copy_rows(words: Sequence[str], count: int, max_words: int, rng: random.Random) -> list[dict]:
+    """``count`` copy-task rows: the prompt a sequence of 2 to ``max_words`` random ``words``, the response (trained)
+    the same sequence."""
+    rows = []
+    for k in range(count):
+        seq = " ".join(rng.choice(words) for _ in range(rng.randint(2, max(2, max_words))))
+        row = {**make_row(COPY_SOURCE, "copy", [seq], "train", k), "prompt": [{"role": "user", "content": seq}]}
+        rows.append(sft_row(row, [policy_turn(seq)]))
+    return rows
+
+
+def write_rows(trajs: Sequence, tokenizer, words: Sequence[str], copy_count: int, max_words: int,
+               max_obs_length: int, rng: random.Random, path: Path) -> Path:
+    """The warm start's SFT parquet: one row per scripted trajectory, then ``copy_count`` copy-task rows."""
+    rows = [sft_row(make_row(t.question.data_source, t.question.question, t.question.answers, "train", k),
+                    trajectory_turns(tokenizer, t.segments, max_obs_length)) for k, t in enumerate(trajs)]
+    rows += copy_rows(words, copy_count, max_words, rng)
+    rows_to_sft_parquet(rows, path)
+    return path
+
+
+def train(pretrained: Path, rows: Path, run_dir: Path, steps: int, tokens_per_step: int, lr: float,
+          warmup_ratio: float, seed: int) -> list[float]:
+    """``main_sft`` on ``rows`` from the model directory ``pretrained`` into ``run_dir`` (resumed if it holds this run);
+    returns the logged loss of each step (the token mean of the policy tokens)."""
+    from verl.config_sft import load_sft_config
+    from verl.trainer.sft_trainer import SFTTrainer
+    from verl.utils.tracking import read_metrics
+
+    cfg = load_sft_config([
+        f"model.partial_pretrain={pretrained}", f"data.train_files={rows}",
+        f"data.train_batch_tokens={tokens_per_step}", "data.micro_batch_size_per_gpu=100000", "data.max_length=100000",
+        f"optim.lr={lr}", "optim.weight_decay=0.01",
+        "optim.betas=[0.9,0.98]", f"optim.warmup_steps_ratio={warmup_ratio}", "optim.lr_scheduler=cosine",
+        "optim.min_lr_ratio=0.1", "optim.clip_grad=1.0", f"trainer.total_training_steps={steps}",
+        f"trainer.seed={seed}", "trainer.device=cpu", "trainer.logger=[jsonl]", "trainer.save_freq=500",
+        "trainer.experiment_name=warm_start", f"trainer.default_local_dir={run_dir}"])
+    trainer = SFTTrainer(cfg)
+    trainer.fit()
+    return [r["train/loss"] for r in read_metrics(trainer.tracker.jsonl_path)]
+
+
+def install(run_dir: Path, out_dir: Path) -> None:
+    """Copy the run's ``hf_model/`` (weights, config, generation config, tokenizer) into the policy directory."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for item in (run_dir / "hf_model").iterdir():
+        shutil.copy2(item, out_dir / item.name)
+
+
+def copy_rows_per_epoch(lengths: Sequence[int], tokens_per_step: int, rows_per_step: int) -> int:
+    """As many copy rows as the own loop drew over one epoch: ``rows_per_step`` for each of about
+    sum(lengths) / budget steps."""
+    return rows_per_step * max(1, math.ceil(sum(lengths) / tokens_per_step))
+
+
+def run(model, tokenizer, trajs: Sequence, lengths: Sequence[int], n_prefix: int, corpus: Sequence[str], cfg,
+        rng: random.Random, out_dir: Path) -> list[float]:
+    """The trajectories and copy rows as SFT rows through ``main_sft``, from ``model`` (the copy task already
+    trained); the policy is written to ``out_dir``, its run kept in ``out_dir/warm_start``. ``lengths``: the own loop's
+    token counts of ``trajs``, ``n_prefix`` the instruction they share; ``cfg`` a ``tiny_policy.WarmStartConfig``.
+    Returns the losses."""
+    work = out_dir / "warm_start"
+    model.save_pretrained(work / "pretrained")
+    tokenizer.save_pretrained(work / "pretrained")
+    after_prefix = [n - n_prefix for n in lengths]
+    # the own loop's budget counted the tokens after the shared instruction; this one counts whole rows
+    budget = round(cfg.tokens_per_batch * sum(lengths) / sum(after_prefix))
+    words = sorted({w for text in corpus for w in text.split() if w.isalpha()})
+    copy_count = copy_rows_per_epoch(after_prefix, cfg.tokens_per_batch, cfg.copy_rows)
+    rows = write_rows(trajs, tokenizer, words, copy_count, cfg.copy_length // 3, cfg.max_obs_length, rng,
+                      work / "rows.parquet")
+    losses = train(work / "pretrained", rows, work / "sft", cfg.steps, budget, cfg.lr, cfg.warmup_ratio, cfg.seed)
+    install(work / "sft", out_dir)
+    return losses

@@ -1,0 +1,89 @@
+"""Log-probs of a micro-batch whose prompts all start with the same tokens, with that prefix run once.
+
+Every row of a Search-R1 dataset starts with the same instruction (and a chat template's system prompt): in the demo
+84 of a trajectory's 159 tokens on average. The supervised cold start trains on every row in full, so it spends about
+half its forward and backward passes on the same tokens. Here the prefix runs once ([1, p0]), its keys and values
+are repeated for the b rows (``Cache.batch_repeat_interleave``; gradients flow back through the repeat, so the
+prefix's weights get the sum of the rows' gradients, as in the full computation), and the rows' remainders run
+against that cache.
+
+Layout. ``pack_trajectories`` left-pads prompts, so the prefix sits at another column in every row. Here each row is
+rebuilt right-padded, ``[prompt_i] [response_i] [pad]``: the prefix in columns 0..p0-1 of every row, every real token
+at the column of its position (no holes, so sliding-window attention sees the distances it sees in the full layout).
+The responses then start at another column in each row; the logits that predict them are gathered per row.
+
+The result equals ``model_utils.response_log_probs`` to float rounding (``tests/verl/workers/test_shared_prefix.py``,
+values and gradients, on several model families).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from verl.algorithms.logprobs import logprobs_and_entropy
+from verl.protocol import Batch
+from verl.workers.model_utils import autocast
+
+MIN_PREFIX = 8  # shorter shared prefixes are not worth a second forward call
+
+
+def batch_prefix_length(batch: Batch) -> int:
+    """``common_prefix_length`` of the micro-batch's prompts (``prompts`` [b, P], left-padded)."""
+    prompts, attention_mask = batch["prompts"], batch["attention_mask"]
+    P = prompts.shape[1]
+    lengths = attention_mask[:, :P].sum(dim=1).tolist()
+    return common_prefix_length([row[P - n:] for row, n in zip(prompts.tolist(), lengths, strict=True)])
+
+
+def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens every prompt starts with, at most the shortest prompt's length minus one (each row keeps at least one
+    prompt token of its own: the one that predicts its first response token)."""
+    if not prompts:
+        return 0
+    limit = min(len(p) for p in prompts) - 1
+    prefix = os.path.commonprefix([list(p[:limit]) for p in prompts])
+    return max(0, len(prefix))
+
+
+def right_padded(batch: Batch) -> tuple[Tensor, Tensor, Tensor, int]:
+    """The micro-batch's rows right-padded (module docstring): input_ids and attention_mask [b, T], the column of
+    each row's first response token [b], and r, the longest response."""
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # [b, P+R] each
+    R = batch["responses"].shape[1]
+    P = attention_mask.shape[1] - R
+    prompt_len = attention_mask[:, :P].sum(dim=1)  # [b]
+    response_len = attention_mask[:, P:].sum(dim=1)  # [b]
+    width = int((prompt_len + response_len).max())
+    ids = torch.zeros((len(input_ids), width), dtype=input_ids.dtype)
+    mask = torch.zeros((len(input_ids), width), dtype=attention_mask.dtype)
+    for i, (lp, lr) in enumerate(zip(prompt_len.tolist(), response_len.tolist(), strict=True)):
+        ids[i, :lp + lr] = input_ids[i, P - lp:P + lr]
+        mask[i, :lp + lr] = 1
+    return ids, mask, prompt_len, int(response_len.max())
+
+
+def shared_prefix_log_probs(model: nn.Module, batch: Batch, p0: int, device: torch.device,
+                            dtype: torch.dtype) -> Tensor:
+    """Log-probs [b, R] of ``responses``, as ``model_utils.response_log_probs`` computes them, with the ``p0``
+    prompt tokens every row starts with run once. 0 at response padding."""
+    ids, mask, first, r = right_padded(batch)
+    responses = batch["responses"]
+    rows, R = responses.shape
+    width = ids.shape[1]
+    positions = torch.arange(width, device=device).expand(rows, -1)  # [b, T]: right padding, no holes
+    ids, mask = ids.to(device), mask.to(device)
+    # the remainder's column predicting response token k of row i: first_i + k - 1 - p0 (clamped on padding)
+    column = (first.to(device)[:, None] - 1 - p0 + torch.arange(r, device=device)).clamp(max=width - p0 - 1)  # [b, r]
+    with autocast(device, dtype):
+        cache = model(input_ids=ids[:1, :p0], position_ids=positions[:1, :p0], use_cache=True).past_key_values
+        cache.batch_repeat_interleave(rows)
+        logits = model(input_ids=ids[:, p0:], attention_mask=mask, position_ids=positions[:, p0:],
+                       past_key_values=cache, use_cache=True).logits  # [b, T - p0, V]
+    logits = logits.gather(1, column[..., None].expand(-1, -1, logits.shape[-1]))  # [b, r, V]
+    log_prob, _ = logprobs_and_entropy(logits, responses[:, :r].to(device), False, False)  # [b, r]
+    log_prob = log_prob * batch["attention_mask"][:, -R:][:, :r].to(device)
+    return torch.nn.functional.pad(log_prob, (0, R - r))
