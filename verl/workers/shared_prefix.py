@@ -76,13 +76,16 @@ def shared_prefix_log_probs(model: nn.Module, batch: Batch, p0: int, device: tor
     width = ids.shape[1]
     positions = torch.arange(width, device=device).expand(rows, -1)  # [b, T]: right padding, no holes
     ids, mask = ids.to(device), mask.to(device)
-    # the remainder's column predicting response token k of row i: first_i + k - 1 - p0 (clamped on padding)
-    column = (first.to(device)[:, None] - 1 - p0 + torch.arange(r, device=device)).clamp(max=width - p0 - 1)  # [b, r]
+    # the LM head runs on the columns from the one before the earliest response on: the last `keep` of the T
+    # columns; the kept column predicting response token k of row i is first_i - 1 + k - (T - keep), clamped on
+    # padding
+    keep = width - int(first.min()) + 1
+    column = (first.to(device)[:, None] - 1 - (width - keep) + torch.arange(r, device=device)).clamp(max=keep - 1)
     with autocast(device, dtype):
         cache = model(input_ids=ids[:1, :p0], position_ids=positions[:1, :p0], use_cache=True).past_key_values
         cache.batch_repeat_interleave(rows)
         logits = model(input_ids=ids[:, p0:], attention_mask=mask, position_ids=positions[:, p0:],
-                       past_key_values=cache, use_cache=True).logits  # [b, T - p0, V]
+                       past_key_values=cache, use_cache=True, logits_to_keep=keep).logits  # [b, keep, V]
     logits = logits.gather(1, column[..., None].expand(-1, -1, logits.shape[-1]))  # [b, r, V]
     log_prob, _ = logprobs_and_entropy(logits, responses[:, :r].to(device), False, False)  # [b, r]
     log_prob = log_prob * batch["attention_mask"][:, -R:][:, :r].to(device)
