@@ -1,15 +1,21 @@
 """Each rollout engine against the library call it wraps, and the cost of a weight sync (figures, never pass/fail).
 
     python benchmarks/bench_rollout.py [--model DIR] [--random-weights] [--device cpu|cuda] [--dtype float32]
-                                       [--prompts 16] [--prompt-tokens 100-200] [--max-tokens 64] [--repeats 3]
-                                       [--engines hf,vllm] [--threads N] [--hidden-size 128] [--layers 2]
+                                       [--prompts 16] [--prompt-tokens 100-200] [--data PARQUET --samples 4]
+                                       [--max-tokens 64] [--repeats 3] [--engines hf,vllm] [--threads N]
+                                       [--hidden-size 128] [--layers 2]
 
-For each engine the same prompts (random token ids of ``--prompt-tokens`` length, fixed seed) are continued at
-temperature 1 with up to ``--max-tokens`` new tokens, alternately by:
+For each engine the same prompts (random token ids of ``--prompt-tokens`` length, fixed seed; or with ``--data``
+the first ``--prompts`` prompts of a QA parquet, rendered as the trainer renders them, each ``--samples`` times: a
+first turn of the agent loop) are continued at temperature 1 with up to ``--max-tokens`` new tokens, alternately by:
   * the engine (``HFRollout`` / ``VLLMRollout.generate``) with what the agent loop asks of it: its log-probs and the
     stop strings ``</search>`` and ``</answer>`` (found in the decoded text), and
   * the plain library call on the engine's own model: ``model.generate`` (left-padded batch, the same sampling,
-    eos and pad) / ``vllm.LLM.generate`` (token prompts, the same sampling, no log-probs, no stop strings).
+    eos and pad, and transformers' own ``StopStringCriteria`` on the same stop strings, built once; a row that has
+    stopped stays in the batch until the last row stops, as ``generate`` keeps it) / ``vllm.LLM.generate`` (token
+    prompts, the same sampling, no log-probs, no stop strings).
+With real prompts, rows stop at different lengths and the HF engine's dropping of ended rows shows (a sampled
+trajectory that never closes its tag runs to ``--max-tokens`` alone, not with the whole batch).
 Tokens/s counts the tokens each returned (up to and including eos); the ratio engine / plain is the engine's
 overhead (1.0 = none). MFU: the model FLOPs of the prompts and the returned tokens (``verl.workers.flops``) over
 the time and the device's measured matmul peak in the engine's dtype. Medians over ``--repeats`` pairs after one
@@ -31,7 +37,8 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteriaList
+from transformers.generation.stopping_criteria import StopStringCriteria
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -50,9 +57,10 @@ def make_prompts(count: int, vocab: int, lengths: tuple[int, int], seed: int = 0
 
 def hf_pair(model: str, args):
     """(engine call, plain call) for the HF engine; each returns the generated ids per row."""
-    from verl.workers.rollout.hf_rollout import HFRollout
+    from verl.workers.rollout.hf_rollout import HFRollout, truncate_at_stop
 
-    engine = HFRollout(model, dtype=args.dtype, device=args.device, micro_batch_size=args.prompts)
+    engine = HFRollout(model, dtype=args.dtype, device=args.device, micro_batch_size=args.prompts * args.samples)
+    stops = StoppingCriteriaList([StopStringCriteria(engine.tokenizer, STOPS)])  # built once: 0.4 s for SmolLM2
 
     def engine_call(prompts, seed):
         outs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=seed,
@@ -65,10 +73,10 @@ def hf_pair(model: str, args):
         config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.max_tokens,
                                   eos_token_id=engine.eos_ids, pad_token_id=engine.pad_id)
         with torch.inference_mode():
-            out = engine.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            out = engine.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                        stopping_criteria=stops)
         rows = out[:, ids.shape[1]:].tolist()
-        eos = set(engine.eos_ids)
-        return [row[:next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))] for row in rows]
+        return [truncate_at_stop(row, engine.eos_ids, STOPS, engine._decode)[0] for row in rows]
 
     return engine, engine_call, plain_call
 
@@ -101,6 +109,7 @@ def bench(name: str, model: str, prompts: list[list[int]], args) -> dict[str, fl
     flops = ModelFlops.of(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).to("meta"))
     rates: dict[str, list[float]] = {"engine": [], "plain": []}
     work: dict[str, list[float]] = {"engine": [], "plain": []}
+    returned: dict[str, list[int]] = {"engine": [], "plain": []}  # tokens a call returned (all rows)
     for rep in range(args.repeats + 1):  # rep 0 warms both up
         for kind, call in (("plain", plain_call), ("engine", engine_call)):
             if args.device == "cuda":
@@ -112,6 +121,7 @@ def bench(name: str, model: str, prompts: list[list[int]], args) -> dict[str, fl
             seconds = time.perf_counter() - start
             if rep:
                 rates[kind].append(sum(map(len, rows)) / seconds)
+                returned[kind].append(sum(map(len, rows)))
                 lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, rows, strict=True)])
                 work[kind].append(flops.forward(lengths) / seconds)
     state = AutoModelForCausalLM.from_pretrained(model).state_dict()
@@ -122,7 +132,8 @@ def bench(name: str, model: str, prompts: list[list[int]], args) -> dict[str, fl
         sync_s.append(time.perf_counter() - start)
     return {"load_s": load_s, "sync_s": statistics.median(sync_s),
             **{f"{kind}_tokens_per_s": statistics.median(v) for kind, v in rates.items()},
-            **{f"{kind}_flops": statistics.median(v) for kind, v in work.items()}}
+            **{f"{kind}_flops": statistics.median(v) for kind, v in work.items()},
+            **{f"{kind}_tokens": statistics.median(v) for kind, v in returned.items()}}
 
 
 def main() -> None:
@@ -133,6 +144,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--prompt-tokens", default="100-200", help="min-max prompt length")
+    parser.add_argument("--data", help="QA parquet whose first --prompts prompts are used (default: random ids)")
+    parser.add_argument("--samples", type=int, default=1, help="with --data: rows per prompt")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--engines", default="hf,vllm")
@@ -155,18 +168,27 @@ def main() -> None:
             AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).save_pretrained(tmp)
             AutoTokenizer.from_pretrained(model).save_pretrained(tmp)
             model = tmp
-        vocab = AutoConfig.from_pretrained(model).vocab_size
-        prompts = make_prompts(args.prompts, vocab, args.prompt_tokens)
+        if args.data:
+            from verl.utils.dataset import PromptDataset
+
+            dataset = PromptDataset(args.data, AutoTokenizer.from_pretrained(model), 100_000, max_samples=args.prompts)
+            prompts = [ids for ids in dataset.prompt_ids for _ in range(args.samples)]
+            lengths = [len(ids) for ids in prompts]
+            args.prompt_tokens = (min(lengths), max(lengths))
+        else:
+            args.samples = 1
+            prompts = make_prompts(args.prompts, AutoConfig.from_pretrained(model).vocab_size, args.prompt_tokens)
         peak = measure_peak_flops(args.device, args.dtype)
         results = {name: bench(name, model, prompts, args) for name in args.engines.split(",")}
-    print(f"{args.prompts} prompts of {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens, up to "
+    print(f"{len(prompts)} prompts of {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens, up to "
           f"{args.max_tokens} new tokens, {args.device} {args.dtype}, torch threads {torch.get_num_threads()}, "
           f"matmul peak {peak / 1e12:.2f} TFLOP/s, median of {args.repeats}")
     for name, r in results.items():
         print(f"{name:5s} engine {r['engine_tokens_per_s']:9.1f} tokens/s (MFU {r['engine_flops'] / peak:6.2%}) | "
               f"plain {r['plain_tokens_per_s']:9.1f} tokens/s (MFU {r['plain_flops'] / peak:6.2%}) | "
               f"engine / plain {r['engine_tokens_per_s'] / r['plain_tokens_per_s']:5.2f} | load {r['load_s']:5.1f} s "
-              f"| weight sync {1000 * r['sync_s']:7.1f} ms")
+              f"| weight sync {1000 * r['sync_s']:7.1f} ms | tokens a call (median) {r['engine_tokens']:.0f} / "
+              f"{r['plain_tokens']:.0f}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -154,3 +156,45 @@ def test_truncate_at_stop_on_the_real_vocabulary(qwen_tokenizer):
         kept, _, stop = expected
         inside += stop is not None and not decode(kept).endswith(stop)  # the stop ended inside the last token
     assert inside > 10
+
+
+def test_ended_rows_leave_the_batch(model_dir, prompts):
+    """Guards the reason the engine has its own decode loop: rows that ended must stop costing a batch row (a
+    batch that keeps its full width to its longest row is what made a demo-real step wait minutes), without
+    changing any row's tokens: the forward passes' batch sizes must shrink as rows end, and each row's greedy
+    tokens must equal those of the row generated alone."""
+    engine = HFRollout(str(model_dir), micro_batch_size=len(prompts), seed=0)
+    widths = []
+    hook = engine.model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]),
+                                                  with_kwargs=True)
+    params = SamplingParams(max_tokens=40, temperature=0, stop=STOPS)
+    try:
+        together = engine.generate(prompts, params)
+    finally:
+        hook.remove()
+    lengths = sorted(len(out.token_ids) for out in together)
+    assert lengths[0] < lengths[-1]  # rows end at different steps, else nothing could leave
+    assert widths[0] == len(prompts) and widths == sorted(widths, reverse=True)
+    # a step's batch holds the rows still running, plus fewer than a quarter of it that ended but were kept
+    for step, width in enumerate(widths[1:], start=1):
+        running = sum(length > step for length in lengths)
+        assert running <= width and (width == running or 4 * (width - running) < width)
+    assert widths[-1] < len(prompts)
+    alone = [engine.generate([p], params)[0] for p in prompts]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    assert [o.finish_reason for o in together] == [o.finish_reason for o in alone]
+
+
+def test_row_seeds_make_a_row_independent_of_its_batch(model_dir, prompts):
+    """Guards per-row sampling (``row_seeds``, what the async agent loop relies on) against drawing from the wrong
+    row's generator once ended rows leave the batch: a prompt's samples must be the same alone as in a batch."""
+    params = SamplingParams(max_tokens=24, temperature=1.5, top_p=0.95, n=2, stop=STOPS, logprobs=True)
+    seeds = [101 + 7 * i for i in range(len(prompts))]
+    engine = HFRollout(str(model_dir), micro_batch_size=len(prompts) * 2, seed=0)
+    together = engine.generate(prompts, replace(params, row_seeds=seeds))
+    for i, prompt in enumerate(prompts):
+        alone = engine.generate([prompt], replace(params, row_seeds=[seeds[i]]))
+        assert [o.token_ids for o in together[2 * i:2 * i + 2]] == [o.token_ids for o in alone]
+        for mixed, own in zip(together[2 * i:2 * i + 2], alone, strict=True):
+            assert mixed.logprobs == pytest.approx(own.logprobs, abs=1e-4)
+    assert len({len(o.token_ids) for o in together}) > 1
