@@ -106,7 +106,7 @@ class HFRollout:
                          logits_to_keep=1)
         cache = out.past_key_values
         logits = out.logits[:, -1].float()  # [b, V]: the next-token logits of the rows still in the batch
-        draw = _Sampler(params, seeds)
+        draw = _Sampler(params, seeds, len(rows))
         window = max(len(stop.encode()) for stop in params.stop) + 1 if params.stop else 0
         eos = set(self.eos_ids)
         new_ids: list[list[int]] = [[] for _ in rows]
@@ -192,12 +192,18 @@ class _Sampler:
     smallest set of most likely tokens whose probability reaches top_p; at least one token), as vLLM and transformers
     apply them, and one token is drawn: from each row's own ``torch.Generator`` when ``seeds`` are given (a row's
     draws then do not depend on the other rows, nor on which rows are still in the batch), else from the global
-    torch RNG (seeded per call by ``HFRollout.generate``).
+    torch RNG (seeded per call by ``HFRollout.generate``), for all ``size`` rows of the batch as it began.
+
+    That last draw keeps ``model.generate``'s random stream: ``torch.multinomial`` draws one token by an exponential
+    race over every entry of its [rows, V] input, so what a row draws depends on its place in the batch and the
+    batch's size, not on the other rows' values. The rows that left the batch get a placeholder distribution in the
+    draw, and the rows still in it draw the tokens they would draw under ``model.generate`` (given the same logits).
     """
 
-    def __init__(self, params: SamplingParams, seeds: list[int] | None) -> None:
+    def __init__(self, params: SamplingParams, seeds: list[int] | None, size: int) -> None:
         self.temperature, self.top_k, self.top_p = params.temperature, params.top_k, params.top_p
         self.generators = None if seeds is None else [torch.Generator().manual_seed(int(s) % 2**63) for s in seeds]
+        self.size = size
 
     def __call__(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """``logits`` [b, V] float of the batch rows ``rows`` [b] (indices into the call's rows) -> tokens [b]."""
@@ -215,6 +221,10 @@ class _Sampler:
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         probs = probs.cpu()
         if self.generators is None:
+            if len(rows) < self.size:  # rows have left the batch: draw for the whole batch, as model.generate does
+                full = torch.full((self.size, probs.shape[1]), 1.0 / probs.shape[1])  # [size, V]
+                full[rows] = probs
+                return torch.multinomial(full, 1)[rows, 0]
             return torch.multinomial(probs, 1)[:, 0]
         return torch.stack([torch.multinomial(probs[j], 1, generator=self.generators[row])[0]
                             for j, row in enumerate(rows.tolist())])

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -198,3 +202,43 @@ def test_row_seeds_make_a_row_independent_of_its_batch(model_dir, prompts):
         for mixed, own in zip(together[2 * i:2 * i + 2], alone, strict=True):
             assert mixed.logprobs == pytest.approx(own.logprobs, abs=1e-4)
     assert len({len(o.token_ids) for o in together}) > 1
+
+
+GENERATE_STREAM = """
+import sys, torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.hf_rollout import HFRollout
+prompts = eval(sys.argv[2])
+engine = HFRollout(sys.argv[1], micro_batch_size=64, seed=0)
+widths = []
+engine.model.register_forward_pre_hook(lambda _, a, k: widths.append(k["input_ids"].shape[0]), with_kwargs=True)
+for seed in range(4):
+    outs = engine.generate(prompts, SamplingParams(max_tokens=40, temperature=1.0, n=3, seed=seed, logprobs=True))
+    rows = [p for p in prompts for _ in range(3)]
+    ids, mask = engine._left_pad(rows)
+    torch.manual_seed(seed)
+    config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=40,
+                              eos_token_id=engine.eos_ids, pad_token_id=engine.pad_id)
+    with torch.inference_mode():
+        plain = engine.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    for out, row in zip(outs, plain[:, ids.shape[1]:].tolist()):
+        eos = next((t + 1 for t, tok in enumerate(row) if tok in engine.eos_ids), len(row))
+        assert out.token_ids == row[:eos], (seed, out.token_ids, row[:eos])
+assert min(widths) < 3 * len(prompts), widths
+print("same")
+"""
+
+
+def test_sampling_keeps_generates_random_stream_under_pinned_numerics(model_dir, prompts):
+    """Guards the demo's figures (``make demo`` samples its rollouts this way, under ``configs/demo_numerics.env``):
+    with a call seed and no row seeds, dropping ended rows must not change what the other rows draw, so the engine
+    samples exactly the tokens ``model.generate`` samples from the same seed. Run in a subprocess, since the pinned
+    numerics must be set before torch loads; without them a row's logits may differ in the last bits with the batch
+    size, and so may its draws."""
+    from data_prep.tiny_policy import demo_numerics_env
+
+    env = {**os.environ, **demo_numerics_env(), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", GENERATE_STREAM, str(model_dir), repr(prompts)], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[4])
+    assert run.returncode == 0 and run.stdout.strip().endswith("same"), run.stderr[-2000:]
