@@ -130,7 +130,10 @@ class PromptDataset:
 
 
 class StatefulLoader:
-    """Batches of ``batch_size`` rows, reshuffled per epoch from ``seed``; ``state_dict`` resumes exactly."""
+    """Batches of ``batch_size`` rows, reshuffled per epoch from ``seed``; ``state_dict`` resumes exactly.
+
+    A subclass that groups rows otherwise overrides ``steps`` (and ``batches_per_epoch``); iteration and resume stay
+    these (``verl.utils.sft_dataset.TokenBudgetLoader``)."""
 
     def __init__(self, dataset: PromptDataset, batch_size: int, shuffle: bool, seed: int, drop_last: bool = True):
         if batch_size > len(dataset) and drop_last:
@@ -144,18 +147,19 @@ class StatefulLoader:
         full, rest = divmod(len(self.dataset), self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
 
-    def _order(self) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(len(self.dataset))
-        return np.random.default_rng(self.seed + self.epoch).permutation(len(self.dataset))
+    def steps(self, epoch: int) -> list:
+        """The row indices of each batch of ``epoch``, in the order they are yielded."""
+        order = np.random.default_rng(self.seed + epoch).permutation(len(self.dataset)) if self.shuffle \
+            else np.arange(len(self.dataset))
+        return [order[k * self.batch_size:(k + 1) * self.batch_size] for k in range(self.batches_per_epoch())]
 
     def __iter__(self) -> Iterator[Batch]:
         """Yields the rest of the current epoch, then advances to the next one."""
-        order = self._order()
-        while self.position < self.batches_per_epoch():
-            idx = order[self.position * self.batch_size:(self.position + 1) * self.batch_size]
+        steps = self.steps(self.epoch)
+        while self.position < len(steps):
+            rows = steps[self.position]
             self.position += 1
-            yield self.dataset.batch(idx)
+            yield self.dataset.batch(rows)
         self.epoch, self.position = self.epoch + 1, 0
 
     def state_dict(self) -> dict:

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 
 import numpy as np
 
 from verl.protocol import Batch
-from verl.utils.dataset import DataError, PromptDataset
+from verl.utils.dataset import DataError, PromptDataset, StatefulLoader
 from verl.utils.seq import pack_trajectories
 from verl.utils.tokenizer import render_prompt
 
@@ -102,10 +101,10 @@ class TrajectoryDataset:
         return Batch(packed, {"row": idx})
 
 
-class TokenBudgetLoader:
+class TokenBudgetLoader(StatefulLoader):
     """Steps of trajectories of similar length, each step's padded size (rows x (longest prompt + longest response),
     as ``pack_trajectories`` pads them) at most ``budget`` tokens; a trajectory longer than the budget is a step of
-    its own. ``StatefulLoader``'s interface, so ``state_dict`` resumes exactly.
+    its own. ``StatefulLoader``'s iteration and ``state_dict``, so a run resumes exactly.
 
     Why: trajectories differ in length by 10x (an answer at once, or two searches with their passages). Fixed row
     counts pad the short rows of a batch to its longest; grouping by length wastes little compute on padding and
@@ -115,8 +114,8 @@ class TokenBudgetLoader:
     """
 
     def __init__(self, dataset: TrajectoryDataset, budget: int, shuffle: bool, seed: int):
-        self.dataset, self.budget, self.shuffle, self.seed = dataset, budget, shuffle, seed
-        self.epoch, self.position = 0, 0  # position = index of the next step within the epoch
+        super().__init__(dataset, batch_size=1, shuffle=shuffle, seed=seed)
+        self.budget = budget
         self._cached: tuple[int, list[list[int]]] | None = None
 
     def steps(self, epoch: int) -> list[list[int]]:
@@ -153,18 +152,3 @@ class TokenBudgetLoader:
     def policy_tokens_per_step(self) -> float:
         """Mean policy tokens of a step over an epoch (the same for every epoch): the constant the loss divides by."""
         return self.dataset.policy_tokens() / self.batches_per_epoch()
-
-    def __iter__(self) -> Iterator[Batch]:
-        """Yields the rest of the current epoch, then advances to the next one."""
-        steps = self.steps(self.epoch)
-        while self.position < len(steps):
-            rows = steps[self.position]
-            self.position += 1
-            yield self.dataset.batch(rows)
-        self.epoch, self.position = self.epoch + 1, 0
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
