@@ -219,12 +219,12 @@ class _Sampler:
             drop = sorted_probs.cumsum(-1) - sorted_probs >= self.top_p  # the mass before a token already reaches top_p
             sorted_probs = sorted_probs.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        probs = probs.cpu()
-        if self.generators is None:
+        if self.generators is None:  # on the model's device, with its RNG, as model.generate draws
             if len(rows) < self.size:  # rows have left the batch: draw for the whole batch, as model.generate does
-                full = torch.full((self.size, probs.shape[1]), 1.0 / probs.shape[1])  # [size, V]
-                full[rows] = probs
-                return torch.multinomial(full, 1)[rows, 0]
-            return torch.multinomial(probs, 1)[:, 0]
+                full = probs.new_full((self.size, probs.shape[1]), 1.0 / probs.shape[1])  # [size, V]
+                full[rows.to(probs.device)] = probs
+                return torch.multinomial(full, 1)[rows.to(probs.device), 0].cpu()
+            return torch.multinomial(probs, 1)[:, 0].cpu()
+        probs = probs.cpu()  # the rows' own generators are CPU generators
         return torch.stack([torch.multinomial(probs[j], 1, generator=self.generators[row])[0]
                             for j, row in enumerate(rows.tolist())])

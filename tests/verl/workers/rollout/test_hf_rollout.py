@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -205,11 +206,11 @@ def test_row_seeds_make_a_row_independent_of_its_batch(model_dir, prompts):
 
 
 GENERATE_STREAM = """
-import sys, torch
+import json, sys, torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
-prompts = eval(sys.argv[2])
+prompts = json.loads(sys.argv[2])
 engine = HFRollout(sys.argv[1], micro_batch_size=64, seed=0)
 widths = []
 engine.model.register_forward_pre_hook(lambda _, a, k: widths.append(k["input_ids"].shape[0]), with_kwargs=True)
@@ -239,6 +240,6 @@ def test_sampling_keeps_generates_random_stream_under_pinned_numerics(model_dir,
     from data_prep.tiny_policy import demo_numerics_env
 
     env = {**os.environ, **demo_numerics_env(), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-c", GENERATE_STREAM, str(model_dir), repr(prompts)], env=env,
+    run = subprocess.run([sys.executable, "-c", GENERATE_STREAM, str(model_dir), json.dumps(prompts)], env=env,
                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[4])
     assert run.returncode == 0 and run.stdout.strip().endswith("same"), run.stderr[-2000:]
