@@ -13,7 +13,7 @@ first turn of the agent loop) are continued at temperature 1 with up to ``--max-
   * the plain library call on the engine's own model: ``model.generate`` (left-padded batch, the same sampling,
     eos and pad, and transformers' own ``StopStringCriteria`` on the same stop strings, built once; a row that has
     stopped stays in the batch until the last row stops, as ``generate`` keeps it) / ``vllm.LLM.generate`` (token
-    prompts, the same sampling, no log-probs, no stop strings).
+    prompts, the same sampling and stop strings, vLLM's own stop check; no log-probs).
 With real prompts, rows stop at different lengths and the HF engine's dropping of ended rows shows (a sampled
 trajectory that never closes its tag runs to ``--max-tokens`` alone, not with the whole batch).
 Tokens/s counts the tokens each returned (up to and including eos); the ratio engine / plain is the engine's
@@ -95,7 +95,8 @@ def vllm_pair(model: str, args):
         return [o.token_ids for o in outs]
 
     def plain_call(prompts, seed):
-        params = [VllmParams(temperature=1.0, max_tokens=args.max_tokens, seed=seed + i) for i in range(len(prompts))]
+        params = [VllmParams(temperature=1.0, max_tokens=args.max_tokens, seed=seed + i, stop=list(STOPS))
+                  for i in range(len(prompts))]
         results = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [list(r.outputs[0].token_ids) for r in results]
 
