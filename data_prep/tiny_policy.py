@@ -50,7 +50,8 @@ Choices:
   not improve (test EM 0.00 at steps 0-50, against 0.775 after this loop's warm start): its policy closes half of
   its spans with the other tag. The copy rows cause it (more of them made it worse; without them the tags are right
   but the reading is weak, test EM 0.265), not their weight; no copy rows after a longer copy task gave 0.655,
-  0.795 and 0.420 on seeds 0-2 (this loop: 0.775, 0.845, 0.775), its misses mangled copies of names (same section).
+  0.795 and 0.420 on seeds 0-2 (this loop: 0.775, 0.845, 0.775); most of its misses are mangled copies of names or
+  thinks that never reach an answer (same section).
 - Pinned numerics: the command runs under ``configs/demo_numerics.env`` (it re-executes itself with those variables
   if they are not set), so the same seed gives the same policy, bit for bit, on any AVX2 machine and with any
   thread count; ``make demo`` and ``benchmarks/ablations.py`` run the trainer under the same variables.

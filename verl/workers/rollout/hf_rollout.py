@@ -222,8 +222,9 @@ class _Sampler:
         if self.generators is None:  # on the model's device, with its RNG, as model.generate draws
             if len(rows) < self.size:  # rows have left the batch: draw for the whole batch, as model.generate does
                 full = probs.new_full((self.size, probs.shape[1]), 1.0 / probs.shape[1])  # [size, V]
-                full[rows.to(probs.device)] = probs
-                return torch.multinomial(full, 1)[rows.to(probs.device), 0].cpu()
+                kept = rows.to(probs.device)
+                full[kept] = probs
+                return torch.multinomial(full, 1)[kept, 0].cpu()
             return torch.multinomial(probs, 1)[:, 0].cpu()
         probs = probs.cpu()  # the rows' own generators are CPU generators
         return torch.stack([torch.multinomial(probs[j], 1, generator=self.generators[row])[0]
