@@ -93,7 +93,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (table label, trainer 
 # that "steps to reach PPO's final EM" is read from. Runs made before this was added have no curve ("-").
 VAL_FREQ = 10
 WARM_START_CODE = ("data_prep/demo_kb.py", "data_prep/tiny_model.py", "data_prep/tiny_policy.py",
-                   "configs/demo_numerics.env")
+                   "data_prep/warm_start_sft.py", "verl/trainer/sft_trainer.py", "verl/utils/sft_dataset.py",
+                   "verl/workers/shared_prefix.py", "configs/demo_numerics.env")
 COLUMNS = [("em", "test EM"), (f"em/{ONE_HOP}", "one-hop EM"), (f"em/{TWO_HOP}", "two-hop EM"),
            (f"searches/{ONE_HOP}", "searches one-hop"), (f"searches/{TWO_HOP}", "searches two-hop"),
            ("gen_rounds", "generation rounds per step")]

@@ -5,12 +5,13 @@ demo knowledge base (``data_prep.demo_kb``) and the retrieval service running ov
 
 Choices:
 
-- Trajectories are written by an IMPERFECT scripted agent, in exactly the token layout of the agent loop
-  (``search_r1/llm_agent/generation.py``): the chat-templated prompt, then policy turns
-  ``<think> ... </think><search> q </search>`` / ``<think> ... </think><answer> a </answer>``, each
-  tokenised on its own, and after each search the REAL passages of the retrieval service as the loop inserts
-  them (``search_r1.llm_agent.formatting.observation_ids``: the whole block, or passages cut to fit). The final
-  turn ends with the eos token. The loss is on policy tokens only (inserted blocks and the prompt are masked).
+- Trajectories are written by an IMPERFECT scripted agent and trained by the supervised cold start every user's
+  model takes (``verl.trainer.main_sft``; ``data_prep/warm_start_sft.py`` writes them as SFT rows): the
+  chat-templated prompt, then policy turns ``<think> ... </think><search> q </search>`` /
+  ``<think> ... </think><answer> a </answer>``, each tokenised on its own, and after each search the REAL passages
+  of the retrieval service as the loop inserts them (``search_r1.llm_agent.formatting.observation_ids``: the whole
+  block, or passages cut to fit). The loss is on policy tokens only (inserted blocks and the prompt are masked).
+  ``encode_trajectory`` gives the same tokens (plus an EOS after the answer) for the benchmarks.
 - The scripted agent searches correctly only part of the time: with ``p_guess`` it answers at once with a wrong
   entity of the right kind (from another training question), and on two-hop questions with ``p_stop_early`` it
   searches once and answers with the intermediate entity. When it searches it copies the entity name into the
@@ -38,20 +39,14 @@ Choices:
 - Copying first: a model this small rarely discovers, from the few copied tokens of the trajectories, how to
   copy an unseen name out of its context (long warm starts without it left test EM near 0 even with the search
   forced). So the warm start begins with a copy task (random token sequences repeated once, loss on the
-  repeat) that runs until its loss is below 0.2 (the copying circuit has formed), and keeps a few rows of it in
-  every trajectory step.
+  repeat) that runs until its loss is below 0.2 (the copying circuit has formed: the tiny model's stand-in for what
+  a pretrained model brings), and the SFT data hold copy rows (a sequence of corpus words as the prompt, the same
+  words as the response) so that the skill is kept.
 - Measured figures behind these choices (plan probabilities, EM per seed, steps): docs/results.md.
 - Sizes: vocabulary 2048 (BPE on corpus, prompts and trajectories), Qwen2 with hidden 64 x ``num_heads`` (vLLM's
-  CPU attention needs head_dim 64), ``num_layers`` layers; AdamW with linear warmup and cosine decay; batches of
-  similar-length trajectories to waste little compute on padding; seeded.
-- ``--trainer main_sft`` trains the same trajectories through ``verl.trainer.main_sft``, the cold start every user's
-  model takes (``data_prep/warm_start_sft.py``: the rows hold this loop's tokens exactly). Not the default: its
-  first measurement (seed 0, docs/results.md, "The demo's warm start through main_sft") left a policy that PPO did
-  not improve (test EM 0.00 at steps 0-50, against 0.775 after this loop's warm start): its policy closes half of
-  its spans with the other tag. The copy rows cause it (more of them made it worse; without them the tags are right
-  but the reading is weak, test EM 0.265), not their weight; no copy rows after a longer copy task gave 0.655,
-  0.795 and 0.420 on seeds 0-2 (this loop: 0.775, 0.845, 0.775); most of its misses are mangled copies of names or
-  thinks that never reach an answer (same section).
+  CPU attention needs head_dim 64), ``num_layers`` layers; AdamW with linear warmup and cosine decay; steps of
+  similar-length trajectories up to a token budget (``data.train_batch_tokens``), every policy token weighted the
+  same; seeded.
 - Pinned numerics: the command runs under ``configs/demo_numerics.env`` (it re-executes itself with those variables
   if they are not set), so the same seed gives the same policy, bit for bit, on any AVX2 machine and with any
   thread count; ``make demo`` and ``benchmarks/ablations.py`` run the trainer under the same variables.
@@ -75,6 +70,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from data_prep import warm_start_sft
 from data_prep.demo_kb import Question, load_questions
 from data_prep.tiny_model import TAG_TOKENS, build_model, train_tokenizer
 from search_r1.llm_agent import formatting
@@ -112,17 +108,16 @@ class WarmStartConfig:
     intermediate_size: int = 512
     copy_steps: int = 1500  # at most this many steps of the repeated-random-sequence task before the
     # trajectories (copy_task_batch); it stops once its loss is below 0.2, i.e. the copying circuit has formed
-    copy_rows: int = 8  # rows of that task mixed into every trajectory step afterwards (64 in the copy steps)
+    copy_rows: int = 8  # copy rows in the SFT data per step of an epoch (64 a step in the copy task itself)
     copy_length: int = 24  # maximum length of the random sequence that is repeated
     steps: int = 2500  # trajectory steps; 1500 left the plan on two-hop questions weakly learnt, and whether PPO
     # then found the second hop depended on the machine's last bits (measured figures: docs/results.md)
-    tokens_per_batch: int = 2400  # padded tokens per optimiser step (after the shared prefix)
+    tokens_per_batch: int = 2400  # padded tokens per optimiser step, counted after the instruction all rows share
+    # (data.train_batch_tokens is this scaled to whole rows: data_prep/warm_start_sft.py)
     lr: float = 2e-3
     warmup_ratio: float = 0.05
     max_obs_length: int = 96  # tokens of one inserted block, tags included (data.max_obs_length)
     seed: int = 0
-    trainer: str = "own"  # own: this module's loop; main_sft: the rows through verl.trainer.main_sft
-    # (data_prep/warm_start_sft.py), the path of every user's cold start, being validated before it is the default
     threads: int | None = None  # torch threads (None: torch's default, OMP_NUM_THREADS or the cores); under the
     # pinned numerics the result does not depend on it
 
@@ -230,26 +225,6 @@ def trajectory_texts(trajs: list[ScriptedTrajectory]) -> list[str]:
                     for seg in t.segments) for t in trajs]
 
 
-def token_budget_batches(lengths: list[int], tokens_per_batch: int, rng: random.Random) -> list[list[int]]:
-    """Indices grouped into batches of similar length whose padded size (rows x longest) fits
-    ``tokens_per_batch`` (a longer row gets a batch of its own); batch order shuffled.
-
-    Short trajectories (immediate guesses) go many to a batch, so optimiser steps are spent in proportion to
-    tokens, not rows, and little compute goes to padding.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:  # ascending length: the row being added is the longest so far
-        if current and (len(current) + 1) * lengths[i] > tokens_per_batch:
-            batches.append(current)
-            current = []
-        current.append(i)
-    batches.append(current)
-    rng.shuffle(batches)
-    return batches
-
-
 def shared_prefix_length(examples: list[tuple[list[int], list[int]]]) -> int:
     """Length of the token prefix all examples share (the instruction), ending before any labelled token's
     predecessor, so that no label is predicted from inside the prefix."""
@@ -270,25 +245,10 @@ def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[s
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention}
 
 
-def batch_loss(model: Qwen2ForCausalLM, prefix: torch.Tensor | None, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean cross-entropy over the labelled tokens of ``prefix + batch`` rows (just ``batch`` rows if no prefix).
-
-    The prefix shared by every row ([1, P], the instruction) is run once and its keys/values repeated for
-    the batch; gradients flow through them, so this equals running each full row (to float rounding) at
-    about half the cost. ``batch`` holds the rows' remainders, right-padded: [B, T]. The output layer runs
-    only at the positions that predict a labelled token (about a third of them: prompts and inserted blocks
-    carry no loss), which saves most of its cost.
-    """
-    if prefix is None:
-        hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-    else:
-        rows, width = batch["input_ids"].shape
-        cache = model.model(input_ids=prefix, use_cache=True).past_key_values
-        cache.batch_repeat_interleave(rows)
-        attention = torch.cat([torch.ones(rows, prefix.shape[1], dtype=torch.long), batch["attention_mask"]], dim=1)
-        positions = torch.arange(prefix.shape[1], prefix.shape[1] + width).expand(rows, -1)  # [B, T]
-        hidden = model.model(input_ids=batch["input_ids"], attention_mask=attention, past_key_values=cache,
-                             position_ids=positions).last_hidden_state  # [B, T, H]
+def batch_loss(model: Qwen2ForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy over the labelled tokens of ``batch`` ([B, T] right-padded ``input_ids``, ``labels``,
+    ``attention_mask``); the output layer runs only at the positions that predict a labelled token."""
+    hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     targets = batch["labels"][:, 1:]  # [B, T-1]: the token each position predicts
     predicting = targets != IGNORE
     logits = model.lm_head(hidden[:, :-1][predicting])  # [N, V], N labelled tokens
@@ -352,49 +312,10 @@ def pretrain_copy(model: Qwen2ForCausalLM, pad_id: int, cfg: WarmStartConfig, rn
     copying circuit has formed (what a pretrained model brings; ``copy_task_batch``)."""
     if cfg.copy_steps and copy_tokens:
         copy_losses = _optimise(model, cfg.copy_steps, cfg.lr, 0.05, lambda: batch_loss(
-            model, None, copy_task_batch(copy_tokens, 64, cfg.copy_length, rng, pad_id)), "copy task", decay=False,
+            model, copy_task_batch(copy_tokens, 64, cfg.copy_length, rng, pad_id)), "copy task", decay=False,
             stop_below=0.2)
         logger.info("copy task: loss %.3f after %d steps", sum(copy_losses[-20:]) / len(copy_losses[-20:]),
                     len(copy_losses))
-
-
-def supervised_warm_start(model: Qwen2ForCausalLM, examples: list[tuple[list[int], list[int]]], pad_id: int,
-                          cfg: WarmStartConfig, rng: random.Random, copy_tokens: Sequence[int] = ()) -> list[float]:
-    """Train on (ids, labels) examples; returns the loss of each trajectory step.
-
-    First ``cfg.copy_steps`` steps of the copy task alone (64 rows each), then ``cfg.steps`` steps whose loss
-    is the cross-entropy over the labelled (policy) tokens of a batch of trajectories plus the copy task's on
-    ``cfg.copy_rows`` rows (so the skill is kept). Trajectory batches hold rows of similar length; the prefix
-    all rows share is computed once per batch (``batch_loss``).
-
-    The trajectory loss is the batch's mean scaled by its labelled tokens over the mean labelled tokens per
-    batch, i.e. a sum over tokens with a constant divisor, so every policy token weighs the same whichever
-    batch it lands in. A plain per-batch mean gives a token of a batch of many short guesses less weight than
-    one of a batch of a few long searches: the decisions then follow the batches, not ``p_guess`` (the greedy
-    policy searched on every question with ``p_guess`` 0.55). The weighting raised forced-search test EM, though
-    the skills vary a lot from run to run (measured figures: docs/results.md, "Warm-start history").
-    """
-    n_prefix = shared_prefix_length(examples)
-    prefix = torch.tensor([examples[0][0][:n_prefix]])  # [1, P]
-    rest = [(ids[n_prefix:], labels[n_prefix:]) for ids, labels in examples]
-    pretrain_copy(model, pad_id, cfg, rng, copy_tokens)
-    lengths = [len(ids) for ids, _ in rest]
-    labelled = [sum(label != IGNORE for label in labels) for _, labels in rest]
-    batches = token_budget_batches(lengths, cfg.tokens_per_batch, rng)  # one epoch; every epoch has as many
-    per_batch = sum(labelled) / len(batches)
-
-    def trajectory_loss() -> torch.Tensor:
-        if not batches:
-            batches.extend(token_budget_batches(lengths, cfg.tokens_per_batch, rng))
-        rows = batches.pop()
-        loss = batch_loss(model, prefix, _collate([rest[i] for i in rows], pad_id))
-        loss = loss * (sum(labelled[i] for i in rows) / per_batch)  # every policy token weighs the same
-        if cfg.copy_rows and copy_tokens:
-            loss = loss + batch_loss(model, prefix, copy_task_batch(copy_tokens, cfg.copy_rows, cfg.copy_length,
-                                                                  rng, pad_id))
-        return loss
-
-    return _optimise(model, cfg.steps, cfg.lr, cfg.warmup_ratio, trajectory_loss, "warm start")
 
 
 def build_tiny_policy(data_dir: str | Path, out_dir: str | Path, search: SearchFn,
@@ -426,16 +347,9 @@ def build_tiny_policy(data_dir: str | Path, out_dir: str | Path, search: SearchF
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.trainer == "main_sft":
-        from data_prep import warm_start_sft
-
-        pretrain_copy(model, tokenizer.pad_token_id, cfg, rng, copy_tokens)
-        losses = warm_start_sft.run(model, tokenizer, trajs, [len(ids) for ids, _ in examples],
-                                    shared_prefix_length(examples), corpus, cfg, rng, out_dir)
-    else:
-        losses = supervised_warm_start(model, examples, tokenizer.pad_token_id, cfg, rng, copy_tokens)
-        model.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
+    pretrain_copy(model, tokenizer.pad_token_id, cfg, rng, copy_tokens)
+    losses = warm_start_sft.run(model, tokenizer, trajs, [len(ids) for ids, _ in examples],
+                                shared_prefix_length(examples), corpus, cfg, rng, out_dir)
     train_seconds = time.time() - train_start
     figures = {
         "trajectories": len(trajs),
@@ -489,9 +403,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-heads", type=int, default=defaults.num_heads, help="hidden size = 64 x heads")
     parser.add_argument("--copy-steps", type=int, default=defaults.copy_steps,
                         help="at most this many steps of the copy task before the trajectories")
-    parser.add_argument("--trainer", choices=("own", "main_sft"), default=defaults.trainer,
-                        help="own: this module's training loop; main_sft: the scripted rows through "
-                             "verl.trainer.main_sft (data_prep/warm_start_sft.py)")
     parser.add_argument("--threads", type=int, default=defaults.threads,
                         help="torch threads (default: torch's own; the result does not depend on it)")
     args = parser.parse_args(argv)
@@ -500,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     client = RetrievalClient(args.retriever_url, topk=3)
     cfg = WarmStartConfig(steps=args.steps, seed=args.seed, num_layers=args.num_layers, num_heads=args.num_heads,
-                          copy_steps=args.copy_steps, trainer=args.trainer, threads=args.threads)
+                          copy_steps=args.copy_steps, threads=args.threads)
     figures = build_tiny_policy(args.data, args.out, client.search, cfg)
     print(json.dumps(figures, indent=1))
     return 0

@@ -1,23 +1,21 @@
 """The demo's warm start through the supervised cold-start path: the tiny policy's scripted trajectories as SFT rows,
-trained by ``verl.trainer.main_sft`` (``python -m data_prep.tiny_policy --trainer main_sft``).
+trained by ``verl.trainer.main_sft``, the stage every user's model takes before RL (``data_prep/tiny_policy.py``
+scripts the trajectories, builds the tokenizer and the model and runs the copy task first).
 
-What is the same as the tiny policy's own loop (``data_prep/tiny_policy.py``): the scripted agent, the tokenizer, the
-model, the copy task that forms the copying circuit before the trajectories (the tiny model's stand-in for what a
-pretrained model brings), AdamW with betas (0.9, 0.98) and weight decay 0.01, a linear warm-up then a cosine to 10 %,
-clipping at 1, steps of similar-length trajectories up to a padded-token budget with every policy token weighted the
-same (``data.train_batch_tokens``).
-
-What differs, because the rows now go through the path every user's cold start takes:
-- the rows are text (``turns``), tokenised by ``verl.utils.sft_dataset`` as RL tokenises them; a passage block that the
-  loop would cut to ``data.max_obs_length`` is written as the decoded cut block, so the rows hold what RL shows;
-- a policy turn ends at its stop string, without the EOS the own loop appended (the loop never samples past
-  ``</answer>``);
-- the copy task's rows that the own loop mixed into every step (fresh random sequences) are rows of the data: random
-  words of the corpus, the prompt a sequence and the response the same sequence, as many as the own loop drew in one
-  epoch's steps;
-- the token budget counts the prompt too (the own loop ran the instruction shared by all rows once per step, so its
-  budget counted what came after it): it is scaled by the rows' whole length over their length after the instruction,
-  which keeps about as many steps per epoch (30 against 27 for 400 questions, copy rows included).
+- The rows are text (``turns``), tokenised by ``verl.utils.sft_dataset`` as RL tokenises them; a passage block that
+  the loop would cut to ``data.max_obs_length`` is written as the decoded cut block, so the rows hold what RL shows
+  (``tiny_policy.encode_trajectory``'s tokens, a test checks). A policy turn ends at its stop string (the loop never
+  samples past ``</answer>``).
+- Copy rows keep the copying skill the copy task formed: random words of the corpus, the prompt a sequence and the
+  response the same sequence, ``cfg.copy_rows`` per step of an epoch.
+- AdamW with betas (0.9, 0.98) and weight decay 0.01, a linear warm-up then a cosine to 10 %, clipping at 1; steps of
+  similar-length rows up to a padded-token budget with every policy token weighted the same
+  (``data.train_batch_tokens``). ``cfg.tokens_per_batch`` counts the tokens after the instruction every row shares
+  (the budget the warm start was tuned with, when it ran the instruction once per step); the budget given to
+  ``main_sft``, which counts whole rows, is it scaled by the rows' whole length over their length after the
+  instruction: about as many steps per epoch (30 against 27 for 400 questions, copy rows included).
+- The run (rows, the model after the copy task, the SFT run directory) is kept in ``<policy>/warm_start``; a rerun of
+  a killed warm start resumes the SFT run from its last checkpoint (every 500 steps).
 """
 
 from __future__ import annotations

@@ -21,8 +21,11 @@ PYTHON=${PYTHON:-.venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=python
 DEMO_DIR=data/demo  # configs/demo.yaml points here
 
-demo_source_hash() {  # the code the demo data and tiny policy are built from
-  cat data_prep/demo_kb.py data_prep/tiny_model.py data_prep/tiny_policy.py configs/demo_numerics.env | sha256sum | cut -d' ' -f1
+demo_source_hash() {  # the code the demo data and tiny policy are built from (its warm start runs main_sft: the SFT
+  # trainer's own files count; the modules it shares with RL, such as train_utils.py, do not)
+  cat data_prep/demo_kb.py data_prep/tiny_model.py data_prep/tiny_policy.py data_prep/warm_start_sft.py \
+    verl/trainer/sft_trainer.py verl/utils/sft_dataset.py verl/workers/shared_prefix.py configs/demo_numerics.env |
+    sha256sum | cut -d' ' -f1
 }
 
 health_ok() { curl -sf "$1/health" >/dev/null 2>&1; }

@@ -29,7 +29,8 @@ from verl.utils.tracking import read_metrics
 pytestmark = pytest.mark.slow  # builds the demo knowledge base, a BM25 service and two warm starts
 
 ROOT = Path(__file__).resolve().parents[2]
-TREE = ("train_ppo.sh", "train_grpo.sh", "retrieval_launch.sh", "scripts", "configs", "data_prep", "benchmarks")
+TREE = ("train_ppo.sh", "train_grpo.sh", "retrieval_launch.sh", "scripts", "configs", "data_prep", "benchmarks",
+        "verl")
 FEW_STEPS = "--steps 6 --copy-steps 6"
 
 

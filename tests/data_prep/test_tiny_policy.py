@@ -1,5 +1,5 @@
-"""Tests of the tiny demo policy: scripted trajectories, their token layout and masks, the shared-prefix loss,
-and a tiny-budget warm start against the real retrieval service whose saved model loads and generates."""
+"""Tests of the tiny demo policy: scripted trajectories, their token layout and masks, their SFT rows, and a
+tiny-budget warm start through main_sft against the real retrieval service whose saved model loads and generates."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_prep.demo_kb import MULTI, build_kb, load_questions, write_kb
-from data_prep.tiny_model import build_model, train_tokenizer
+from data_prep.tiny_model import train_tokenizer
 from data_prep.tiny_policy import (
     IGNORE,
     WarmStartConfig,
-    _collate,
-    batch_loss,
     build_tiny_policy,
     copy_task_batch,
     encode_trajectory,
@@ -23,8 +21,6 @@ from data_prep.tiny_policy import (
     prompt_ids,
     script_trajectories,
     search_unique,
-    shared_prefix_length,
-    token_budget_batches,
     trajectory_texts,
 )
 from retrieval_server.build_index import build_index
@@ -145,76 +141,11 @@ def test_search_unique_deduplicates_and_chunks():
     assert [len(c) for c in calls] == [3, 3, 1]
 
 
-def test_token_budget_batches_cover_every_row_once_within_budget():
-    """Guards against rows dropped or repeated within an epoch (the behaviour mix the policy learns would
-    shift) and batches over the token budget (memory/time blow-up)."""
-    rng = random.Random(0)
-    lengths = [rng.choice([20, 25, 140, 150, 260, 700]) for _ in range(300)]
-    batches = token_budget_batches(lengths, 1000, random.Random(1))
-    assert sorted(i for b in batches for i in b) == list(range(300))
-    for b in batches:
-        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 1000
-    assert max(len(b) for b in batches) >= 1000 // 25 - 1  # short rows share a batch
-    assert any(len(b) == 1 and lengths[b[0]] == 700 for b in batches)
-
-
-def test_batch_loss_with_shared_prefix_equals_per_row_loss():
-    """Guards against the shared-prefix trick changing the loss or its gradient (wrong positions, masks, or a
-    prefix that swallows a labelled token): compared with each full row run on its own, in a plain loop."""
-    tokenizer = train_tokenizer(["alpha beta gamma delta <think> x </think>"] * 20, vocab_size=300)
-    model = build_model(tokenizer, num_layers=2, intermediate_size=64, seed=0)
-    g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(5, 250, (7,), generator=g).tolist()
-    examples = []
-    for length in (5, 9, 12):
-        rest = torch.randint(5, 250, (length,), generator=g).tolist()
-        labels = [IGNORE] * (len(prefix) + 2) + rest[2:]
-        examples.append((prefix + rest, labels))
-    n = shared_prefix_length(examples)
-    assert n == len(prefix)
-    batch = _collate([(ids[n:], labels[n:]) for ids, labels in examples], tokenizer.pad_token_id)
-    loss = batch_loss(model, torch.tensor([prefix]), batch)
-    loss.backward()
-    grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
-    model.zero_grad()
-
-    total, count = 0.0, 0
-    for ids, labels in examples:
-        logits = model(input_ids=torch.tensor([ids])).logits[0]
-        for t in range(1, len(ids)):
-            if labels[t] != IGNORE:
-                total = total + torch.nn.functional.cross_entropy(logits[t - 1], torch.tensor(labels[t]),
-                                                                  reduction="sum")
-                count += 1
-    expected = total / count
-    expected.backward()
-    assert torch.allclose(loss, expected, atol=1e-5)
-    assert torch.allclose(grad, model.model.layers[0].self_attn.q_proj.weight.grad, atol=1e-5)
-
-
-def test_tiny_warm_start_saves_a_model_that_loads_and_generates(demo, tmp_path):
-    """Guards against a warm start that cannot run end to end or saves something transformers cannot load
-    (missing tokenizer files, chat template, eos/pad ids): a few steps, then load and generate."""
-    root, client = demo
-    cfg = WarmStartConfig(steps=3, copy_steps=2, tokens_per_batch=600, trajectories_per_question=1, vocab_size=600)
-    figures = build_tiny_policy(root / "data", tmp_path / "policy", client.search, cfg)
-    assert figures["trajectories"] == 35 * 2
-    assert figures["max_response_tokens"] <= 320 and figures["max_prompt_tokens"] <= 256
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "policy")
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
-    assert model.config.hidden_size // model.config.num_attention_heads == 64
-    assert tokenizer.convert_tokens_to_ids("</search>") != tokenizer.unk_token_id
-    ids = prompt_ids(tokenizer, "Who founded the Lorem Guild?")
-    out = model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False)
-    assert out.shape[1] == len(ids) + 5 or out[0, -1].item() == tokenizer.eos_token_id
-    assert (tmp_path / "policy" / "warm_start.json").exists()
-
-
-def test_warm_start_rows_hold_the_own_loops_tokens_and_masks(scripted, tmp_path):
-    """Guards against the main_sft warm start training on other tokens than the own loop's (a passage block
-    tokenised or cut differently, a lost turn, a mask on the prompt or the passages): every trajectory's SFT row,
-    read by the SFT dataset, has the own loop's ids (without the EOS it appended after the answer) and loss
-    positions; copy rows repeat their prompt's words."""
+def test_warm_start_rows_hold_the_loops_tokens_and_masks(scripted, tmp_path):
+    """Guards against a warm start training on other tokens than the agent loop's (a passage block tokenised or cut
+    differently, a lost turn, a mask on the prompt or the passages): every trajectory's SFT row, read by the SFT
+    dataset, has ``encode_trajectory``'s ids (the loop's layout, ``test_encoded_layout_matches_the_agent_loop``;
+    without the EOS it appends after the answer) and loss positions; copy rows repeat their prompt's words."""
     from data_prep import warm_start_sft
     from verl.utils.sft_dataset import TrajectoryDataset
 
@@ -240,18 +171,21 @@ def test_warm_start_rows_hold_the_own_loops_tokens_and_masks(scripted, tmp_path)
 
 
 def test_warm_start_through_main_sft_saves_a_policy_that_loads_and_generates(demo, tmp_path):
-    """Guards against the main_sft warm start failing end to end or leaving the policy directory without what RL
-    loads: a few copy and trajectory steps, then load and generate; the SFT run (rows, checkpoints, metrics) is kept
-    beside the model."""
+    """Guards against a warm start that cannot run end to end or saves something transformers cannot load (missing
+    tokenizer files, chat template, eos/pad ids): a few copy and trajectory steps through main_sft, then load and
+    generate; the SFT run (rows, checkpoints, metrics) is kept beside the model."""
     root, client = demo
-    cfg = WarmStartConfig(steps=3, copy_steps=2, tokens_per_batch=600, trajectories_per_question=1, vocab_size=600,
-                          trainer="main_sft")
+    cfg = WarmStartConfig(steps=3, copy_steps=2, tokens_per_batch=600, trajectories_per_question=1, vocab_size=600)
     figures = build_tiny_policy(root / "data", tmp_path / "policy", client.search, cfg)
     assert figures["trajectories"] == 35 * 2 and figures["final_loss"] > 0
+    assert figures["max_response_tokens"] <= 320 and figures["max_prompt_tokens"] <= 256
     run = tmp_path / "policy" / "warm_start" / "sft"
     assert (run / "metrics.jsonl").read_text().count("\n") == 3 and (run / "hf_model").is_dir()
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "policy")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    assert model.config.hidden_size // model.config.num_attention_heads == 64
+    assert tokenizer.convert_tokens_to_ids("</search>") != tokenizer.unk_token_id
     ids = prompt_ids(tokenizer, "Who founded the Lorem Guild?")
     out = model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False)
     assert out.shape[1] == len(ids) + 5 or out[0, -1].item() == tokenizer.eos_token_id
+    assert (tmp_path / "policy" / "warm_start.json").exists()

@@ -105,7 +105,7 @@ def test_wait_for_retriever_trains_once_the_service_is_up_with_a_short_clean_con
 
 
 # ---------------------------------------------------------------------------------------------- demo mode
-DEMO_CODE = ("train_ppo.sh", "train_grpo.sh", "retrieval_launch.sh", "scripts", "configs", "data_prep")
+DEMO_CODE = ("train_ppo.sh", "train_grpo.sh", "retrieval_launch.sh", "scripts", "configs", "data_prep", "verl")
 
 
 @pytest.fixture
