@@ -403,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-heads", type=int, default=defaults.num_heads, help="hidden size = 64 x heads")
     parser.add_argument("--copy-steps", type=int, default=defaults.copy_steps,
                         help="at most this many steps of the copy task before the trajectories")
+    parser.add_argument("--copy-rows", type=int, default=defaults.copy_rows,
+                        help="copy-task rows in the SFT data per step of an epoch")
     parser.add_argument("--threads", type=int, default=defaults.threads,
                         help="torch threads (default: torch's own; the result does not depend on it)")
     args = parser.parse_args(argv)
@@ -411,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     client = RetrievalClient(args.retriever_url, topk=3)
     cfg = WarmStartConfig(steps=args.steps, seed=args.seed, num_layers=args.num_layers, num_heads=args.num_heads,
-                          copy_steps=args.copy_steps, threads=args.threads)
+                          copy_steps=args.copy_steps, copy_rows=args.copy_rows, threads=args.threads)
     figures = build_tiny_policy(args.data, args.out, client.search, cfg)
     print(json.dumps(figures, indent=1))
     return 0
