@@ -106,6 +106,7 @@ class WarmStartConfig:
     num_layers: int = 2
     num_heads: int = 2  # hidden size = 64 x heads
     intermediate_size: int = 512
+    copy_stop_loss: float = 0.2  # the copy task stops once its mean loss over 20 steps is below this
     copy_steps: int = 1500  # at most this many steps of the repeated-random-sequence task before the
     # trajectories (copy_task_batch); it stops once its loss is below 0.2, i.e. the copying circuit has formed
     copy_rows: int = 8  # copy rows in the SFT data per step of an epoch (64 a step in the copy task itself)
@@ -313,7 +314,7 @@ def pretrain_copy(model: Qwen2ForCausalLM, pad_id: int, cfg: WarmStartConfig, rn
     if cfg.copy_steps and copy_tokens:
         copy_losses = _optimise(model, cfg.copy_steps, cfg.lr, 0.05, lambda: batch_loss(
             model, copy_task_batch(copy_tokens, 64, cfg.copy_length, rng, pad_id)), "copy task", decay=False,
-            stop_below=0.2)
+            stop_below=cfg.copy_stop_loss)
         logger.info("copy task: loss %.3f after %d steps", sum(copy_losses[-20:]) / len(copy_losses[-20:]),
                     len(copy_losses))
 
@@ -403,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-heads", type=int, default=defaults.num_heads, help="hidden size = 64 x heads")
     parser.add_argument("--copy-steps", type=int, default=defaults.copy_steps,
                         help="at most this many steps of the copy task before the trajectories")
+    parser.add_argument("--copy-stop-loss", type=float, default=defaults.copy_stop_loss,
+                        help="the copy task stops once its loss is below this")
     parser.add_argument("--copy-rows", type=int, default=defaults.copy_rows,
                         help="copy-task rows in the SFT data per step of an epoch")
     parser.add_argument("--threads", type=int, default=defaults.threads,
@@ -413,7 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     client = RetrievalClient(args.retriever_url, topk=3)
     cfg = WarmStartConfig(steps=args.steps, seed=args.seed, num_layers=args.num_layers, num_heads=args.num_heads,
-                          copy_steps=args.copy_steps, copy_rows=args.copy_rows, threads=args.threads)
+                          copy_steps=args.copy_steps, copy_rows=args.copy_rows, copy_stop_loss=args.copy_stop_loss,
+                          threads=args.threads)
     figures = build_tiny_policy(args.data, args.out, client.search, cfg)
     print(json.dumps(figures, indent=1))
     return 0
