@@ -6,22 +6,21 @@ scripts the trajectories, builds the tokenizer and the model and runs the copy t
   the loop would cut to ``data.max_obs_length`` is written as the decoded cut block, so the rows hold what RL shows
   (``tiny_policy.encode_trajectory``'s tokens, a test checks). A policy turn ends at its stop string (the loop never
   samples past ``</answer>``).
-- Copy rows keep the copying skill the copy task formed: random words of the corpus, the prompt a sequence and the
-  response the same sequence, ``cfg.copy_rows`` per step of an epoch.
+- No copy rows: the copy task before (``tiny_policy.pretrain_copy``, run to a low loss) forms the copying skill, and
+  rows whose answer repeats the user's words broke the closing tags (half the spans closed with the other tag, PPO
+  then learnt nothing; docs/results.md, "The demo's warm start through main_sft").
 - AdamW with betas (0.9, 0.98) and weight decay 0.01, a linear warm-up then a cosine to 10 %, clipping at 1; steps of
   similar-length rows up to a padded-token budget with every policy token weighted the same
   (``data.train_batch_tokens``). ``cfg.tokens_per_batch`` counts the tokens after the instruction every row shares
   (the budget the warm start was tuned with, when it ran the instruction once per step); the budget given to
   ``main_sft``, which counts whole rows, is it scaled by the rows' whole length over their length after the
-  instruction: about as many steps per epoch (30 against 27 for 400 questions, copy rows included).
+  instruction.
 - The run (rows, the model after the copy task, the SFT run directory) is kept in ``<policy>/warm_start``; a rerun of
   a killed warm start resumes the SFT run from its last checkpoint (every 500 steps).
 """
 
 from __future__ import annotations
 
-import math
-import random
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,8 +29,6 @@ from data_prep.cold_start import sft_row
 from data_prep.qa_search import make_row
 from data_prep.sft_rows import rows_to_sft_parquet
 from search_r1.llm_agent.formatting import information_block, observation_ids, policy_turn
-
-COPY_SOURCE = "copy_task"
 
 
 def trajectory_turns(tokenizer, segments: Sequence, max_obs_length: int) -> list[dict]:
@@ -47,23 +44,10 @@ def trajectory_turns(tokenizer, segments: Sequence, max_obs_length: int) -> list
     return turns
 
 
-def copy_rows(words: Sequence[str], count: int, max_words: int, rng: random.Random) -> list[dict]:
-    """``count`` copy-task rows: the prompt a sequence of 2 to ``max_words`` random ``words``, the response (trained)
-    the same sequence."""
-    rows = []
-    for k in range(count):
-        seq = " ".join(rng.choice(words) for _ in range(rng.randint(2, max(2, max_words))))
-        row = {**make_row(COPY_SOURCE, "copy", [seq], "train", k), "prompt": [{"role": "user", "content": seq}]}
-        rows.append(sft_row(row, [policy_turn(seq)]))
-    return rows
-
-
-def write_rows(trajs: Sequence, tokenizer, words: Sequence[str], copy_count: int, max_words: int,
-               max_obs_length: int, rng: random.Random, path: Path) -> Path:
-    """The warm start's SFT parquet: one row per scripted trajectory, then ``copy_count`` copy-task rows."""
+def write_rows(trajs: Sequence, tokenizer, max_obs_length: int, path: Path) -> Path:
+    """The warm start's SFT parquet: one row per scripted trajectory."""
     rows = [sft_row(make_row(t.question.data_source, t.question.question, t.question.answers, "train", k),
                     trajectory_turns(tokenizer, t.segments, max_obs_length)) for k, t in enumerate(trajs)]
-    rows += copy_rows(words, copy_count, max_words, rng)
     rows_to_sft_parquet(rows, path)
     return path
 
@@ -96,28 +80,18 @@ def install(run_dir: Path, out_dir: Path) -> None:
         shutil.copy2(item, out_dir / item.name)
 
 
-def copy_rows_per_epoch(lengths: Sequence[int], tokens_per_step: int, rows_per_step: int) -> int:
-    """As many copy rows as the own loop drew over one epoch: ``rows_per_step`` for each of about
-    sum(lengths) / budget steps."""
-    return rows_per_step * max(1, math.ceil(sum(lengths) / tokens_per_step))
-
-
-def run(model, tokenizer, trajs: Sequence, lengths: Sequence[int], n_prefix: int, corpus: Sequence[str], cfg,
-        rng: random.Random, out_dir: Path) -> list[float]:
-    """The trajectories and copy rows as SFT rows through ``main_sft``, from ``model`` (the copy task already
-    trained); the policy is written to ``out_dir``, its run kept in ``out_dir/warm_start``. ``lengths``: the own loop's
-    token counts of ``trajs``, ``n_prefix`` the instruction they share; ``cfg`` a ``tiny_policy.WarmStartConfig``.
+def run(model, tokenizer, trajs: Sequence, lengths: Sequence[int], n_prefix: int, cfg, out_dir: Path) -> list[float]:
+    """The trajectories as SFT rows through ``main_sft``, from ``model`` (the copy task already
+    trained); the policy is written to ``out_dir``, its run kept in ``out_dir/warm_start``. ``lengths``: the token
+    counts of ``trajs`` (``tiny_policy.encode_trajectory``), ``n_prefix`` the instruction they share; ``cfg`` a ``tiny_policy.WarmStartConfig``.
     Returns the losses."""
     work = out_dir / "warm_start"
     model.save_pretrained(work / "pretrained")
     tokenizer.save_pretrained(work / "pretrained")
     after_prefix = [n - n_prefix for n in lengths]
-    # the own loop's budget counted the tokens after the shared instruction; this one counts whole rows
+    # cfg.tokens_per_batch counts the tokens after the shared instruction (as tuned); main_sft's budget, whole rows
     budget = round(cfg.tokens_per_batch * sum(lengths) / sum(after_prefix))
-    words = sorted({w for text in corpus for w in text.split() if w.isalpha()})
-    copy_count = copy_rows_per_epoch(after_prefix, cfg.tokens_per_batch, cfg.copy_rows)
-    rows = write_rows(trajs, tokenizer, words, copy_count, cfg.copy_length // 3, cfg.max_obs_length, rng,
-                      work / "rows.parquet")
+    rows = write_rows(trajs, tokenizer, cfg.max_obs_length, work / "rows.parquet")
     losses = train(work / "pretrained", rows, work / "sft", cfg.steps, budget, cfg.lr, cfg.warmup_ratio, cfg.seed)
     install(work / "sft", out_dir)
     return losses

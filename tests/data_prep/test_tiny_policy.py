@@ -145,16 +145,14 @@ def test_warm_start_rows_hold_the_loops_tokens_and_masks(scripted, tmp_path):
     """Guards against a warm start training on other tokens than the agent loop's (a passage block tokenised or cut
     differently, a lost turn, a mask on the prompt or the passages): every trajectory's SFT row, read by the SFT
     dataset, has ``encode_trajectory``'s ids (the loop's layout, ``test_encoded_layout_matches_the_agent_loop``;
-    without the EOS it appends after the answer) and loss positions; copy rows repeat their prompt's words."""
+    without the EOS it appends after the answer) and loss positions; nothing else is in the rows."""
     from data_prep import warm_start_sft
     from verl.utils.sft_dataset import TrajectoryDataset
 
     trajs, tokenizer, cfg = scripted
-    words = ["Vuzaholm", "Arlen", "Tosk", "guild", "north"]
-    path = warm_start_sft.write_rows(trajs, tokenizer, words, 5, 8, cfg.max_obs_length, random.Random(1),
-                                     tmp_path / "rows.parquet")
+    path = warm_start_sft.write_rows(trajs, tokenizer, cfg.max_obs_length, tmp_path / "rows.parquet")
     data = TrajectoryDataset(str(path), tokenizer, 100000)
-    assert len(data) == len(trajs) + 5
+    assert len(data) == len(trajs)
     cut = 0
     for k, traj in enumerate(trajs):
         ids, labels, n_prompt = encode_trajectory(tokenizer, traj, cfg.max_obs_length)
@@ -164,10 +162,6 @@ def test_warm_start_rows_hold_the_loops_tokens_and_masks(scripted, tmp_path):
         cut += sum(len(observation_ids(tokenizer, seg.docs, 10**6)) > cfg.max_obs_length
                    for seg in traj.segments if seg.docs is not None)
     assert cut > 0  # blocks the loop cuts are among them
-    for k in range(len(trajs), len(data)):
-        copied = tokenizer.decode(data.response_ids[k])
-        assert 2 <= len(copied.split()) <= 8 and set(copied.split()) <= set(words)
-        assert tokenizer.decode(data.prompt_ids[k]).count(copied) == 1
 
 
 def test_warm_start_through_main_sft_saves_a_policy_that_loads_and_generates(demo, tmp_path):
