@@ -111,6 +111,7 @@ class WarmStartConfig:
     copy_steps: int = 1500  # at most this many steps (64 rows each) of the repeated-random-sequence task before the
     # trajectories (copy_task_batch)
     copy_stop_loss: float = 0.03  # it stops earlier once its mean loss over 20 steps is below this
+    copy_rows: int = 0  # copy rows in the SFT data (warm_start_sft.copy_rows: context, then its repeat; experiment)
     copy_length: int = 24  # maximum length of the random sequence that is repeated
     steps: int = 2500  # trajectory steps; 1500 left the plan on two-hop questions weakly learnt, and whether PPO
     # then found the second hop depended on the machine's last bits (measured figures: docs/results.md)
@@ -408,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="at most this many steps of the copy task before the trajectories")
     parser.add_argument("--copy-stop-loss", type=float, default=defaults.copy_stop_loss,
                         help="the copy task stops once its loss is below this")
+    parser.add_argument("--copy-rows", type=int, default=defaults.copy_rows,
+                        help="copy rows in the SFT data (a masked word sequence, then its repeat trained)")
     parser.add_argument("--threads", type=int, default=defaults.threads,
                         help="torch threads (default: torch's own; the result does not depend on it)")
     args = parser.parse_args(argv)
@@ -416,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     client = RetrievalClient(args.retriever_url, topk=3)
     cfg = WarmStartConfig(steps=args.steps, seed=args.seed, num_layers=args.num_layers, num_heads=args.num_heads,
-                          copy_steps=args.copy_steps, copy_stop_loss=args.copy_stop_loss,
+                          copy_steps=args.copy_steps, copy_stop_loss=args.copy_stop_loss, copy_rows=args.copy_rows,
                           threads=args.threads)
     figures = build_tiny_policy(args.data, args.out, client.search, cfg)
     print(json.dumps(figures, indent=1))

@@ -21,6 +21,7 @@ scripts the trajectories, builds the tokenizer and the model and runs the copy t
 
 from __future__ import annotations
 
+import random
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,8 @@ from data_prep.cold_start import sft_row
 from data_prep.qa_search import make_row
 from data_prep.sft_rows import rows_to_sft_parquet
 from search_r1.llm_agent.formatting import information_block, observation_ids, policy_turn
+
+COPY_SOURCE = "copy_task"
 
 
 def trajectory_turns(tokenizer, segments: Sequence, max_obs_length: int) -> list[dict]:
@@ -44,10 +47,25 @@ def trajectory_turns(tokenizer, segments: Sequence, max_obs_length: int) -> list
     return turns
 
 
-def write_rows(trajs: Sequence, tokenizer, max_obs_length: int, path: Path) -> Path:
-    """The warm start's SFT parquet: one row per scripted trajectory."""
+def copy_rows(trajs: Sequence, words: Sequence[str], count: int, max_words: int, rng: random.Random) -> list[dict]:
+    """``count`` copy rows in the loop's layout: a training question's prompt, then a sequence of 2 to ``max_words``
+    random corpus words as context (masked, as an inserted block is), then the same sequence, trained (the same
+    ids: each turn is tokenised on its own). Copying out of inserted context, the skill the copy task formed, with
+    nothing that the policy would learn to write on its own."""
+    rows = []
+    for k in range(count):
+        question = rng.choice(trajs).question
+        seq = " ".join(rng.choice(words) for _ in range(rng.randint(2, max(2, max_words))))
+        rows.append(sft_row(make_row(COPY_SOURCE, question.question, question.answers, "train", k),
+                            [{"text": seq, "sampled": False}, policy_turn(seq)]))
+    return rows
+
+
+def write_rows(trajs: Sequence, tokenizer, max_obs_length: int, path: Path, extra: Sequence[dict] = ()) -> Path:
+    """The warm start's SFT parquet: one row per scripted trajectory, then the ``extra`` rows."""
     rows = [sft_row(make_row(t.question.data_source, t.question.question, t.question.answers, "train", k),
                     trajectory_turns(tokenizer, t.segments, max_obs_length)) for k, t in enumerate(trajs)]
+    rows += list(extra)
     rows_to_sft_parquet(rows, path)
     return path
 
@@ -81,17 +99,21 @@ def install(run_dir: Path, out_dir: Path) -> None:
 
 
 def run(model, tokenizer, trajs: Sequence, lengths: Sequence[int], n_prefix: int, cfg, out_dir: Path) -> list[float]:
-    """The trajectories as SFT rows through ``main_sft``, from ``model`` (the copy task already
-    trained); the policy is written to ``out_dir``, its run kept in ``out_dir/warm_start``. ``lengths``: the token
-    counts of ``trajs`` (``tiny_policy.encode_trajectory``), ``n_prefix`` the instruction they share; ``cfg`` a ``tiny_policy.WarmStartConfig``.
-    Returns the losses."""
+    """The trajectories as SFT rows through ``main_sft``, from ``model`` (the copy task already trained); the policy is
+    written to ``out_dir``, its run kept in ``out_dir/warm_start``. ``lengths``: the token counts of ``trajs``
+    (``tiny_policy.encode_trajectory``), ``n_prefix`` the instruction they share; ``cfg`` a
+    ``tiny_policy.WarmStartConfig``. Returns the losses."""
     work = out_dir / "warm_start"
     model.save_pretrained(work / "pretrained")
     tokenizer.save_pretrained(work / "pretrained")
     after_prefix = [n - n_prefix for n in lengths]
     # cfg.tokens_per_batch counts the tokens after the shared instruction (as tuned); main_sft's budget, whole rows
     budget = round(cfg.tokens_per_batch * sum(lengths) / sum(after_prefix))
-    rows = write_rows(trajs, tokenizer, cfg.max_obs_length, work / "rows.parquet")
+    words = sorted({w for t in trajs for seg in t.segments if seg.docs for d in seg.docs
+                    for w in d["contents"].split() if w.isalpha()})
+    rng = random.Random(cfg.seed)
+    extra = copy_rows(trajs, words, cfg.copy_rows, cfg.copy_length // 3, rng) if cfg.copy_rows else []
+    rows = write_rows(trajs, tokenizer, cfg.max_obs_length, work / "rows.parquet", extra)
     losses = train(work / "pretrained", rows, work / "sft", cfg.steps, budget, cfg.lr, cfg.warmup_ratio, cfg.seed)
     install(work / "sft", out_dir)
     return losses
