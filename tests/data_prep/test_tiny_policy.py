@@ -164,6 +164,29 @@ def test_warm_start_rows_hold_the_loops_tokens_and_masks(scripted, tmp_path):
     assert cut > 0  # blocks the loop cuts are among them
 
 
+def test_copy_rows_train_only_the_repeat_of_inserted_context(scripted, tmp_path):
+    """Guards against copy rows that teach the policy to write something on its own (a trained first sequence, the
+    failure of copy rows as chat answers) or to repeat anything but what was just inserted: the first sequence is
+    masked, the trained one has exactly its ids, and the prompt is a training question's."""
+    from data_prep import warm_start_sft
+    from verl.utils.sft_dataset import TrajectoryDataset
+
+    trajs, tokenizer, cfg = scripted
+    words = ["Vuzaholm", "Arlen", "Tosk", "guild", "north"]
+    extra = warm_start_sft.copy_rows(trajs, words, 6, 8, random.Random(1))
+    path = warm_start_sft.write_rows(trajs[:2], tokenizer, cfg.max_obs_length, tmp_path / "rows.parquet", extra)
+    data = TrajectoryDataset(str(path), tokenizer, 100000)
+    questions = {t.question.question for t in trajs}
+    assert len(data) == 2 + 6
+    for k in range(2, len(data)):
+        ids, mask = data.response_ids[k], data.info_masks[k]
+        shown = [i for i, m in zip(ids, mask, strict=True) if m == 0]
+        trained = [i for i, m in zip(ids, mask, strict=True) if m == 1]
+        assert mask == [0] * len(shown) + [1] * len(trained) and shown == trained
+        assert 2 <= len(tokenizer.decode(trained).split()) <= 8 and set(tokenizer.decode(trained).split()) <= set(words)
+        assert any(q in tokenizer.decode(data.prompt_ids[k]) for q in questions)
+
+
 def test_warm_start_through_main_sft_saves_a_policy_that_loads_and_generates(demo, tmp_path):
     """Guards against a warm start that cannot run end to end or saves something transformers cannot load (missing
     tokenizer files, chat template, eos/pad ids): a few copy and trajectory steps through main_sft, then load and
