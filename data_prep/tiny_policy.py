@@ -39,11 +39,11 @@ Choices:
 - Copying first: a model this small rarely discovers, from the few copied tokens of the trajectories, how to
   copy an unseen name out of its context (long warm starts without it left test EM near 0 even with the search
   forced). So the warm start begins with a copy task (random token sequences repeated once, loss on the
-  repeat), the tiny model's stand-in for what a pretrained model brings, run long (1500 steps or a loss below 0.03)
-  so that the skill outlasts the SFT that follows: stopped at 0.2, once the copying circuit had formed, the policy
-  read its passages poorly after SFT (test EM 0.265 after PPO, against 0.655 on the same seed). The SFT data hold
-  no copy rows: chat turns whose answer repeats the user's words made the policy close half of its spans with the
-  other tag, and PPO then learnt nothing (docs/results.md, "The demo's warm start through main_sft").
+  repeat; the tiny model's stand-in for what a pretrained model brings) that runs until its loss is below 0.2 (the
+  copying circuit has formed), and keeps a few rows of it in every trajectory step: ``main_sft``'s second objective
+  (``data.mix_files``), copy rows placed after the instruction, inside the prompt, where no policy turn is. Without
+  them the skill faded during SFT and the policy misread names; as rows of the SFT data the policy learnt to write
+  them (docs/results.md, "The demo's warm start through main_sft").
 - Measured figures behind these choices (plan probabilities, EM per seed, steps): docs/results.md.
 - Sizes: vocabulary 2048 (BPE on corpus, prompts and trajectories), Qwen2 with hidden 64 x ``num_heads`` (vLLM's
   CPU attention needs head_dim 64), ``num_layers`` layers; AdamW with linear warmup and cosine decay; steps of
@@ -110,8 +110,9 @@ class WarmStartConfig:
     intermediate_size: int = 512
     copy_steps: int = 1500  # at most this many steps (64 rows each) of the repeated-random-sequence task before the
     # trajectories (copy_task_batch)
-    copy_stop_loss: float = 0.03  # it stops earlier once its mean loss over 20 steps is below this
-    copy_rows: int = 0  # copy rows in the SFT data (warm_start_sft.copy_rows: context, then its repeat; experiment)
+    copy_stop_loss: float = 0.2  # it stops earlier once its mean loss over 20 steps is below this (the copying
+    # circuit has formed)
+    copy_rows: int = 8  # copy rows mixed into every trajectory step (data.mix_files; warm_start_sft.copy_text_rows)
     copy_length: int = 24  # maximum length of the random sequence that is repeated
     steps: int = 2500  # trajectory steps; 1500 left the plan on two-hop questions weakly learnt, and whether PPO
     # then found the second hop depended on the machine's last bits (measured figures: docs/results.md)
@@ -353,7 +354,7 @@ def build_tiny_policy(data_dir: str | Path, out_dir: str | Path, search: SearchF
     out_dir.mkdir(parents=True, exist_ok=True)
     pretrain_copy(model, tokenizer.pad_token_id, cfg, rng, copy_tokens)
     losses = warm_start_sft.run(model, tokenizer, trajs, [len(ids) for ids, _ in examples],
-                                shared_prefix_length(examples), cfg, out_dir)
+                                examples[0][0][:shared_prefix_length(examples)], cfg, out_dir)
     train_seconds = time.time() - train_start
     figures = {
         "trajectories": len(trajs),
@@ -410,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--copy-stop-loss", type=float, default=defaults.copy_stop_loss,
                         help="the copy task stops once its loss is below this")
     parser.add_argument("--copy-rows", type=int, default=defaults.copy_rows,
-                        help="copy rows in the SFT data (a masked word sequence, then its repeat trained)")
+                        help="copy rows mixed into every SFT step (the instruction, a word sequence, then its "
+                             "repeat, trained)")
     parser.add_argument("--threads", type=int, default=defaults.threads,
                         help="torch threads (default: torch's own; the result does not depend on it)")
     args = parser.parse_args(argv)

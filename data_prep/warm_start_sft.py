@@ -6,9 +6,14 @@ scripts the trajectories, builds the tokenizer and the model and runs the copy t
   the loop would cut to ``data.max_obs_length`` is written as the decoded cut block, so the rows hold what RL shows
   (``tiny_policy.encode_trajectory``'s tokens, a test checks). A policy turn ends at its stop string (the loop never
   samples past ``</answer>``).
-- No copy rows: the copy task before (``tiny_policy.pretrain_copy``, run to a low loss) forms the copying skill, and
-  rows whose answer repeats the user's words broke the closing tags (half the spans closed with the other tag, PPO
-  then learnt nothing; docs/results.md, "The demo's warm start through main_sft").
+- The copying skill is kept by a second objective (``data.mix_files``): every step adds the loss of
+  ``cfg.copy_rows`` text rows, each the instruction every trajectory starts with, then a sequence of random corpus
+  words, then the same sequence, trained. That is the layout and the weight of the copy rows the demo's own training
+  loop mixed into its steps: the copy sits where no policy turn is, inside the prompt, and weighs as much as the
+  step's trajectories. Copy rows as SFT rows (after the chat template's assistant header) taught the policy to write
+  them: chat turns repeating the user's words broke the closing tags, copies of masked context made it loop
+  ``<think>`` after a passage block; with no copy rows at all, the skill faded during SFT and the policy misread
+  names (docs/results.md, "The demo's warm start through main_sft").
 - AdamW with betas (0.9, 0.98) and weight decay 0.01, a linear warm-up then a cosine to 10 %, clipping at 1; steps of
   similar-length rows up to a padded-token budget with every policy token weighted the same
   (``data.train_batch_tokens``). ``cfg.tokens_per_batch`` counts the tokens after the instruction every row shares
@@ -26,12 +31,13 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from data_prep.cold_start import sft_row
 from data_prep.qa_search import make_row
-from data_prep.sft_rows import rows_to_sft_parquet
+from data_prep.sft_rows import TURNS_TYPE, rows_to_sft_parquet
 from search_r1.llm_agent.formatting import information_block, observation_ids, policy_turn
-
-COPY_SOURCE = "copy_task"
 
 
 def trajectory_turns(tokenizer, segments: Sequence, max_obs_length: int) -> list[dict]:
@@ -47,33 +53,41 @@ def trajectory_turns(tokenizer, segments: Sequence, max_obs_length: int) -> list
     return turns
 
 
-def copy_rows(trajs: Sequence, words: Sequence[str], count: int, max_words: int, rng: random.Random) -> list[dict]:
-    """``count`` copy rows in the loop's layout: a training question's prompt, then a sequence of 2 to ``max_words``
-    random corpus words as context (masked, as an inserted block is), then the same sequence, trained (the same
-    ids: each turn is tokenised on its own). Copying out of inserted context, the skill the copy task formed, with
-    nothing that the policy would learn to write on its own."""
+def copy_text_rows(tokenizer, prefix_ids: Sequence[int], words: Sequence[str], count: int, max_tokens: int,
+                   rng: random.Random) -> list[dict]:
+    """``count`` copy rows as text rows (``verl.utils.sft_dataset.TextDataset``): the instruction ``prefix_ids``
+    decoded, then a sequence of random ``words`` of ``max_tokens // 3`` to ``max_tokens`` tokens (context), then the
+    same sequence (trained; the same ids, each turn being tokenised on its own)."""
+    prefix = tokenizer.decode(list(prefix_ids))
     rows = []
-    for k in range(count):
-        question = rng.choice(trajs).question
-        seq = " ".join(rng.choice(words) for _ in range(rng.randint(2, max(2, max_words))))
-        rows.append(sft_row(make_row(COPY_SOURCE, question.question, question.answers, "train", k),
-                            [{"text": seq, "sampled": False}, policy_turn(seq)]))
+    for _ in range(count):
+        target, seq = rng.randint(max(2, max_tokens // 3), max_tokens), ""
+        while len(tokenizer(seq, add_special_tokens=False)["input_ids"]) < target:
+            seq = f"{seq} {rng.choice(words)}" if seq else rng.choice(words)
+        rows.append({"turns": [{"text": prefix, "sampled": False}, {"text": " " + seq, "sampled": False},
+                               {"text": " " + seq, "sampled": True}]})
     return rows
 
 
-def write_rows(trajs: Sequence, tokenizer, max_obs_length: int, path: Path, extra: Sequence[dict] = ()) -> Path:
-    """The warm start's SFT parquet: one row per scripted trajectory, then the ``extra`` rows."""
+def write_text_rows(rows: Sequence[dict], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=pa.schema([("turns", TURNS_TYPE)])), path)
+    return path
+
+
+def write_rows(trajs: Sequence, tokenizer, max_obs_length: int, path: Path) -> Path:
+    """The warm start's SFT parquet: one row per scripted trajectory."""
     rows = [sft_row(make_row(t.question.data_source, t.question.question, t.question.answers, "train", k),
                     trajectory_turns(tokenizer, t.segments, max_obs_length)) for k, t in enumerate(trajs)]
-    rows += list(extra)
     rows_to_sft_parquet(rows, path)
     return path
 
 
 def train(pretrained: Path, rows: Path, run_dir: Path, steps: int, tokens_per_step: int, lr: float,
-          warmup_ratio: float, seed: int) -> list[float]:
-    """``main_sft`` on ``rows`` from the model directory ``pretrained`` into ``run_dir`` (resumed if it holds this run);
-    returns the logged loss of each step (the token mean of the policy tokens)."""
+          warmup_ratio: float, seed: int, mix: Path | None = None, mix_rows: int = 8) -> list[float]:
+    """``main_sft`` on ``rows`` (and ``mix_rows`` text rows of ``mix`` a step) from the model directory ``pretrained``
+    into ``run_dir`` (resumed if it holds this run); returns the logged loss of each step (the token mean of the policy
+    tokens)."""
     from verl.config_sft import load_sft_config
     from verl.trainer.sft_trainer import SFTTrainer
     from verl.utils.tracking import read_metrics
@@ -85,7 +99,8 @@ def train(pretrained: Path, rows: Path, run_dir: Path, steps: int, tokens_per_st
         "optim.betas=[0.9,0.98]", f"optim.warmup_steps_ratio={warmup_ratio}", "optim.lr_scheduler=cosine",
         "optim.min_lr_ratio=0.1", "optim.clip_grad=1.0", f"trainer.total_training_steps={steps}",
         f"trainer.seed={seed}", "trainer.device=cpu", "trainer.logger=[jsonl]", "trainer.save_freq=500",
-        "trainer.experiment_name=warm_start", f"trainer.default_local_dir={run_dir}"])
+        "trainer.experiment_name=warm_start", f"trainer.default_local_dir={run_dir}"]
+        + ([f"data.mix_files={mix}", f"data.mix_rows_per_step={mix_rows}"] if mix else []))
     trainer = SFTTrainer(cfg)
     trainer.fit()
     return [r["train/loss"] for r in read_metrics(trainer.tracker.jsonl_path)]
@@ -98,22 +113,26 @@ def install(run_dir: Path, out_dir: Path) -> None:
         shutil.copy2(item, out_dir / item.name)
 
 
-def run(model, tokenizer, trajs: Sequence, lengths: Sequence[int], n_prefix: int, cfg, out_dir: Path) -> list[float]:
-    """The trajectories as SFT rows through ``main_sft``, from ``model`` (the copy task already trained); the policy is
-    written to ``out_dir``, its run kept in ``out_dir/warm_start``. ``lengths``: the token counts of ``trajs``
-    (``tiny_policy.encode_trajectory``), ``n_prefix`` the instruction they share; ``cfg`` a
-    ``tiny_policy.WarmStartConfig``. Returns the losses."""
+def run(model, tokenizer, trajs: Sequence, lengths: Sequence[int], prefix_ids: Sequence[int], cfg,
+        out_dir: Path) -> list[float]:
+    """The trajectories as SFT rows through ``main_sft``, with ``cfg.copy_rows`` copy rows a step mixed in, from
+    ``model`` (the copy task already trained); the policy is written to ``out_dir``, its run kept in
+    ``out_dir/warm_start``. ``lengths``: the token counts of ``trajs`` (``tiny_policy.encode_trajectory``),
+    ``prefix_ids`` the instruction they share; ``cfg`` a ``tiny_policy.WarmStartConfig``. Returns the losses."""
     work = out_dir / "warm_start"
     model.save_pretrained(work / "pretrained")
     tokenizer.save_pretrained(work / "pretrained")
-    after_prefix = [n - n_prefix for n in lengths]
+    after_prefix = [n - len(prefix_ids) for n in lengths]
     # cfg.tokens_per_batch counts the tokens after the shared instruction (as tuned); main_sft's budget, whole rows
     budget = round(cfg.tokens_per_batch * sum(lengths) / sum(after_prefix))
-    words = sorted({w for t in trajs for seg in t.segments if seg.docs for d in seg.docs
-                    for w in d["contents"].split() if w.isalpha()})
-    rng = random.Random(cfg.seed)
-    extra = copy_rows(trajs, words, cfg.copy_rows, cfg.copy_length // 3, rng) if cfg.copy_rows else []
-    rows = write_rows(trajs, tokenizer, cfg.max_obs_length, work / "rows.parquet", extra)
-    losses = train(work / "pretrained", rows, work / "sft", cfg.steps, budget, cfg.lr, cfg.warmup_ratio, cfg.seed)
+    rows = write_rows(trajs, tokenizer, cfg.max_obs_length, work / "rows.parquet")
+    mix = None
+    if cfg.copy_rows:  # one fresh sequence per row and step, as the own loop drew them
+        words = sorted({w for t in trajs for seg in t.segments if seg.docs for d in seg.docs
+                        for w in d["contents"].split() if w.isalpha()})
+        mix = write_text_rows(copy_text_rows(tokenizer, prefix_ids, words, cfg.copy_rows * cfg.steps,
+                                             cfg.copy_length, random.Random(cfg.seed)), work / "copy_rows.parquet")
+    losses = train(work / "pretrained", rows, work / "sft", cfg.steps, budget, cfg.lr, cfg.warmup_ratio, cfg.seed,
+                   mix, max(1, cfg.copy_rows))
     install(work / "sft", out_dir)
     return losses

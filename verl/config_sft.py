@@ -59,6 +59,16 @@ class SFTDataConfig:
         4096, "Longest trajectory (prompt + response tokens) allowed; a longer one is an error naming the file and "
         "row (never cut: a cut trajectory would teach the policy to stop mid-turn).", low=2)
     shuffle: bool = setting(True, "Shuffle the trajectories each epoch (seeded by trainer.seed).")
+    mix_files: str | None = setting(
+        None, "Parquet file(s) of text rows mixed into every step as a second objective (a skill the model brings, "
+        "kept while it learns the trajectories): a column turns: [{text, sampled}] only, no prompt and no chat "
+        "template; a row's leading unsampled turns are its context, the sampled ones are trained. null = no mix.",
+        null_means="no second objective")
+    mix_rows_per_step: int = setting(8, "Text rows of data.mix_files drawn for each step (in a shuffled order, seeded "
+                                     "by trainer.seed; the order resumes with the checkpoint).", low=1)
+    mix_loss_coef: float = setting(
+        1.0, "Each step's loss adds this times the mean NLL per trained token of its data.mix_files rows (logged as "
+        "train/mix_loss).", low=0, what="a loss weight")
 
 
 @dataclass
@@ -154,7 +164,8 @@ class SFTConfig:
     def check_paths(self) -> None:
         """The model directory and parquet files exist (when a run starts)."""
         _check_model_dir("model.partial_pretrain", self.model.partial_pretrain)
-        for key, value in (("data.train_files", self.data.train_files), ("data.val_files", self.data.val_files)):
+        for key, value in (("data.train_files", self.data.train_files), ("data.val_files", self.data.val_files),
+                           ("data.mix_files", self.data.mix_files)):
             if value is None:
                 if key == "data.train_files":
                     raise ConfigError("config key data.train_files is not set: name your parquet file(s) of "

@@ -22,6 +22,11 @@ Choices, and what is shared with the RL trainer (so a cold-started policy is tra
 - The prompt tokens every training row starts with (the instruction, a chat template's system prompt) run once per
   micro-batch and their keys and values serve every row (``verl/workers/shared_prefix.py``, equal to the actor's
   log-probs to float rounding); in the demo that is half of each row's tokens.
+- A second objective (``data.mix_files``): each step draws ``data.mix_rows_per_step`` text rows and adds
+  ``data.mix_loss_coef`` times their mean NLL per trained token to the step's loss, as InstructGPT's PPO-ptx mixes
+  pre-training text into RL. A skill the model brings (the demo's tiny model: copying a name out of its context,
+  formed by a copy task) is kept while the trajectories are learnt; rows of the trajectory data cannot do that, because
+  the skill sits where no policy turn is (inside the prompt).
 - One process (``trainer.device``): a cold start is short next to RL; no data-parallel ranks.
 """
 
@@ -46,7 +51,7 @@ from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import StatefulLoader
 from verl.utils.plots import plot_curves
 from verl.utils.progress import progress
-from verl.utils.sft_dataset import TokenBudgetLoader, TrajectoryDataset
+from verl.utils.sft_dataset import TextDataset, TokenBudgetLoader, TrajectoryDataset
 from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.export import save_hf_model
 from verl.workers.lora import LoraSpec
@@ -57,7 +62,7 @@ from verl.workers.train_utils import GlobalCounts, TrainState
 logger = logging.getLogger(__name__)
 
 PART = "model"  # the checkpoint's directory of weights and optimiser
-PANELS = (("policy-token loss", ["train/loss", "val/loss"]), ("gradient norm", ["train/grad_norm"]),
+PANELS = (("policy-token loss", ["train/loss", "val/loss", "train/mix_loss"]), ("gradient norm", ["train/grad_norm"]),
           ("learning rate", ["train/lr"]))
 
 
@@ -84,6 +89,7 @@ class SFTTrainer:
             self.loader = TokenBudgetLoader(self.train_set, d.train_batch_tokens, d.shuffle, t.seed)
             self.token_divisor = self.loader.policy_tokens_per_step()  # constant: every token weighs the same
         self.total_steps = t.total_training_steps or self.loader.batches_per_epoch() * t.total_epochs
+        self.mix_loader = self._mix_loader() if d.mix_files else None
         self.step = 0
         self.already_complete = False
         self.device = resolve_device(t.device)
@@ -114,6 +120,7 @@ class SFTTrainer:
             return {}
         metrics: dict[str, float] = {}
         batches = self._batch_stream()
+        self.mix_batches = self._mix_stream() if self.mix_loader is not None else None
         with progress(total=self.total_steps, initial=self.step, desc="sft", unit="step") as bar:
             while self.step < self.total_steps:
                 self.step += 1
@@ -133,6 +140,14 @@ class SFTTrainer:
         plot_curves(self.tracker.jsonl_path, self.out_dir / "curves.png", self.cfg.trainer.experiment_name, PANELS)
         return metrics
 
+    def _mix_loader(self) -> StatefulLoader:
+        d = self.cfg.data
+        mix_set = TextDataset(d.mix_files, self.tokenizer, d.max_length)
+        if d.mix_rows_per_step > len(mix_set):
+            raise ConfigError(f"config key data.mix_rows_per_step={d.mix_rows_per_step} is invalid: data.mix_files="
+                              f"{d.mix_files!r} holds {len(mix_set)} rows (allowed: 1 to {len(mix_set)})")
+        return StatefulLoader(mix_set, d.mix_rows_per_step, True, self.cfg.trainer.seed)
+
     def export(self) -> None:
         """``hf_model/``: the trained model as a Hugging Face directory (merged under LoRA), RL's starting point."""
         m = self.cfg.model
@@ -142,7 +157,17 @@ class SFTTrainer:
         """One optimiser step on ``batch``: ``train/loss`` (mean NLL per policy token), ``train/grad_norm``,
         ``train/lr``, ``train/policy_tokens``, ``train/skipped_updates``."""
         rows = self.cfg.data.micro_batch_size_per_gpu
-        out = self.state.update(batch, len(batch), 1, lambda mini: mini.split(rows), self._micro_batch_loss)
+        mix = [next(self.mix_batches)] if self.mix_loader is not None else []
+
+        def loss_fn(micro: Batch, counts: GlobalCounts) -> tuple[Tensor, dict[str, float]]:
+            loss, metrics = self._micro_batch_loss(micro, counts)
+            if mix:  # once per step, with the first micro-batch
+                mix_loss = self._mix_loss(mix.pop())
+                loss = loss + self.cfg.data.mix_loss_coef * mix_loss
+                metrics["mix_loss"] = mix_loss.item()
+            return loss, metrics
+
+        out = self.state.update(batch, len(batch), 1, lambda mini: mini.split(rows), loss_fn)
         out["policy_tokens"] = float(batch["loss_mask"].sum())
         return {f"train/{name}": value for name, value in out.items()}
 
@@ -156,6 +181,11 @@ class SFTTrainer:
         divisor = self.token_divisor or counts.tokens
         loss = -agg_loss(log_prob, mask, "token-mean", global_tokens=divisor)
         return loss, {"loss": loss.item() * divisor / counts.tokens}
+
+    def _mix_loss(self, mix: Batch) -> Tensor:
+        """The mean NLL per trained token of a step's text rows (``data.mix_files``)."""
+        mask = mix["loss_mask"].to(self.device).float()  # [m, R], 1 = a sampled turn's token
+        return -(self._log_probs(mix) * mask).sum() / mask.sum()
 
     def _log_probs(self, micro: Batch) -> Tensor:
         """Log-probs [b, R] of the micro-batch's responses; the shared prompt prefix run once when there is one
@@ -190,6 +220,8 @@ class SFTTrainer:
         tmp = checkpoint.begin(self.out_dir, self.step)
         self.state.save(str(tmp / PART))
         state = {"step": self.step, "loader": self.loader.state_dict()}
+        if self.mix_loader is not None:
+            state["mix_loader"] = self.mix_loader.state_dict()
         path = checkpoint.commit(self.out_dir, tmp, self.step, state, sft_to_yaml(self.cfg))
         logger.info("saved checkpoint %s", path)
         return path
@@ -207,6 +239,8 @@ class SFTTrainer:
         state = checkpoint.load_trainer_state(path)
         self.step = state["step"]
         self.loader.load_state_dict(state["loader"])
+        if self.mix_loader is not None and "mix_loader" in state:
+            self.mix_loader.load_state_dict(state["mix_loader"])
         self.tracker.truncate_after(self.step)
         records = read_metrics(self.tracker.jsonl_path) if self.tracker.jsonl_path.exists() else []
         self.last_validation = next(({k: v for k, v in r.items() if k.startswith("val/")} for r in reversed(records)
@@ -215,6 +249,10 @@ class SFTTrainer:
     def _batch_stream(self) -> Iterator[Batch]:
         while True:
             yield from self.loader
+
+    def _mix_stream(self) -> Iterator[Batch]:
+        while True:
+            yield from self.mix_loader
 
     def _due(self, freq: int) -> bool:
         return freq > 0 and (self.step % freq == 0 or self.step == self.total_steps)

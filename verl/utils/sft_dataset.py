@@ -18,6 +18,9 @@ Choices:
   appended, because the loop never samples past a stop string.
 - **Refuse, never cut**: a row without turns, a turn that is not ``{text, sampled}``, a row with no sampled text or
   longer than ``data.max_length`` is a ``DataError`` naming the file, the row and the fix.
+- **Text rows** (``TextDataset``, ``data.mix_files``): only ``turns``, no prompt and no chat template; the leading
+  unsampled turns are the row's context (its "prompt"), the rest its response. Plain text with a trained span, for
+  a second objective mixed into every step (the demo keeps its tiny model's copying skill with them).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import sys
 import numpy as np
 
 from verl.protocol import Batch
-from verl.utils.dataset import DataError, PromptDataset, StatefulLoader
+from verl.utils.dataset import DataError, PromptDataset, StatefulLoader, read_rows
 from verl.utils.seq import pack_trajectories
 from verl.utils.tokenizer import render_prompt
 
@@ -99,6 +102,39 @@ class TrajectoryDataset:
                                    [self.info_masks[i] for i in idx], self.pad_id)
         packed["loss_mask"] = packed["response_mask"] * packed["info_mask"]  # [B, R]
         return Batch(packed, {"row": idx})
+
+
+TEXT_HINT = ("a text row (data.mix_files) is a column turns: [{text: str, sampled: bool}, ...] that starts with a "
+             "context turn (sampled: false, the text the trained turns follow); no prompt or chat template is applied")
+
+
+class TextDataset(TrajectoryDataset):
+    """Text rows (``data.mix_files``): per row, the ids of its leading unsampled turns as the prompt (the tokenizer's
+    bos first when it adds one), the rest as response ids and info mask, each turn tokenised on its own (special
+    tokens written in the text, e.g. a chat template's, become their ids)."""
+
+    def __init__(self, files: str, tokenizer, max_length: int):  # noqa: D107 (not TrajectoryDataset's reading)
+        rows = read_rows(files)
+        if rows and "turns" not in rows[0]:
+            raise DataError(f"{files!r} lacks the column 'turns' (it has {sorted(rows[0])}); {TEXT_HINT}")
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None and \
+            tokenizer("a", add_special_tokens=True)["input_ids"][:1] == [tokenizer.bos_token_id] else []
+        self.prompt_ids, self.response_ids, self.info_masks = [], [], []
+        for i, row in enumerate(rows):
+            where = f"text row {i} of {files!r}"
+            turns = _check_turns(row["turns"], where)
+            n_context = next(k for k, turn in enumerate(turns) if turn["sampled"] and turn["text"])
+            if n_context == 0:
+                raise DataError(f"{where}: the first turn is sampled; {TEXT_HINT}")
+            context, _ = encode_turns(tokenizer, turns[:n_context])
+            response, info_mask = encode_turns(tokenizer, turns[n_context:])
+            if len(bos) + len(context) + len(response) > max_length:
+                raise DataError(f"{where}: {len(bos) + len(context) + len(response)} tokens > "
+                                f"data.max_length={max_length}: raise data.max_length or drop the row")
+            self.prompt_ids.append(bos + context)
+            self.response_ids.append(response)
+            self.info_masks.append(info_mask)
 
 
 class TokenBudgetLoader(StatefulLoader):

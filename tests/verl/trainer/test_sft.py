@@ -209,13 +209,65 @@ def test_token_budget_steps_weigh_every_policy_token_the_same(workspace, tmp_pat
     assert losses(out) == pytest.approx(first, rel=1e-6)
 
 
+def copy_text_rows(n: int) -> list[dict]:
+    """Text rows: an instruction and a number sequence (context), then the same sequence (trained)."""
+    rows = []
+    for i in range(n):
+        seq = " ".join(str((7 * i + 3 * k) % 10) for k in range(2 + i % 5))
+        rows.append({"turns": [{"text": "Search, then answer:", "sampled": False},
+                               {"text": " " + seq, "sampled": False}, {"text": " " + seq, "sampled": True}]})
+    return rows
+
+
+def test_text_rows_take_their_context_as_prompt_and_train_the_rest(workspace, tmp_path):
+    """Guards against text rows whose context is trained or whose trained turn is lost (the leading unsampled turns
+    are the prompt, the loss mask covers exactly the repeat) and against a chat template applied to them."""
+    from verl.utils.sft_dataset import TextDataset
+
+    tokenizer = AutoTokenizer.from_pretrained(workspace / "model")
+    data = TextDataset(str(_write_table(tmp_path / "mix.parquet", copy_text_rows(6))), tokenizer, 4096)
+    for k, row in enumerate(copy_text_rows(6)):
+        context = tokenizer("".join(t["text"] for t in row["turns"][:2]), add_special_tokens=False)["input_ids"]
+        repeat = tokenizer(row["turns"][2]["text"], add_special_tokens=False)["input_ids"]
+        assert data.prompt_ids[k] == context and data.response_ids[k] == repeat, k
+    batch = data.batch([0, 4])
+    assert batch["loss_mask"].sum().item() == len(data.response_ids[0]) + len(data.response_ids[4])
+
+
+def test_mix_rows_add_their_loss_weighted_and_resume_exactly(workspace, tmp_path):
+    """Guards against a second objective that is not trained, ignores its weight, or restarts its row order on
+    resume: with data.mix_loss_coef=0 the weights equal a run without mix rows; with 1 they differ and
+    train/mix_loss is logged every step; a run resumed from step 2 logs the same mix losses as the uninterrupted
+    one (the mix rows of steps 3-4 are not those of steps 1-2)."""
+    mix = _write_table(tmp_path / "mix.parquet", copy_text_rows(16))
+    base = ["trainer.total_training_steps=4", "optim.lr=3e-3", "trainer.save_freq=2"]
+    plain, zero, mixed = tmp_path / "plain", tmp_path / "zero", tmp_path / "mixed"
+    assert main(args(workspace, plain, *base)) == 0
+    assert main(args(workspace, zero, *base, f"data.mix_files={mix}", "data.mix_rows_per_step=4",
+                     "data.mix_loss_coef=0")) == 0
+    mixed_argv = args(workspace, mixed, *base, f"data.mix_files={mix}", "data.mix_rows_per_step=4")
+    assert main(mixed_argv) == 0
+    weights = {run: load_file(run / "hf_model" / "model.safetensors") for run in (plain, zero, mixed)}
+    for name in weights[plain]:
+        torch.testing.assert_close(weights[zero][name], weights[plain][name], rtol=0, atol=0)
+    assert any(not torch.equal(weights[mixed][n], weights[plain][n]) for n in weights[plain])
+    records = [json.loads(line) for line in (mixed / "metrics.jsonl").read_text().splitlines()]
+    first = [r["train/mix_loss"] for r in records]
+    assert len(first) == 4 and all(v > 0 for v in first)
+    shutil.rmtree(mixed / "global_step_4")
+    shutil.rmtree(mixed / "hf_model")
+    assert main(mixed_argv) == 0
+    again = [json.loads(line)["train/mix_loss"] for line in (mixed / "metrics.jsonl").read_text().splitlines()]
+    assert again == pytest.approx(first, rel=1e-6)
+
+
 def _write_table(path: Path, rows: list[dict]) -> Path:
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 
 
 @pytest.mark.parametrize("case", ["rl_parquet", "not_parquet", "bad_turn", "too_long", "unknown_key", "betas",
-                                  "scheduler"])
+                                  "scheduler", "mix_starts_sampled", "mix_too_few"])
 def test_bad_input_fails_naming_it(workspace, tmp_path, capsys, case):
     """Guards against tracebacks or silent truncation on bad input: each is exit 2 with a message naming the file,
     column, row or key and the fix."""
@@ -243,6 +295,16 @@ def test_bad_input_fails_naming_it(workspace, tmp_path, capsys, case):
         write_rows(scripted_rows(range(8)), data)
         extra = ["optim.lr_scheduler=linear"]
         expected = ["optim.lr_scheduler", "linear", "cosine"]
+    elif case == "mix_starts_sampled":  # a text row with no context before its trained turn
+        write_rows(scripted_rows(range(16)), data)
+        mix = _write_table(tmp_path / "mix.parquet", [{"turns": [{"text": "1 2", "sampled": True}]}])
+        extra = [f"data.mix_files={mix}"]
+        expected = ["text row 0 of", str(mix), "starts with a context turn"]
+    elif case == "mix_too_few":
+        write_rows(scripted_rows(range(16)), data)
+        mix = _write_table(tmp_path / "mix.parquet", copy_text_rows(3))
+        extra = [f"data.mix_files={mix}"]
+        expected = ["data.mix_rows_per_step=8 is invalid", "holds 3 rows"]
     else:
         write_rows(scripted_rows(range(8)), data)
         extra = ["data.max_len=10"]
