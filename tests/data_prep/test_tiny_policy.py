@@ -3,6 +3,7 @@ tiny-budget warm start through main_sft against the real retrieval service whose
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -21,6 +22,7 @@ from data_prep.tiny_policy import (
     prompt_ids,
     script_trajectories,
     search_unique,
+    shared_prefix_length,
     trajectory_texts,
 )
 from retrieval_server.build_index import build_index
@@ -164,27 +166,29 @@ def test_warm_start_rows_hold_the_loops_tokens_and_masks(scripted, tmp_path):
     assert cut > 0  # blocks the loop cuts are among them
 
 
-def test_copy_rows_train_only_the_repeat_of_inserted_context(scripted, tmp_path):
-    """Guards against copy rows that teach the policy to write something on its own (a trained first sequence, the
-    failure of copy rows as chat answers) or to repeat anything but what was just inserted: the first sequence is
-    masked, the trained one has exactly its ids, and the prompt is a training question's."""
+def test_copy_rows_sit_after_the_instruction_and_train_only_the_repeat(scripted, tmp_path):
+    """Guards against copy rows that teach the policy to write something on its own (a trained first sequence, or a
+    copy after the chat template's assistant header, the failures of copy rows as SFT rows) or that are not where
+    the own loop put them: each text row's prompt is exactly the instruction every trajectory starts with, then a
+    sequence of 8-24 tokens of the given words; the trained response has exactly that sequence's ids."""
     from data_prep import warm_start_sft
-    from verl.utils.sft_dataset import TrajectoryDataset
+    from verl.utils.sft_dataset import TextDataset
 
     trajs, tokenizer, cfg = scripted
+    examples = [encode_trajectory(tokenizer, t, cfg.max_obs_length)[:2] for t in trajs[:20]]
+    prefix = examples[0][0][:shared_prefix_length(examples)]
+    assert tokenizer.decode(prefix).rstrip(": ").endswith("Question")  # the instruction, up to the question
     words = ["Vuzaholm", "Arlen", "Tosk", "guild", "north"]
-    extra = warm_start_sft.copy_rows(trajs, words, 6, 8, random.Random(1))
-    path = warm_start_sft.write_rows(trajs[:2], tokenizer, cfg.max_obs_length, tmp_path / "rows.parquet", extra)
-    data = TrajectoryDataset(str(path), tokenizer, 100000)
-    questions = {t.question.question for t in trajs}
-    assert len(data) == 2 + 6
-    for k in range(2, len(data)):
-        ids, mask = data.response_ids[k], data.info_masks[k]
-        shown = [i for i, m in zip(ids, mask, strict=True) if m == 0]
-        trained = [i for i, m in zip(ids, mask, strict=True) if m == 1]
-        assert mask == [0] * len(shown) + [1] * len(trained) and shown == trained
-        assert 2 <= len(tokenizer.decode(trained).split()) <= 8 and set(tokenizer.decode(trained).split()) <= set(words)
-        assert any(q in tokenizer.decode(data.prompt_ids[k]) for q in questions)
+    rows = warm_start_sft.copy_text_rows(tokenizer, prefix, words, 6, 24, random.Random(1))
+    data = TextDataset(str(warm_start_sft.write_text_rows(rows, tmp_path / "copy.parquet")), tokenizer, 100000)
+    assert len(data) == 6
+    longest_word = max(len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) for w in words)
+    for k in range(6):
+        assert data.prompt_ids[k][:len(prefix)] == prefix, k
+        shown, trained = data.prompt_ids[k][len(prefix):], data.response_ids[k]
+        assert shown == trained and data.info_masks[k] == [1] * len(trained)
+        assert 8 <= len(trained) < 24 + longest_word
+        assert set(tokenizer.decode(trained).split()) <= set(words)
 
 
 def test_warm_start_through_main_sft_saves_a_policy_that_loads_and_generates(demo, tmp_path):
@@ -197,7 +201,9 @@ def test_warm_start_through_main_sft_saves_a_policy_that_loads_and_generates(dem
     assert figures["trajectories"] == 35 * 2 and figures["final_loss"] > 0
     assert figures["max_response_tokens"] <= 320 and figures["max_prompt_tokens"] <= 256
     run = tmp_path / "policy" / "warm_start" / "sft"
-    assert (run / "metrics.jsonl").read_text().count("\n") == 3 and (run / "hf_model").is_dir()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and (run / "hf_model").is_dir()
+    assert all(r["train/mix_loss"] > 0 for r in records)  # the copy rows are mixed into every step
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "policy")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
     assert model.config.hidden_size // model.config.num_attention_heads == 64
