@@ -113,6 +113,7 @@ class WarmStartConfig:
     copy_stop_loss: float = 0.2  # it stops earlier once its mean loss over 20 steps is below this (the copying
     # circuit has formed)
     copy_rows: int = 8  # copy rows mixed into every trajectory step (data.mix_files; warm_start_sft.copy_text_rows)
+    copy_source: str = "tokens"  # the copy rows' sequences: tokens (random vocabulary tokens, as the copy task) | words
     copy_length: int = 24  # maximum length of the random sequence that is repeated
     steps: int = 2500  # trajectory steps; 1500 left the plan on two-hop questions weakly learnt, and whether PPO
     # then found the second hop depended on the machine's last bits (measured figures: docs/results.md)
@@ -413,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--copy-rows", type=int, default=defaults.copy_rows,
                         help="copy rows mixed into every SFT step (the instruction, a word sequence, then its "
                              "repeat, trained)")
+    parser.add_argument("--copy-source", choices=("tokens", "words"), default=defaults.copy_source,
+                        help="the copy rows' sequences: random vocabulary tokens or the passages' words")
     parser.add_argument("--threads", type=int, default=defaults.threads,
                         help="torch threads (default: torch's own; the result does not depend on it)")
     args = parser.parse_args(argv)
@@ -422,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     client = RetrievalClient(args.retriever_url, topk=3)
     cfg = WarmStartConfig(steps=args.steps, seed=args.seed, num_layers=args.num_layers, num_heads=args.num_heads,
                           copy_steps=args.copy_steps, copy_stop_loss=args.copy_stop_loss, copy_rows=args.copy_rows,
+                          copy_source=args.copy_source,
                           threads=args.threads)
     figures = build_tiny_policy(args.data, args.out, client.search, cfg)
     print(json.dumps(figures, indent=1))

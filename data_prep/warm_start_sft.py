@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from data_prep.cold_start import sft_row
 from data_prep.qa_search import make_row
 from data_prep.sft_rows import TURNS_TYPE, rows_to_sft_parquet
+from data_prep.tiny_model import TAG_TOKENS
 from search_r1.llm_agent.formatting import information_block, observation_ids, policy_turn
 
 
@@ -53,20 +54,30 @@ def trajectory_turns(tokenizer, segments: Sequence, max_obs_length: int) -> list
     return turns
 
 
-def copy_text_rows(tokenizer, prefix_ids: Sequence[int], words: Sequence[str], count: int, max_tokens: int,
-                   rng: random.Random) -> list[dict]:
+def copy_text_rows(tokenizer, prefix_ids: Sequence[int], pieces: Sequence[str], sep: str, count: int,
+                   max_tokens: int, rng: random.Random) -> list[dict]:
     """``count`` copy rows as text rows (``verl.utils.sft_dataset.TextDataset``): the instruction ``prefix_ids``
-    decoded, then a sequence of random ``words`` of ``max_tokens // 3`` to ``max_tokens`` tokens (context), then the
-    same sequence (trained; the same ids, each turn being tokenised on its own)."""
+    decoded, then a sequence of random ``pieces`` joined by ``sep``, of ``max_tokens // 3`` to ``max_tokens`` tokens
+    (context), then the same sequence (trained; the same ids, each turn being tokenised on its own)."""
     prefix = tokenizer.decode(list(prefix_ids))
     rows = []
     for _ in range(count):
         target, seq = rng.randint(max(2, max_tokens // 3), max_tokens), ""
-        while len(tokenizer(seq, add_special_tokens=False)["input_ids"]) < target:
-            seq = f"{seq} {rng.choice(words)}" if seq else rng.choice(words)
-        rows.append({"turns": [{"text": prefix, "sampled": False}, {"text": " " + seq, "sampled": False},
-                               {"text": " " + seq, "sampled": True}]})
+        while len(tokenizer(sep + seq, add_special_tokens=False)["input_ids"]) < target:
+            seq = f"{seq}{sep}{rng.choice(pieces)}" if seq else rng.choice(pieces)
+        rows.append({"turns": [{"text": prefix, "sampled": False}, {"text": sep + seq, "sampled": False},
+                               {"text": sep + seq, "sampled": True}]})
     return rows
+
+
+def copy_pieces(tokenizer, trajs: Sequence, source: str) -> tuple[list[str], str]:
+    """What copy sequences are made of: ``tokens``, the vocabulary's tokens but the special ones and the tags, each
+    decoded (the own loop's random token ids), joined as they are; ``words``, the passages' words, joined by spaces."""
+    if source == "words":
+        return sorted({w for t in trajs for seg in t.segments if seg.docs for d in seg.docs
+                       for w in d["contents"].split() if w.isalpha()}), " "
+    special = set(tokenizer.all_special_ids) | set(tokenizer.convert_tokens_to_ids(TAG_TOKENS))
+    return [tokenizer.decode([i]) for i in range(len(tokenizer)) if i not in special], ""
 
 
 def write_text_rows(rows: Sequence[dict], path: Path) -> Path:
@@ -128,9 +139,8 @@ def run(model, tokenizer, trajs: Sequence, lengths: Sequence[int], prefix_ids: S
     rows = write_rows(trajs, tokenizer, cfg.max_obs_length, work / "rows.parquet")
     mix = None
     if cfg.copy_rows:  # one fresh sequence per row and step, as the own loop drew them
-        words = sorted({w for t in trajs for seg in t.segments if seg.docs for d in seg.docs
-                        for w in d["contents"].split() if w.isalpha()})
-        mix = write_text_rows(copy_text_rows(tokenizer, prefix_ids, words, cfg.copy_rows * cfg.steps,
+        pieces, sep = copy_pieces(tokenizer, trajs, cfg.copy_source)
+        mix = write_text_rows(copy_text_rows(tokenizer, prefix_ids, pieces, sep, cfg.copy_rows * cfg.steps,
                                              cfg.copy_length, random.Random(cfg.seed)), work / "copy_rows.parquet")
     losses = train(work / "pretrained", rows, work / "sft", cfg.steps, budget, cfg.lr, cfg.warmup_ratio, cfg.seed,
                    mix, max(1, cfg.copy_rows))

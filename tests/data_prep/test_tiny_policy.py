@@ -179,7 +179,7 @@ def test_copy_rows_sit_after_the_instruction_and_train_only_the_repeat(scripted,
     prefix = examples[0][0][:shared_prefix_length(examples)]
     assert tokenizer.decode(prefix).rstrip(": ").endswith("Question")  # the instruction, up to the question
     words = ["Vuzaholm", "Arlen", "Tosk", "guild", "north"]
-    rows = warm_start_sft.copy_text_rows(tokenizer, prefix, words, 6, 24, random.Random(1))
+    rows = warm_start_sft.copy_text_rows(tokenizer, prefix, words, " ", 6, 24, random.Random(1))
     data = TextDataset(str(warm_start_sft.write_text_rows(rows, tmp_path / "copy.parquet")), tokenizer, 100000)
     assert len(data) == 6
     longest_word = max(len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) for w in words)
