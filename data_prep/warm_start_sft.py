@@ -7,13 +7,14 @@ scripts the trajectories, builds the tokenizer and the model and runs the copy t
   (``tiny_policy.encode_trajectory``'s tokens, a test checks). A policy turn ends at its stop string (the loop never
   samples past ``</answer>``).
 - The copying skill is kept by a second objective (``data.mix_files``): every step adds the loss of
-  ``cfg.copy_rows`` text rows, each the instruction every trajectory starts with, then a sequence of random corpus
-  words, then the same sequence, trained. That is the layout and the weight of the copy rows the demo's own training
-  loop mixed into its steps: the copy sits where no policy turn is, inside the prompt, and weighs as much as the
-  step's trajectories. Copy rows as SFT rows (after the chat template's assistant header) taught the policy to write
-  them: chat turns repeating the user's words broke the closing tags, copies of masked context made it loop
-  ``<think>`` after a passage block; with no copy rows at all, the skill faded during SFT and the policy misread
-  names (docs/results.md, "The demo's warm start through main_sft").
+  ``cfg.copy_rows`` text rows, each the instruction every trajectory starts with, then a sequence of random vocabulary
+  tokens (decoded to text), then the same sequence, trained. That is the layout, weight and content of the copy rows
+  the demo's own training loop mixed into its steps: the copy sits where no policy turn is, inside the prompt, and
+  weighs as much as the step's trajectories. Sequences of the passages' words instead (``--copy-source words``) left
+  a weaker reader on two seeds of three. Copy rows as SFT rows (after the chat template's assistant header) taught the
+  policy to write them: chat turns repeating the user's words broke the closing tags, copies of masked context made
+  it loop ``<think>`` after a passage block; with no copy rows at all, the skill faded during SFT and the policy
+  misread names (docs/results.md, "The demo's warm start through main_sft").
 - AdamW with betas (0.9, 0.98) and weight decay 0.01, a linear warm-up then a cosine to 10 %, clipping at 1; steps of
   similar-length rows up to a padded-token budget with every policy token weighted the same
   (``data.train_batch_tokens``). ``cfg.tokens_per_batch`` counts the tokens after the instruction every row shares
