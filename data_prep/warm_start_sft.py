@@ -76,6 +76,8 @@ def copy_pieces(tokenizer, trajs: Sequence, source: str) -> tuple[list[str], str
     """What copy sequences are made of: ``tokens``, the vocabulary's tokens but the special ones and the tags, each
     decoded (the former own loop's random token ids), joined as they are; ``words``, the passages' words, joined by
     spaces."""
+    if source not in ("tokens", "words"):
+        raise ValueError(f"copy_source={source!r} is invalid (allowed: tokens, words)")
     if source == "words":
         return sorted({w for t in trajs for seg in t.segments if seg.docs for d in seg.docs
                        for w in d["contents"].split() if w.isalpha()}), " "
