@@ -412,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--copy-stop-loss", type=float, default=defaults.copy_stop_loss,
                         help="the copy task stops once its loss is below this")
     parser.add_argument("--copy-rows", type=int, default=defaults.copy_rows,
-                        help="copy rows mixed into every SFT step (the instruction, a word sequence, then its "
+                        help="copy rows mixed into every SFT step (the instruction, a random sequence, then its "
                              "repeat, trained)")
     parser.add_argument("--copy-source", choices=("tokens", "words"), default=defaults.copy_source,
                         help="the copy rows' sequences: random vocabulary tokens or the passages' words")
@@ -425,8 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     client = RetrievalClient(args.retriever_url, topk=3)
     cfg = WarmStartConfig(steps=args.steps, seed=args.seed, num_layers=args.num_layers, num_heads=args.num_heads,
                           copy_steps=args.copy_steps, copy_stop_loss=args.copy_stop_loss, copy_rows=args.copy_rows,
-                          copy_source=args.copy_source,
-                          threads=args.threads)
+                          copy_source=args.copy_source, threads=args.threads)
     figures = build_tiny_policy(args.data, args.out, client.search, cfg)
     print(json.dumps(figures, indent=1))
     return 0

@@ -33,7 +33,7 @@ import numpy as np
 from verl.protocol import Batch
 from verl.utils.dataset import DataError, PromptDataset, StatefulLoader, read_rows
 from verl.utils.seq import pack_trajectories
-from verl.utils.tokenizer import render_prompt
+from verl.utils.tokenizer import pad_token_id, render_prompt
 
 TURNS_HINT = ("an SFT row is the RL schema plus turns: [{text: str, sampled: bool}, ...] (sampled = written by the "
               "policy); see docs/design.md, \"Supervised cold start\", and python -m data_prep.cold_start")
@@ -113,11 +113,11 @@ class TextDataset(TrajectoryDataset):
     bos first when it adds one), the rest as response ids and info mask, each turn tokenised on its own (special
     tokens written in the text, e.g. a chat template's, become their ids)."""
 
-    def __init__(self, files: str, tokenizer, max_length: int):  # noqa: D107 (not TrajectoryDataset's reading)
+    def __init__(self, files: str, tokenizer, max_length: int):  # its own reading: no prompt column, no template
         rows = read_rows(files)
         if rows and "turns" not in rows[0]:
             raise DataError(f"{files!r} lacks the column 'turns' (it has {sorted(rows[0])}); {TEXT_HINT}")
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = pad_token_id(tokenizer)
         bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None and \
             tokenizer("a", add_special_tokens=True)["input_ids"][:1] == [tokenizer.bos_token_id] else []
         self.prompt_ids, self.response_ids, self.info_masks = [], [], []
