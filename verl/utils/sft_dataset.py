@@ -65,28 +65,20 @@ def _check_turns(turns, where: str) -> list[dict]:
     return turns
 
 
-class TrajectoryDataset:
-    """Tokenised trajectories: per row, prompt ids, response ids and info mask (see the module docstring)."""
+class TokenizedRows:
+    """Rows in the RL loop's token layout: per row, prompt ids, response ids and info mask (1 = sampled, trained).
+    The two readers below fill them (``add``); packing and counting are shared."""
 
-    def __init__(self, files: str, tokenizer, max_length: int):
-        prompts = PromptDataset(files, tokenizer, max_prompt_length=sys.maxsize)  # checks prompt and reward_model
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.prompt_ids = prompts.prompt_ids
+    def __init__(self, tokenizer):
+        self.pad_id = pad_token_id(tokenizer)
+        self.prompt_ids: list[list[int]] = []
         self.response_ids: list[list[int]] = []
         self.info_masks: list[list[int]] = []
-        for i, (row, prompt) in enumerate(zip(prompts.rows, prompts.prompt_ids, strict=True)):
-            where = f"row {i} of {files!r}"
-            if "turns" not in row:
-                raise DataError(f"{files!r} lacks the column 'turns' (it has {sorted(row)}); {TURNS_HINT}")
-            response, info_mask = encode_turns(tokenizer, _check_turns(row["turns"], where))
-            if row.get("tools"):  # the hermes format: the prompt shows the tools, as the RL trainer renders it
-                prompt = self.prompt_ids[i] = render_prompt(tokenizer, row["prompt"], json.loads(row["tools"]))
-            if len(prompt) + len(response) > max_length:
-                raise DataError(f"{where}: the trajectory has {len(prompt) + len(response)} tokens (prompt "
-                                f"{len(prompt)} + response {len(response)}) > data.max_length={max_length}: raise "
-                                "data.max_length or drop the row (trajectories are never cut)")
-            self.response_ids.append(response)
-            self.info_masks.append(info_mask)
+
+    def add(self, prompt: list[int], response: list[int], info_mask: list[int]) -> None:
+        self.prompt_ids.append(prompt)
+        self.response_ids.append(response)
+        self.info_masks.append(info_mask)
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -104,23 +96,43 @@ class TrajectoryDataset:
         return Batch(packed, {"row": idx})
 
 
+class TrajectoryDataset(TokenizedRows):
+    """Trajectory rows (``data.train_files``, ``data.val_files``): the prompt through the chat template, as the RL
+    trainer renders it, then the turns (see the module docstring)."""
+
+    def __init__(self, files: str, tokenizer, max_length: int):
+        super().__init__(tokenizer)
+        prompts = PromptDataset(files, tokenizer, max_prompt_length=sys.maxsize)  # checks prompt and reward_model
+        for i, (row, prompt) in enumerate(zip(prompts.rows, prompts.prompt_ids, strict=True)):
+            where = f"row {i} of {files!r}"
+            if "turns" not in row:
+                raise DataError(f"{files!r} lacks the column 'turns' (it has {sorted(row)}); {TURNS_HINT}")
+            response, info_mask = encode_turns(tokenizer, _check_turns(row["turns"], where))
+            if row.get("tools"):  # the hermes format: the prompt shows the tools, as the RL trainer renders it
+                prompt = render_prompt(tokenizer, row["prompt"], json.loads(row["tools"]))
+            if len(prompt) + len(response) > max_length:
+                raise DataError(f"{where}: the trajectory has {len(prompt) + len(response)} tokens (prompt "
+                                f"{len(prompt)} + response {len(response)}) > data.max_length={max_length}: raise "
+                                "data.max_length or drop the row (trajectories are never cut)")
+            self.add(prompt, response, info_mask)
+
+
 TEXT_HINT = ("a text row (data.mix_files) is a column turns: [{text: str, sampled: bool}, ...] that starts with a "
              "context turn (sampled: false, the text the trained turns follow); no prompt or chat template is applied")
 
 
-class TextDataset(TrajectoryDataset):
+class TextDataset(TokenizedRows):
     """Text rows (``data.mix_files``): per row, the ids of its leading unsampled turns as the prompt (the tokenizer's
     bos first when it adds one), the rest as response ids and info mask, each turn tokenised on its own (special
-    tokens written in the text, e.g. a chat template's, become their ids)."""
+    tokens written in the text, e.g. a chat template's, become their ids). No prompt column, no chat template."""
 
-    def __init__(self, files: str, tokenizer, max_length: int):  # its own reading: no prompt column, no template
+    def __init__(self, files: str, tokenizer, max_length: int):
+        super().__init__(tokenizer)
         rows = read_rows(files)
         if rows and "turns" not in rows[0]:
             raise DataError(f"{files!r} lacks the column 'turns' (it has {sorted(rows[0])}); {TEXT_HINT}")
-        self.pad_id = pad_token_id(tokenizer)
         bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None and \
             tokenizer("a", add_special_tokens=True)["input_ids"][:1] == [tokenizer.bos_token_id] else []
-        self.prompt_ids, self.response_ids, self.info_masks = [], [], []
         for i, row in enumerate(rows):
             where = f"text row {i} of {files!r}"
             turns = _check_turns(row["turns"], where)
@@ -132,9 +144,7 @@ class TextDataset(TrajectoryDataset):
             if len(bos) + len(context) + len(response) > max_length:
                 raise DataError(f"{where}: {len(bos) + len(context) + len(response)} tokens > "
                                 f"data.max_length={max_length}: raise data.max_length or drop the row")
-            self.prompt_ids.append(bos + context)
-            self.response_ids.append(response)
-            self.info_masks.append(info_mask)
+            self.add(bos + context, response, info_mask)
 
 
 class TokenBudgetLoader(StatefulLoader):
@@ -149,7 +159,7 @@ class TokenBudgetLoader(StatefulLoader):
     of steps and the same policy tokens (``policy_tokens_per_step``), whatever the shuffle.
     """
 
-    def __init__(self, dataset: TrajectoryDataset, budget: int, shuffle: bool, seed: int):
+    def __init__(self, dataset: TokenizedRows, budget: int, shuffle: bool, seed: int):
         super().__init__(dataset, batch_size=1, shuffle=shuffle, seed=seed)
         self.budget = budget
         self._cached: tuple[int, list[list[int]]] | None = None
