@@ -19,7 +19,8 @@ trajectory that never closes its tag runs to ``--max-tokens`` alone, not with th
 Tokens/s counts the tokens each returned (up to and including eos); the ratio engine / plain is the engine's
 overhead (1.0 = none). MFU: the model FLOPs of the prompts and the returned tokens (``verl.workers.flops``) over
 the time and the device's measured matmul peak in the engine's dtype. Medians over ``--repeats`` pairs after one
-warm-up pair. Weight sync: the median seconds of ``sync_weights`` with the model's full state dict.
+warm-up pair. Weight sync: the median seconds of ``sync_weights`` with the model's full state dict, in the engine's
+dtype (as the trainer sends it).
 
 Without ``--model`` a tiny project model (Qwen2, head_dim 64, ``--hidden-size`` / ``--layers``) is built in a
 temporary directory. ``--random-weights`` keeps ``--model``'s config and tokenizer but draws new weights (the speed
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from data_prep.tiny_model import save_tiny_model  # noqa: E402
 from verl.workers.flops import ModelFlops, measure_peak_flops  # noqa: E402
+from verl.workers.model_utils import DTYPES  # noqa: E402
 from verl.workers.rollout.base import SamplingParams  # noqa: E402
 
 STOPS = ["</search>", "</answer>"]
@@ -125,7 +127,8 @@ def bench(name: str, model: str, prompts: list[list[int]], args) -> dict[str, fl
                 returned[kind].append(sum(map(len, rows)))
                 lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, rows, strict=True)])
                 work[kind].append(flops.forward(lengths) / seconds)
-    state = AutoModelForCausalLM.from_pretrained(model).state_dict()
+    # the weights as the trainer sends them: already in the engine's dtype (ActorRolloutWorker._full_weights)
+    state = AutoModelForCausalLM.from_pretrained(model, dtype=DTYPES[args.dtype]).state_dict()
     sync_s = []
     for _ in range(args.repeats):
         start = time.perf_counter()
