@@ -424,13 +424,13 @@ class PPOTrainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         start = time.perf_counter()
-        tmp = checkpoint.begin(self.out_dir, self.step)
-        self.actor.execute_all("save_checkpoint", str(tmp / "actor"))
-        if self.critic is not None:
-            self.critic.execute_all("save_checkpoint", str(tmp / "critic"))
-        # the loader's position after the last TRAINED batch: batches generated ahead are generated again on resume
-        state = {"step": self.step, "loader": self.loader_state, "kl_coef": self.kl_ctrl.value}
-        path = checkpoint.commit(self.out_dir, tmp, self.step, state, to_yaml(self.cfg))
+        with checkpoint.writing(self.out_dir, self.step) as tmp:
+            self.actor.execute_all("save_checkpoint", str(tmp / "actor"))
+            if self.critic is not None:
+                self.critic.execute_all("save_checkpoint", str(tmp / "critic"))
+            # the loader's position after the last TRAINED batch: batches generated ahead are generated again on resume
+            state = {"step": self.step, "loader": self.loader_state, "kl_coef": self.kl_ctrl.value}
+            path = checkpoint.commit(self.out_dir, tmp, self.step, state, to_yaml(self.cfg))
         logger.info("saved checkpoint %s in %.1fs", path, time.perf_counter() - start)
         return path
 

@@ -217,12 +217,12 @@ class SFTTrainer:
         return self.last_validation
 
     def save(self) -> Path:
-        tmp = checkpoint.begin(self.out_dir, self.step)
-        self.state.save(str(tmp / PART))
-        state = {"step": self.step, "loader": self.loader.state_dict()}
-        if self.mix_loader is not None:
-            state["mix_loader"] = self.mix_loader.state_dict()
-        path = checkpoint.commit(self.out_dir, tmp, self.step, state, sft_to_yaml(self.cfg))
+        with checkpoint.writing(self.out_dir, self.step) as tmp:
+            self.state.save(str(tmp / PART))
+            state = {"step": self.step, "loader": self.loader.state_dict()}
+            if self.mix_loader is not None:
+                state["mix_loader"] = self.mix_loader.state_dict()
+            path = checkpoint.commit(self.out_dir, tmp, self.step, state, sft_to_yaml(self.cfg))
         logger.info("saved checkpoint %s", path)
         return path
 

@@ -13,6 +13,8 @@ kill at any moment leaves at worst a ``.tmp`` directory, which ``resume_mode=aut
 the next save deletes. ``find_latest`` scans for the newest complete directory instead of trusting
 ``latest_checkpointed_iteration.txt`` (verl's marker, still written last, atomically, for tools
 that read it): a kill between a rename and the marker update must not lose that checkpoint.
+A save that fails (``writing``: a full disk, a worker's write error) deletes its ``.tmp`` directory and is an
+error naming the free space and the checkpoint a rerun resumes from.
 ``verify`` checks a checkpoint's files before anything is loaded (the small files are read; each shard must
 be as long as its ``.metadata`` says), so a damaged directory is an error naming the path and the fix, not a
 traceback from deep inside a loader.
@@ -22,11 +24,14 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 
 LATEST = "latest_checkpointed_iteration.txt"
 PREFIX = "global_step_"
@@ -61,6 +66,37 @@ def begin(root: str | Path, step: int) -> Path:
     tmp = Path(root) / f"{PREFIX}{step}.tmp"
     tmp.mkdir(parents=True)
     return tmp
+
+
+@contextmanager
+def writing(root: str | Path, step: int) -> Iterator[Path]:
+    """``begin``'s temporary directory for step ``step``'s checkpoint; if writing it fails (a full disk, a file-size
+    limit, a worker's write error), the partial directory is deleted, so it holds no space, and ``CheckpointError``
+    says what failed, the free space, the size of the last complete checkpoint and which one a rerun resumes from."""
+    tmp = begin(root, step)
+    try:
+        yield tmp
+    except (Exception, CheckpointException) as err:  # torch's CheckpointException is a BaseException
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_write_failure(Path(root), step, err)) from err
+
+
+def _write_failure(root: Path, step: int, err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    cause = f"{type(err).__name__}: {lines[-1] if lines else ''}"  # a worker's error ends with its own last line
+    last = find_latest(root)
+    if last is None:
+        resume = "there is no complete checkpoint yet, so a rerun starts over"
+    else:
+        size = sum(f.stat().st_size for f in last.rglob("*") if f.is_file())
+        resume = f"the last complete checkpoint, {last} ({_bytes(size)}), is intact and a rerun resumes from it"
+    return (f"saving the checkpoint of step {step} under {root} failed ({cause}); the disk there has "
+            f"{_bytes(shutil.disk_usage(root).free)} free. The partial directory was deleted; {resume}. Free space, or "
+            "point trainer.default_local_dir at a larger disk, and run the same command again")
+
+
+def _bytes(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
 def commit(root: str | Path, tmp: Path, step: int, trainer_state: dict, config_yaml: str) -> Path:

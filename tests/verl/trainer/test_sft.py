@@ -5,6 +5,7 @@ In-process (``main(argv)``), no services."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from tests.entry_points import in_process
 from tests.verl.trainer.sft_test_utils import TEMPLATE, question, scripted_rows, tiny_sft_model, write_rows
 from verl.config_sft import load_sft_config
 from verl.trainer.sft_trainer import SFTTrainer
+from verl.utils import checkpoint
 from verl.utils.sft_dataset import TokenBudgetLoader, TrajectoryDataset
 from verl.workers.model_utils import response_log_probs
 from verl.workers.train_utils import GlobalCounts
@@ -315,6 +317,47 @@ def test_bad_input_fails_naming_it(workspace, tmp_path, capsys, case):
     assert code == 2, err
     assert all(text in err for text in expected), err
     assert "Traceback" not in err
+
+
+def _file_size_limit(limit: int):
+    """For ``subprocess.run(preexec_fn=...)``: writing past ``limit`` bytes of any file fails with EFBIG (a real
+    write error from the kernel, as on a full disk; SIGXFSZ ignored so the process is not killed by it)."""
+    import resource
+    import signal
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.mark.slow  # new interpreters
+def test_a_failed_save_deletes_its_partial_checkpoint_and_says_which_one_a_rerun_resumes_from(workspace, tmp_path):
+    """Guards against a checkpoint write that fails (the disk filled up during ``make demo-real``'s last save) ending
+    in a traceback of torch's internals ("unexpected pos 704 vs 598") and leaving its partial ``.tmp`` directory on
+    the full disk: the process exits 2 with one message naming the step, the free space and the intact checkpoint a
+    rerun resumes from; nothing partial is left; the rerun, with room, resumes there and ends as an uninterrupted
+    run."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "verl.trainer.main_sft", *args(workspace, out, "trainer.save_freq=2",
+                                                                 "optim.lr=1e-3", "trainer.total_training_steps=4")]
+    assert subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT).returncode == 0
+    first = losses(out)
+    largest = max(f.stat().st_size for f in (out / "global_step_4").rglob("*") if f.is_file())
+    shutil.rmtree(out / "global_step_4")
+    shutil.rmtree(out / "hf_model")
+    # the rerun resumes from step 2, trains steps 3-4 and cannot write step 4's largest file
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          preexec_fn=_file_size_limit(largest // 2))
+    assert done.returncode == 2, done.stderr
+    assert f"saving the checkpoint of step 4 under {out} failed (" in done.stderr, done.stderr
+    assert f"the last complete checkpoint, {out / 'global_step_2'} (" in done.stderr
+    assert "Traceback" not in done.stderr and re.search(r"the disk there has [0-9.]+ [MG]iB free", done.stderr)
+    assert sorted(p.name for p in out.glob("global_step_*")) == ["global_step_2"]  # no global_step_4.tmp left
+    checkpoint.verify(out / "global_step_2", ["model"])  # intact
+    assert subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT).returncode == 0
+    assert losses(out) == pytest.approx(first, rel=1e-6) and (out / "hf_model" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow  # a new interpreter
