@@ -2,7 +2,7 @@
 
     python benchmarks/bench_rollout.py [--model DIR] [--random-weights] [--device cpu|cuda] [--dtype float32]
                                        [--prompts 16] [--prompt-tokens 100-200] [--data PARQUET --samples 4]
-                                       [--max-tokens 64] [--repeats 3] [--engines hf,vllm] [--threads N]
+                                       [--max-tokens 64] [--repeats 3] [--engines hf,hf-static,vllm] [--threads N]
                                        [--hidden-size 128] [--layers 2]
 
 For each engine the same prompts (random token ids of ``--prompt-tokens`` length, fixed seed; or with ``--data``
@@ -16,6 +16,11 @@ first turn of the agent loop) are continued at temperature 1 with up to ``--max-
     prompts, the same sampling and stop strings, vLLM's own stop check; no log-probs).
 With real prompts, rows stop at different lengths and the HF engine's dropping of ended rows shows (a sampled
 trajectory that never closes its tag runs to ``--max-tokens`` alone, not with the whole batch).
+Engines: ``hf`` (the HF engine with its default cache for the device: static with CUDA graphs on a GPU, dynamic on a
+CPU), ``hf-dynamic``, ``hf-static`` (the static cache; with CUDA graphs on a GPU), ``hf-eager`` (static, no graphs),
+``vllm``. The physical limit printed last: a decode step reads every weight once, so a batch of B rows makes at most
+B x (memory bandwidth / bytes of weights) tokens a second (bandwidth measured here by copying a large buffer;
+the KV cache's reads and the prompt pass are not counted, so real engines stay below it).
 Tokens/s counts the tokens each returned (up to and including eos); the ratio engine / plain is the engine's
 overhead (1.0 = none). MFU: the model FLOPs of the prompts and the returned tokens (``verl.workers.flops``) over
 the time and the device's measured matmul peak in the engine's dtype. Medians over ``--repeats`` pairs after one
@@ -57,11 +62,17 @@ def make_prompts(count: int, vocab: int, lengths: tuple[int, int], seed: int = 0
     return [[rng.randrange(10, vocab) for _ in range(rng.randint(*lengths))] for _ in range(count)]
 
 
-def hf_pair(model: str, args):
+HF_CACHES = {"hf": ("auto", True), "hf-dynamic": ("dynamic", False), "hf-static": ("static", True),
+             "hf-eager": ("static", False)}  # engine name -> (kv_cache, cuda_graphs)
+
+
+def hf_pair(model: str, args, name: str = "hf"):
     """(engine call, plain call) for the HF engine; each returns the generated ids per row."""
     from verl.workers.rollout.hf_rollout import HFRollout, truncate_at_stop
 
-    engine = HFRollout(model, dtype=args.dtype, device=args.device, micro_batch_size=args.prompts * args.samples)
+    kv_cache, graphs = HF_CACHES[name]
+    engine = HFRollout(model, dtype=args.dtype, device=args.device, micro_batch_size=args.prompts * args.samples,
+                       kv_cache=kv_cache, cuda_graphs=graphs)
     stops = StoppingCriteriaList([StopStringCriteria(engine.tokenizer, STOPS)])  # built once: 0.4 s for SmolLM2
 
     def engine_call(prompts, seed):
@@ -107,7 +118,7 @@ def vllm_pair(model: str, args):
 
 def bench(name: str, model: str, prompts: list[list[int]], args) -> dict[str, float]:
     start = time.perf_counter()
-    engine, engine_call, plain_call = (vllm_pair if name == "vllm" else hf_pair)(model, args)
+    engine, engine_call, plain_call = vllm_pair(model, args) if name == "vllm" else hf_pair(model, args, name)
     load_s = time.perf_counter() - start
     flops = ModelFlops.of(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).to("meta"))
     rates: dict[str, list[float]] = {"engine": [], "plain": []}
@@ -138,6 +149,22 @@ def bench(name: str, model: str, prompts: list[list[int]], args) -> dict[str, fl
             **{f"{kind}_tokens_per_s": statistics.median(v) for kind, v in rates.items()},
             **{f"{kind}_flops": statistics.median(v) for kind, v in work.items()},
             **{f"{kind}_tokens": statistics.median(v) for kind, v in returned.items()}}
+
+
+def memory_bandwidth(device: str, megabytes: int = 1024, repeats: int = 5) -> float:
+    """Bytes a second that a copy of a large buffer moves on ``device`` (read + write), the best of ``repeats``."""
+    src = torch.empty(megabytes << 18, dtype=torch.float32, device=device)  # megabytes MiB
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * src.element_size() / best
 
 
 def main() -> None:
@@ -183,16 +210,26 @@ def main() -> None:
             args.samples = 1
             prompts = make_prompts(args.prompts, AutoConfig.from_pretrained(model).vocab_size, args.prompt_tokens)
         peak = measure_peak_flops(args.device, args.dtype)
+        bandwidth = memory_bandwidth(args.device)
+        weight_bytes = sum(p.numel() for p in AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(model)).to("meta").parameters()) * DTYPES[args.dtype].itemsize
+        unknown = [name for name in args.engines.split(",") if name not in HF_CACHES and name != "vllm"]
+        if unknown:
+            parser.error(f"--engines: unknown {unknown} (allowed: {', '.join([*HF_CACHES, 'vllm'])})")
         results = {name: bench(name, model, prompts, args) for name in args.engines.split(",")}
     print(f"{len(prompts)} prompts of {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens, up to "
           f"{args.max_tokens} new tokens, {args.device} {args.dtype}, torch threads {torch.get_num_threads()}, "
           f"matmul peak {peak / 1e12:.2f} TFLOP/s, median of {args.repeats}")
     for name, r in results.items():
-        print(f"{name:5s} engine {r['engine_tokens_per_s']:9.1f} tokens/s (MFU {r['engine_flops'] / peak:6.2%}) | "
+        print(f"{name:10s} engine {r['engine_tokens_per_s']:9.1f} tokens/s (MFU {r['engine_flops'] / peak:6.2%}) | "
               f"plain {r['plain_tokens_per_s']:9.1f} tokens/s (MFU {r['plain_flops'] / peak:6.2%}) | "
               f"engine / plain {r['engine_tokens_per_s'] / r['plain_tokens_per_s']:5.2f} | load {r['load_s']:5.1f} s "
               f"| weight sync {1000 * r['sync_s']:7.1f} ms | tokens a call (median) {r['engine_tokens']:.0f} / "
               f"{r['plain_tokens']:.0f}")
+    limit = len(prompts) * bandwidth / weight_bytes
+    print(f"limit {limit:9.1f} tokens/s: {len(prompts)} rows x {bandwidth / 1e9:.0f} GB/s (measured copy) / "
+          f"{weight_bytes / 1e9:.3f} GB of weights a step; engines at " + ", ".join(
+              f"{name} {r['engine_tokens_per_s'] / limit:.1%}" for name, r in results.items()) + " of it")
 
 
 if __name__ == "__main__":

@@ -254,6 +254,14 @@ class RolloutConfig:
     max_num_seqs: int = setting(256, "vLLM: maximum sequences scheduled at once.")
     free_cache_engine: bool = setting(False, "vLLM: release the KV cache between rollouts (sleep mode, GPU only).")
     micro_batch_size: int = setting(64, "Rows per HF generate call (hf rollout only).", low=1)
+    hf_kv_cache: str = setting(
+        "auto", "hf: the decode loop's KV cache ({choices}): dynamic = transformers' growing cache, rows that end "
+        "leave the batch (fastest on a CPU); static = a pre-sized cache for a batch padded to a power of two, whose "
+        "decode step is captured as a CUDA graph on a GPU (hf_cuda_graphs); auto = static on a GPU, dynamic on a CPU. "
+        "docs/design.md, \"The HF engine's decode loop\".", choices=("auto", "dynamic", "static"))
+    hf_cuda_graphs: bool = setting(
+        True, "hf on a GPU with the static cache: capture the decode step as a CUDA graph (one launch a token instead "
+        "of the model's hundreds); a capture that fails logs why and decodes without graphs.")
     log_prob_micro_batch_size_per_gpu: int = setting(
         16, "Trajectories per forward pass on each rank when the actor computes log-probs.", low=1,
         spellings=(GlobalCount("actor_rollout_ref.rollout.log_prob_micro_batch_size"),))

@@ -25,7 +25,8 @@ def build_rollout(cfg: Config) -> RolloutEngine:
         from verl.workers.rollout.hf_rollout import HFRollout
 
         return HFRollout(model_path, dtype=rollout.dtype, device=str(resolve_device(cfg.trainer.device)),
-                         micro_batch_size=rollout.micro_batch_size, seed=cfg.trainer.seed)
+                         micro_batch_size=rollout.micro_batch_size, seed=cfg.trainer.seed,
+                         kv_cache=rollout.hf_kv_cache, cuda_graphs=rollout.hf_cuda_graphs)
     try:
         from verl.workers.rollout.vllm_rollout import VLLMRollout
     except ImportError as err:

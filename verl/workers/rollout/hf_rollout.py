@@ -4,30 +4,35 @@ The reference engine and the default (the faster one for the tiny demo policy on
 not installed, e.g. the GPU machine). It behaves like ``VLLMRollout`` so the two are interchangeable:
 - Prompts are left-padded into micro-batches of ``micro_batch_size`` rows (after expanding each
   prompt ``n`` times, so samples stay grouped by prompt), run once through the model (the prompt pass, keeping the
-  KV cache), then decoded one token a step. Position ids come from the attention mask, as ``model.generate``
-  derives them, so padding does not shift positions.
-- Rows leave the batch as they end: once a quarter or more of the rows still in the batch have ended (eos, a stop
-  string), those rows are dropped from the batch and from the KV cache (``Cache.batch_select_indices``). A batch
-  thus no longer pays its full width for every token of its longest row: a row that runs to ``max_tokens`` while
-  the others stopped early decodes alone (about 3x cheaper a token than a batch of 24 for SmolLM2-135M on a CPU).
-  ``model.generate`` keeps every row to the end; this loop replaced it for that reason.
-- Sampling comes only from ``SamplingParams`` (``_Sampler``), never from the checkpoint's ``generation_config``
-  (repetition penalty, top-k, ... cannot leak in), as with vLLM given explicit sampling params. temperature 0 =
-  greedy; top_k -1 and top_p 1 = off. Eos ids are the tokenizer's eos plus the checkpoint's ``eos_token_id``(s), as
-  vLLM.
+  KV cache), then decoded one token a step (``verl/workers/rollout/hf_decode.py``). Position ids come from the
+  attention mask, as ``model.generate`` derives them, so padding does not shift positions.
+- Two KV caches (``kv_cache``; auto = static on a GPU, dynamic elsewhere). Dynamic: rows leave the batch as they
+  end: once a quarter or more of the rows still in the batch have ended (eos, a stop string), those rows are
+  dropped from the batch and from the KV cache, so a row that runs to ``max_tokens`` while the others stopped early
+  decodes alone (about 3x cheaper a token than a batch of 24 for SmolLM2-135M on a CPU); ``model.generate`` keeps
+  every row to the end. Static: a pre-sized cache whose decode step reads and writes fixed buffers, captured once
+  as a CUDA graph and replayed (``cuda_graphs``): on a GPU a decode step of an eager transformers model is hundreds
+  of kernel launches, which the graph replaces by one.
+- Devices: the logits, sampled ids, log-probs and batch indices stay on the model's device; one host copy a step (the
+  sampled ids, for the stop check) and one a call (the log-probs).
+- Sampling comes only from ``SamplingParams`` (``hf_decode.Sampler``), never from the checkpoint's
+  ``generation_config`` (repetition penalty, top-k, ... cannot leak in), as with vLLM given explicit sampling params.
+  temperature 0 = greedy; top_k -1 and top_p 1 = off. Eos ids are the tokenizer's eos plus the checkpoint's
+  ``eos_token_id``(s), as vLLM.
 - Stop strings follow vLLM: generation of a row ends at the first token whose detokenised output
   (special tokens skipped, prompt excluded) contains a stop string; that token is kept and
   everything after it dropped, so ``token_ids`` are exactly the sampled ids up to the stop string /
   eos; ``finish_reason`` is "stop" (eos or stop string, ``stop_str`` names the string) or "length".
-  Each step decodes only a short window of the row's newest tokens (cheap); the exact cut is made afterwards on
-  the full text (``truncate_at_stop``).
+  A token is checked by id unless its text can complete a stop string; then only a short window of the row's newest
+  tokens is decoded (``hf_decode.StopCheck``); the exact cut is made afterwards on the full text
+  (``truncate_at_stop``).
 - Log-probs are the model's raw log-softmax (no temperature, top-k or top-p applied) of each
   sampled token, the same quantity as vLLM's default ``raw_logprobs``; memory stays O(batch x vocab): the prompt
   pass computes the logits of the last position only.
 - Seeds: a call with ``seed`` runs under that torch seed (inside ``fork_rng``, so the global RNG is
   untouched); a call without draws its seed from the engine's generator seeded once by ``seed``.
-  A call with ``row_seeds`` samples each row with its own ``torch.Generator``, so a row's tokens do not
-  depend on the other rows of the call.
+  A call with ``row_seeds`` samples each row with its own ``torch.Generator`` (on the model's device), so a row's
+  tokens do not depend on the other rows of the call.
 """
 
 from __future__ import annotations
@@ -40,15 +45,24 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from verl.workers.model_utils import DTYPES
 from verl.workers.rollout.base import GenerationOutput, SamplingParams
+from verl.workers.rollout.hf_decode import (
+    LENGTH_QUANTUM,
+    DynamicKV,
+    Sampler,
+    StaticKV,
+    StopCheck,
+    static_kv_supported,
+    stop_candidates,
+)
 
 logger = logging.getLogger(__name__)
 
 
 class HFRollout:
-    """``RolloutEngine`` backed by ``model.generate`` (see the module docstring)."""
+    """``RolloutEngine`` on a transformers model, with its own decode loop (see the module docstring)."""
 
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu", micro_batch_size: int = 64,
-                 seed: int = 0) -> None:
+                 seed: int = 0, kv_cache: str = "auto", cuda_graphs: bool = True) -> None:
         self.device = torch.device(device)
         self.micro_batch_size = micro_batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -65,6 +79,13 @@ class HFRollout:
         self.model.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
         self.rng = torch.Generator().manual_seed(seed)
         self._threads = torch.get_num_threads()  # OpenMP's thread count is per thread: callers' threads get this one
+        if kv_cache not in ("auto", "dynamic", "static"):
+            raise ValueError(f"kv_cache={kv_cache!r}: allowed auto | dynamic | static")
+        static = kv_cache == "static" or (kv_cache == "auto" and self.device.type == "cuda")
+        self.static = static and static_kv_supported(self.model)
+        self.cuda_graphs = cuda_graphs and self.static and self.device.type == "cuda"
+        self._static_kv: StaticKV | None = None  # the last shape's cache (and graph), reused while calls fit it
+        self._stop_candidates: dict[tuple[str, ...], frozenset[int] | None] = {}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
         """Continue each prompt; ``len(prompts) * params.n`` outputs grouped by prompt."""
@@ -78,18 +99,23 @@ class HFRollout:
         devices = []  # CUDA devices whose RNG state fork_rng saves and restores
         if self.device.type == "cuda":
             devices = [torch.cuda.current_device() if self.device.index is None else self.device.index]
+        stops = tuple(params.stop)
+        if stops not in self._stop_candidates:
+            self._stop_candidates[stops] = stop_candidates(self.tokenizer, list(stops)) if stops else frozenset()
+        stop = StopCheck(self.eos_ids, list(stops), self._stop_candidates[stops], self._decode)
         outputs: list[GenerationOutput] = []
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
             torch.manual_seed(call_seed)
             for start in range(0, len(rows), self.micro_batch_size):
-                stop = start + self.micro_batch_size
-                outputs.extend(self._generate_micro_batch(rows[start:stop], params,
-                                                          None if seeds is None else seeds[start:stop]))
+                stop_at = start + self.micro_batch_size
+                outputs.extend(self._generate_micro_batch(rows[start:stop_at], params, stop,
+                                                          None if seeds is None else seeds[start:stop_at]))
         return outputs
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the actor's tensors (HF names, any subset) into the model in place, one at a time (the
-        iterator is not materialised; a tied weight updates both of its names)."""
+        iterator is not materialised; a tied weight updates both of its names). In place, so a captured CUDA graph
+        reads the new weights."""
         own = self.model.state_dict()  # tensors sharing storage with the parameters
         with torch.no_grad():
             for name, tensor in named_tensors:
@@ -97,55 +123,63 @@ class HFRollout:
                     raise KeyError(f"sync_weights got a name the model does not have: {name!r}")
                 own[name].copy_(tensor)
 
-    def _generate_micro_batch(self, rows: list[list[int]], params: SamplingParams,
+    def _kv(self, rows: int, length: int) -> DynamicKV | StaticKV:
+        """The cache for ``rows`` rows of up to ``length`` tokens: dynamic, or the static one of that shape (the batch
+        padded to a power of two, the length rounded up to ``LENGTH_QUANTUM``; one shape kept at a time)."""
+        if not self.static:
+            return DynamicKV(self.model)
+        width = min(1 << (rows - 1).bit_length(), max(self.micro_batch_size, rows))
+        length = -(-length // LENGTH_QUANTUM) * LENGTH_QUANTUM
+        if self._static_kv is None or not self._static_kv.fits(width, length):
+            if self._static_kv is not None and self._static_kv.graph is not None and self._static_kv.graph.failed:
+                self.cuda_graphs = False  # said once (CudaGraphStep's warning): later shapes decode eagerly too
+            self._static_kv = None  # free the previous shape's cache first
+            self._static_kv = StaticKV(self.model, width, length, self.pad_id, self.device, self.cuda_graphs)
+        return self._static_kv
+
+    def _generate_micro_batch(self, rows: list[list[int]], params: SamplingParams, stop: StopCheck,
                               seeds: list[int] | None) -> list[GenerationOutput]:
-        """One left-padded batch through the decode loop (the module docstring); rows leave the batch as they end."""
+        """One left-padded batch through the decode loop (the module docstring).
+
+        One host sync a token: the chosen ids (``chosen.tolist()``), which the stop check reads; the log-probs stay
+        on the device, in a [B, max_tokens] buffer (row i's token t at [i, t]), until the call ends."""
         input_ids, attention_mask = self._left_pad(rows)  # [B, P]
-        positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # [B, P], as generate's
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=1)
-        cache = out.past_key_values
-        logits = out.logits[:, -1].float()  # [b, V]: the next-token logits of the rows still in the batch
-        draw = _Sampler(params, seeds, len(rows))
-        window = max(len(stop.encode()) for stop in params.stop) + 1 if params.stop else 0
-        eos = set(self.eos_ids)
+        kv = self._kv(len(rows), input_ids.shape[1] + params.max_tokens)
+        logits = kv.prefill(input_ids, attention_mask)  # [b, V]: the next-token logits of the rows still in the batch
+        draw = Sampler(params, seeds, len(rows), self.device)
         new_ids: list[list[int]] = [[] for _ in rows]
-        logprobs: list[list[float]] = [[] for _ in rows]
-        batch = torch.arange(len(rows))  # [b]: the row of each batch position
-        ended = torch.zeros(len(rows), dtype=torch.bool)  # [b]: ended rows not yet removed from the batch
+        logprobs = torch.zeros((len(rows), params.max_tokens), device=self.device) if params.logprobs else None
+        batch = list(range(len(rows)))  # the call's row at each batch position
+        batch_index = torch.arange(len(rows), device=self.device)  # [b]: the same, on the device
+        ended = [False] * len(rows)  # ended rows not yet removed from the batch
         for step in range(params.max_tokens):
-            chosen = draw(logits, batch)  # [b]
-            if params.logprobs:
-                picked = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0].tolist()
-            for j, (row, token) in enumerate(zip(batch.tolist(), chosen.tolist(), strict=True)):
-                if ended[j]:
-                    continue
-                new_ids[row].append(token)
-                if params.logprobs:
-                    logprobs[row].append(picked[j])
-                tail = new_ids[row][-window:] if window else ()
-                ended[j] = token in eos or any(stop in self._decode(tail) for stop in params.stop)
-            if bool(ended.all()) or step + 1 == params.max_tokens:
+            chosen = draw(logits, batch, batch_index)  # [b], on the device
+            if logprobs is not None:
+                logprobs[batch_index, step] = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
+            for j, (row, token) in enumerate(zip(batch, chosen.tolist(), strict=True)):  # the step's one host sync
+                if not ended[j]:
+                    new_ids[row].append(token)
+                    ended[j] = stop.ends(new_ids[row])
+            if all(ended) or step + 1 == params.max_tokens:
                 break
-            if 4 * int(ended.sum()) >= len(batch):  # a quarter or more of the batch has ended: drop those rows
-                keep = (~ended).nonzero()[:, 0]  # [b']
-                cache.batch_select_indices(keep.to(self.device))
-                batch, ended, chosen = batch[keep], ended[keep], chosen[keep]
-                attention_mask = attention_mask[keep.to(self.device)]
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(batch), 1)], dim=1)  # [b, P + t]
-            out = self.model(input_ids=chosen[:, None].to(self.device), attention_mask=attention_mask,
-                             position_ids=attention_mask.sum(-1, keepdim=True) - 1, past_key_values=cache,
-                             use_cache=True)
-            logits = out.logits[:, -1].float()
+            if kv.can_drop and 4 * sum(ended) >= len(batch):  # a quarter or more of the batch has ended: drop them
+                keep = [j for j, done in enumerate(ended) if not done]
+                keep_index = torch.tensor(keep, device=self.device)  # [b']
+                kv.keep(keep_index)
+                batch, batch_index, chosen = [batch[j] for j in keep], batch_index[keep_index], chosen[keep_index]
+                ended = [False] * len(keep)
+            logits = kv.step(chosen)
+        kept_logprobs = logprobs.tolist() if logprobs is not None else None  # one copy for the whole call
         outputs = []
         for row, ids in enumerate(new_ids):
             token_ids, finish_reason, stop_str = truncate_at_stop(ids, self.eos_ids, params.stop, self._decode)
-            row_logprobs = logprobs[row][:len(token_ids)] if params.logprobs else None
+            row_logprobs = kept_logprobs[row][:len(token_ids)] if kept_logprobs is not None else None
             outputs.append(GenerationOutput(token_ids, finish_reason, stop_str, row_logprobs))
         return outputs
 
     def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows of ragged prompt ids -> (input_ids, attention_mask), both [B, P], padding on the left."""
+        """Rows of ragged prompt ids -> (input_ids, attention_mask), both [B, P] on the model's device, padding on the
+        left."""
         width = max(len(ids) for ids in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -183,49 +217,3 @@ def truncate_at_stop(ids: list[int], eos_ids: list[int], stops: list[str],
     if end is not None:
         return ids[:end], "stop", None
     return ids, "length", None
-
-
-class _Sampler:
-    """Picks each batch row's next token from its raw logits, as ``SamplingParams`` ask.
-
-    temperature 0: the most likely token. Otherwise the logits get the temperature, then top-k, then top-p (the
-    smallest set of most likely tokens whose probability reaches top_p; at least one token), as vLLM and transformers
-    apply them, and one token is drawn: from each row's own ``torch.Generator`` when ``seeds`` are given (a row's
-    draws then do not depend on the other rows, nor on which rows are still in the batch), else from the global
-    torch RNG (seeded per call by ``HFRollout.generate``), for all ``size`` rows of the batch as it began.
-
-    That last draw keeps ``model.generate``'s random stream: ``torch.multinomial`` draws one token by an exponential
-    race over every entry of its [rows, V] input, so what a row draws depends on its place in the batch and the
-    batch's size, not on the other rows' values. The rows that left the batch get a placeholder distribution in the
-    draw, and the rows still in it draw the tokens they would draw under ``model.generate`` (given the same logits).
-    """
-
-    def __init__(self, params: SamplingParams, seeds: list[int] | None, size: int) -> None:
-        self.temperature, self.top_k, self.top_p = params.temperature, params.top_k, params.top_p
-        self.generators = None if seeds is None else [torch.Generator().manual_seed(int(s) % 2**63) for s in seeds]
-        self.size = size
-
-    def __call__(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``logits`` [b, V] float of the batch rows ``rows`` [b] (indices into the call's rows) -> tokens [b]."""
-        if self.temperature == 0:
-            return logits.argmax(dim=-1).cpu()
-        logits = logits / self.temperature
-        if 0 < self.top_k < logits.shape[-1]:
-            kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if self.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-            drop = sorted_probs.cumsum(-1) - sorted_probs >= self.top_p  # the mass before a token already reaches top_p
-            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        if self.generators is None:  # on the model's device, with its RNG, as model.generate draws
-            if len(rows) < self.size:  # rows have left the batch: draw for the whole batch, as model.generate does
-                full = probs.new_full((self.size, probs.shape[1]), 1.0 / probs.shape[1])  # [size, V]
-                kept = rows.to(probs.device)
-                full[kept] = probs
-                return torch.multinomial(full, 1)[kept, 0].cpu()
-            return torch.multinomial(probs, 1)[:, 0].cpu()
-        probs = probs.cpu()  # the rows' own generators are CPU generators
-        return torch.stack([torch.multinomial(probs[j], 1, generator=self.generators[row])[0]
-                            for j, row in enumerate(rows.tolist())])

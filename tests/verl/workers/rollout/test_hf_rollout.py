@@ -14,6 +14,7 @@ import torch
 
 from tests.verl.workers.rollout.rollout_helpers import greedy_loop, perturbed, raw_logprobs
 from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.hf_decode import StopCheck, stop_candidates
 from verl.workers.rollout.hf_rollout import HFRollout, truncate_at_stop
 
 STOPS = ["</search>", "</answer>"]
@@ -243,3 +244,28 @@ def test_sampling_keeps_generates_random_stream_under_pinned_numerics(model_dir,
     run = subprocess.run([sys.executable, "-c", GENERATE_STREAM, str(model_dir), json.dumps(prompts)], env=env,
                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[4])
     assert run.returncode == 0 and run.stdout.strip().endswith("same"), run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("stops", [["</search>", "</answer>"], ["capital of", "e c", "東京"], ["</search>", "ok "]])
+def test_stop_check_by_candidate_ids_ends_where_decoding_every_token_does(qwen_tokenizer, stops):
+    """The decode loop decodes a row's newest tokens only after a token that can complete a stop string
+    (``stop_candidates``: its text holds a stop's last character; every token when a stop ends in whitespace). Guards
+    against that shortcut missing an end that decoding after every token finds, on Qwen2.5's byte-level vocabulary
+    (stops that span tokens, end inside one, or end in a multi-byte character split over tokens)."""
+    tok = qwen_tokenizer
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
+    candidates = stop_candidates(tok, stops)
+    check = StopCheck([tok.eos_token_id], stops, candidates, decode)
+    every = StopCheck([tok.eos_token_id], stops, None, decode)
+    assert (candidates is None) == (stops[-1] == "ok ")
+    text = "<search> the capital of France </search>\n\n</answer>. e c 東京 é ok fine"
+    pool = tok(text, add_special_tokens=False)["input_ids"] + tok("東京", add_special_tokens=False)["input_ids"]
+    gen = torch.Generator().manual_seed(1)
+    ended_by_stop = 0
+    for _ in range(300):
+        ids = [pool[i] for i in torch.randint(len(pool), (30,), generator=gen).tolist()]
+        ends = [t for t in range(1, len(ids) + 1) if every.ends(ids[:t])]
+        first = next((t for t in range(1, len(ids) + 1) if check.ends(ids[:t])), None)
+        assert first == (ends[0] if ends else None), ids
+        ended_by_stop += first is not None and ids[first - 1] != tok.eos_token_id
+    assert ended_by_stop > 10  # the comparison saw stops end rows, not only eos
