@@ -11,7 +11,8 @@
 # pytest may run before it is stopped), GPU_TESTS_TEST_TIMEOUT (150: seconds one test may run before it fails),
 # GPU_TESTS_DEVICE=cpu: a trial of this script and the tier where there is no GPU (the tests run on the CPU, see
 # tests/conftest.py; nothing is installed, PYTHON's own packages are used), GPU_TESTS_HIDE (in the trial
-# "ray,faiss,vllm,datasets,dashscope,openai,wandb", else none): packages made unimportable, absent from the GPU machine.
+# "ray,faiss,vllm,dashscope,openai,wandb", else none): packages made unimportable, absent from the GPU machine (not
+# datasets, also absent there: libraries that ask importlib.metadata whether it is installed would still see it).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
@@ -20,7 +21,7 @@ PYTHON=${PYTHON:-$(command -v python3)}
 SITE=${GPU_TESTS_SITE:-/tmp/site}
 BUDGET=${GPU_TESTS_BUDGET:-330}
 TRIAL=$([ "${GPU_TESTS_DEVICE:-cuda}" = cpu ] && echo 1 || echo 0)
-HIDE=${GPU_TESTS_HIDE-$([ "$TRIAL" = 1 ] && echo ray,faiss,vllm,datasets,dashscope,openai,wandb)}
+HIDE=${GPU_TESTS_HIDE-$([ "$TRIAL" = 1 ] && echo ray,faiss,vllm,dashscope,openai,wandb)}
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
@@ -35,13 +36,11 @@ else
   carried_site "$SITE" > "$OUT/install.log" 2>&1
   say "carried wheels installed in $SITE ($(grep -c . "$OUT/install.log") lines in install.log)"
 fi
-if [ -n "$HIDE" ]; then  # each a package whose import fails, first on the path
+if [ -n "$HIDE" ]; then  # a sitecustomize, first on the path of every process here, marks each as absent
   hidden=$(mktemp -d)
-  for pkg in ${HIDE//,/ }; do
-    mkdir -p "$hidden/$pkg"
-    echo "raise ModuleNotFoundError('$pkg is hidden by GPU_TESTS_HIDE (benchmarks/gpu_tests.sh)', name='$pkg')" \
-      > "$hidden/$pkg/__init__.py"
-  done
+  # sys.modules[name] = None: `import name` fails as for a package that is not installed, and importlib.util.find_spec
+  # (how libraries ask whether a package is there) answers None, as it does then
+  echo "import sys; sys.modules.update(dict.fromkeys('$HIDE'.split(',')))" > "$hidden/sitecustomize.py"
   export PYTHONPATH=$hidden:$PYTHONPATH
   say "hidden: $HIDE"
 fi
