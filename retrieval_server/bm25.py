@@ -9,6 +9,8 @@ Choices:
 - A query with no indexed word scores 0 on every passage and gets k arbitrary passages with score 0
   (passages with no indexed word are stored empty, so the tokenizer's "empty" token matches none).
 - Retrieval uses the numba backend; ``threads=1`` selects its serial kernel, which releases the GIL.
+- bm25s is imported with JAX hidden (``devices.jax_hidden``): bm25s imports JAX at import time where it is installed
+  and runs a top-k with it, which takes 75 % of the first GPU; our search never uses it (numba's top-k).
   bm25s JIT-compiles its kernels without numba's on-disk cache, which costs seconds to tens of seconds at
   every server start (measured figures: docs/results.md); ``_cache_numba_kernels`` turns that cache on for the two
   retrieval kernels, so only the first start on a machine pays (numba invalidates the cache itself
@@ -22,11 +24,15 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-import bm25s
 import numpy as np
-from bm25s.numba import retrieve_utils
-from bm25s.tokenization import Tokenizer
 from tqdm import tqdm
+
+from retrieval_server.devices import Placement, jax_hidden
+
+with jax_hidden():  # bm25s/selection.py: `import jax.lax` at import time, then a top-k on the first GPU
+    import bm25s
+    from bm25s.numba import retrieve_utils
+    from bm25s.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +88,7 @@ class BM25Retriever:
         self.tokenizer = tokenizer
         self.threads = threads
         self.num_passages = int(retriever.scores["num_docs"])
+        self.placements: list[Placement] = []  # where the index runs (the CPU): set by service.load_retriever
 
     @classmethod
     def load(cls, index_dir: str | Path, threads: int = 0) -> BM25Retriever:

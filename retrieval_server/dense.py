@@ -15,10 +15,10 @@ Choices:
   reads it from disk (the service's warm-up query does that before ``/health`` says ready). A file
   must not be rewritten in place while it is served (a truncated mapping kills the server with
   SIGBUS); ``build_index`` writes a new file and renames it over the old one, which is safe.
-- GPU (``gpu_mode``): when the FAISS GPU build is installed and sees GPUs, flat and IVF indexes are
-  copied to all visible GPUs, by default sharded (``index_cpu_to_all_gpus`` with ``shard=True``: each
-  GPU holds 1/n of the vectors and answers for its rows, so a 60 GB fp32 flat index takes 7.5 GB
-  on each of 8 GPUs and leaves them to the trainer), or replicated (each GPU a full copy: faster
+- GPU (``gpu_mode``): only when asked (``--faiss-gpu shard|replicate``; the default, ``off``, searches on the
+  CPU), flat and IVF indexes are copied to all visible GPUs, sharded (``index_cpu_to_all_gpus`` with
+  ``shard=True``: each GPU holds 1/n of the vectors and answers for its rows, so a 60 GB fp32 flat index takes
+  7.5 GB on each of 8 GPUs and leaves them to the trainer), or replicated (each GPU a full copy: faster
   for many small batches, n times the memory). ``gpu_fp16`` stores the vectors on GPU in fp16
   (half the memory; scores round to fp16). ``gpu_budget_gb`` (``--faiss-gpu-memory-gb``) is the most of each
   GPU the index may take, the rest being left to training: an index that needs more is refused with the ways
@@ -36,6 +36,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from retrieval_server.devices import Placement, measured
 from retrieval_server.encoder import Encoder
 from retrieval_server.index_kinds import (  # noqa: F401  (HNSW_EF_SEARCH, INDEX_KINDS: re-exported)
     HNSW_EF_SEARCH,
@@ -186,20 +187,16 @@ def check_gpu_budget(kind: str, dim: int, rows: int, n_gpus: int, mode: str, fp1
 def place_on_gpus(index: faiss.Index, kind: str, mode: str, fp16: bool, budget_gb: float | None = None
                   ) -> faiss.Index:
     """The index sharded or replicated over all visible GPUs (``mode``: service.GPU_MODES), or itself where that
-    does not apply (CPU build, no GPU, ``off``, HNSW). ``ValueError`` if it would take more than ``budget_gb`` of a
-    GPU (``check_gpu_budget``)."""
+    does not apply (CPU build, no GPU, ``off``, HNSW, a kind FAISS cannot clone to GPU). ``ValueError`` if it would
+    take more than ``budget_gb`` of a GPU (``check_gpu_budget``)."""
     n_gpus = faiss.get_num_gpus()  # 0 with the CPU build
     if n_gpus == 0 or mode == "off" or kind in HNSW_KINDS:
-        why = " (FAISS has no GPU HNSW)" if n_gpus and kind in HNSW_KINDS else ""
-        logger.info("FAISS %s index on CPU%s", kind, why)
         return index
     if not isinstance(faiss.downcast_index(index), faiss.IndexRefine):  # a refined index stays on CPU (below)
         check_gpu_budget(kind, index.d, index.ntotal, n_gpus, mode, fp16, budget_gb)
     options = faiss.GpuMultipleClonerOptions()
     options.shard = mode == "shard"
     options.useFloat16 = fp16
-    logger.info("FAISS %s index %s over %d GPU(s)%s", kind, "sharded" if options.shard else "replicated", n_gpus,
-                ", fp16 storage" if fp16 else "")
     try:
         return faiss.index_cpu_to_all_gpus(index, co=options)
     except RuntimeError as e:  # a kind FAISS cannot clone to GPU (e.g. IndexRefine) stays on CPU
@@ -214,19 +211,26 @@ class DenseRetriever:
         self.index = index
         self.encoder = encoder
         self.num_passages = int(index.ntotal)
+        self.placements: list[Placement] = []  # where the index and the encoder run: set by service.load_retriever
 
     @classmethod
-    def load(cls, index_path: str | Path, kind: str, params: dict, encoder: Encoder, gpu_mode: str = "shard",
-             gpu_fp16: bool = False, gpu_budget_gb: float | None = None) -> DenseRetriever:
-        """The index at ``index_path`` (memory-mapped), with the search parameters of ``params``, placed on GPUs
-        by ``gpu_mode`` when there are any, within ``gpu_budget_gb`` of each."""
+    def load(cls, index_path: str | Path, kind: str, params: dict, encoder: Encoder, placement: Placement,
+             gpu_mode: str = "off", gpu_fp16: bool = False, gpu_budget_gb: float | None = None) -> DenseRetriever:
+        """The index at ``index_path`` (memory-mapped), with the search parameters of ``params``, on the GPUs where
+        ``placement`` (``service.plan_devices``) puts it, spread by ``gpu_mode``, within ``gpu_budget_gb`` of each.
+        ``placement`` gets the device memory it took, or the CPU where FAISS could not clone the kind to a GPU."""
         index = read_index(index_path)
         found, refine = kind_of(index)
         if (found, refine) != (kind, params.get("refine", "none")):
             raise ValueError(f"{index_path} holds a {found} index (refine {refine}), the manifest says {kind} "
                              f"(refine {params.get('refine', 'none')})")
         apply_search_params(index, params)
-        return cls(place_on_gpus(index, kind, gpu_mode, gpu_fp16, gpu_budget_gb), encoder)
+        with measured(placement):
+            placed = place_on_gpus(index, kind, gpu_mode if placement.device != "cpu" else "off", gpu_fp16,
+                                   gpu_budget_gb)
+        if placed is index and placement.device != "cpu":
+            placement.device, placement.how, placement.device_bytes = "cpu", "faiss; cannot be cloned to a GPU", 0
+        return cls(placed, encoder)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """``[B]`` queries -> scores ``[B, k]`` float32 (descending) and row ids ``[B, k]`` int64 (-1 = no hit)."""

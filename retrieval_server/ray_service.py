@@ -480,8 +480,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     up.add_argument("--corpus", required=True, help="the JSONL corpus the index was built from")
     up.add_argument("--replicas", type=int, default=1, help="servers per shard")
     up.add_argument("--num-cpus", type=float, default=1.0, help="CPUs each replica reserves")
-    up.add_argument("--num-gpus", type=float, default=0.0, help="GPUs each replica reserves (pass --faiss-gpu to "
-                                                                "serve after --)")
+    up.add_argument("--num-gpus", type=float, default=0.0, help="GPUs each replica reserves (to use them, pass "
+                                                                "--faiss-gpu and/or --encoder-device cuda to serve "
+                                                                "after --)")
     up.add_argument("--memory-gb", type=float, default=None, help="memory each replica reserves (Ray scheduling)")
     up.add_argument("--resources", type=json.loads, default={},
                     help='Ray custom resources each replica needs, as JSON, e.g. \'{"retrieval": 1}\'')

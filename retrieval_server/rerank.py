@@ -8,7 +8,8 @@ Choices:
 - The passage text it reads is the corpus ``contents`` (title line + text), as indexed.
 - The returned scores are the cross-encoder's (after its default activation: a sigmoid for one
   output), best first; ties keep the first stage's order (stable sort).
-- It runs in fp32 on the encoder's device: ``--encoder-dtype`` was checked for the encoder only.
+- It runs in fp32 on ``--encoder-device`` (the CPU unless asked; ``--encoder-dtype`` was checked for the encoder
+  only).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from retrieval_server.devices import Placement
+
 logger = logging.getLogger(__name__)
 
 
@@ -30,7 +33,7 @@ class RerankerError(RuntimeError):
 class Reranker:
     """A cross-encoder: ``rerank`` keeps the top ``k`` of each query's candidates by its scores."""
 
-    def __init__(self, path: str, batch_size: int = 64, device: str | None = None):
+    def __init__(self, path: str, batch_size: int = 64, device: str = "cpu"):
         if not Path(path).is_dir():
             raise RerankerError(f"reranker {path} is not a directory; give a local cross-encoder saved with "
                                 "save_pretrained (a sequence-classification model with one output)")
@@ -39,6 +42,7 @@ class Reranker:
 
         self.path = path
         self.batch_size = batch_size
+        self.placement: Placement | None = None  # its device and what it took there: set by service.load_service
         import torch
 
         self.model = CrossEncoder(path, device=device, model_kwargs={"dtype": torch.float32})

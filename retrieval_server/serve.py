@@ -6,6 +6,10 @@ Choices:
   shard (``--index OUT/shard-i``, see ``shards.py``) is served with the whole ``--corpus``.
 - Serving choices (encoder dtype, query cache, reranker, FAISS GPU placement) are flags, collected
   into one ``ServeOptions`` (validated once); ``/health`` reports them.
+- Devices (``devices.py``): the CPU unless asked (``--encoder-device`` for the encoder and the re-ranker,
+  ``--faiss-gpu`` for a dense index); a device that cannot be used here is refused before the port is bound (status
+  2). The start line names each part's device, the ready line adds the device memory each took, and ``/health``
+  holds both. JAX is kept off the devices (``keep_jax_off_devices``, first thing in ``main``).
 - Cheap checks (manifest present, corpus and imported index file sizes, the address can be bound) run before
   the port is bound and exit with status 2; the full checks (corpus checksum, encoder fingerprint) run while
   loading, and a failure stops the server with status 1. Either way the message says which part does not match.
@@ -34,13 +38,14 @@ import uvicorn
 
 from retrieval_server.app import Limits, create_app
 from retrieval_server.corpus import CorpusError
+from retrieval_server.devices import describe_placements, keep_jax_off_devices
 from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
 from retrieval_server.index_kinds import FaissMissing, require_faiss
 from retrieval_server.logs import configure_logging
 from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
 from retrieval_server.online.backend import OnlineService, add_online_args, online_options, read_api_key
 from retrieval_server.online.engines import ENGINES
-from retrieval_server.service import GPU_MODES, ServeOptions, check_gpu_placement, load_service
+from retrieval_server.service import GPU_MODES, ServeOptions, load_service, plan_devices
 from retrieval_server.slow_clients import request_head_protocol
 
 logger = logging.getLogger("retrieval_server.serve")
@@ -132,9 +137,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default)")
     p.add_argument("--rerank-topk", type=int, default=ServeOptions.rerank_topk,
                    help="candidates per query given to the reranker (at least the request's topk)")
+    p.add_argument("--encoder-device", default=ServeOptions.encoder_device,
+                   help="device of a dense index's query encoder and of the --reranker: cpu (default), cuda or "
+                        "cuda:N (as CUDA_VISIBLE_DEVICES numbers the GPUs this process sees)")
     p.add_argument("--faiss-gpu", choices=GPU_MODES, default=ServeOptions.gpu_mode,
-                   help="with FAISS GPU and GPUs present: shard the flat/IVF index over all GPUs (each holds 1/n), "
-                        "replicate it on each, or keep it on CPU")
+                   help="a dense index on the GPUs (needs the FAISS GPU build): shard the flat/IVF index over all "
+                        "visible GPUs (each holds 1/n), replicate it on each, or off (default: search on the CPU)")
     p.add_argument("--faiss-gpu-fp16", action="store_true", help="store the vectors on GPU in fp16 (half the memory)")
     p.add_argument("--faiss-gpu-memory-gb", type=float, default=None,
                    help="most GiB of each GPU the index may take (the rest is left to training); an index that "
@@ -178,7 +186,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     try:
         args.options = ServeOptions(model=args.model, threads=args.threads, encoder_dtype=args.encoder_dtype,
-                                    encoder_backend=args.encoder_backend,
+                                    encoder_backend=args.encoder_backend, encoder_device=args.encoder_device,
                                     cache_size=args.cache_size, reranker=args.reranker, rerank_topk=args.rerank_topk,
                                     gpu_mode=args.faiss_gpu, gpu_fp16=args.faiss_gpu_fp16,
                                     gpu_budget_gb=args.faiss_gpu_memory_gb)
@@ -196,6 +204,7 @@ def check_address(host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_jax_off_devices()
     args = parse_args(argv)
     configure_logging()
     prepared = prepare_index(args) if args.backend == "index" else prepare_online(args)
@@ -257,14 +266,14 @@ def prepare_index(args: argparse.Namespace) -> tuple[Callable[[], object], str] 
     try:
         if manifest.retriever == "dense":  # before the server starts, not a failure of its background load
             require_faiss(f"serving the dense index {args.index}")
-        check_gpu_placement(manifest, args.options)
+        plan = plan_devices(manifest, args.options)
     except (ValueError, FaissMissing) as e:
         logger.error("%s", e)
         return 2
     shard = manifest.shard
     rows = f" (shard {shard['index']} of {shard['of']}: rows {shard['start']}..{shard['end'] - 1})" if shard else ""
-    return (lambda: load_service(args.index, args.corpus, args.options),
-            f"{manifest.retriever} index {args.index}{rows}")
+    return (lambda: load_service(args.index, args.corpus, args.options, plan),
+            f"{manifest.retriever} index {args.index}{rows} ({describe_placements(plan)})")
 
 if __name__ == "__main__":
     sys.exit(main())

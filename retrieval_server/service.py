@@ -15,6 +15,10 @@ Choices:
   the corpus checksum and a hash of the encoder fingerprint, so a client can check a set of shards.
 - ``ServeOptions`` holds every serving choice, typed and validated once, here; ``serve.py`` fills it
   from the command line.
+- Devices (``devices.py``): nothing goes on a GPU unless asked (``encoder_device``, default cpu, for the encoder and
+  the re-ranker; ``gpu_mode``, default off, for a FAISS index). ``plan_devices`` checks, before loading, that what is
+  asked can be done here; ``load_service`` measures the device memory each part took, logs it in the ready line and
+  ``describe`` (``/health``) reports it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -30,6 +35,14 @@ import numpy as np
 
 from retrieval_server.bm25 import BM25Retriever
 from retrieval_server.corpus import CorpusStore, scan_corpus
+from retrieval_server.devices import (
+    Placement,
+    check_cuda_device,
+    check_device_name,
+    describe_placements,
+    measured,
+    visible_gpus_note,
+)
 from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
 from retrieval_server.manifest import Manifest, check_corpus, check_encoder
 from retrieval_server.query_cache import CachedSearch
@@ -37,8 +50,8 @@ from retrieval_server.query_cache import CachedSearch
 logger = logging.getLogger(__name__)
 
 Hit = tuple[bytes, float, int]  # (the passage's corpus line: a JSON object {"id", "contents"}, score, corpus row)
-# How a FAISS GPU build spreads a flat / IVF index over the visible GPUs (dense.place_on_gpus).
-GPU_MODES = ("shard", "replicate", "off")
+# Whether and how a FAISS GPU build spreads a flat / IVF index over the visible GPUs (dense.place_on_gpus).
+GPU_MODES = ("off", "shard", "replicate")
 
 
 @dataclass(frozen=True)
@@ -52,7 +65,8 @@ class ServeOptions:
     cache_size: int = 65536  # (query, k) answers kept by the LRU cache; 0 = off (repeats in a batch still merge)
     reranker: str | None = None  # cross-encoder directory; None = no rerank stage
     rerank_topk: int = 10  # candidates the reranker rescores per query (at least the request's topk)
-    gpu_mode: str = "shard"  # one of GPU_MODES: how a FAISS GPU build spreads the index over the GPUs
+    encoder_device: str = "cpu"  # the query encoder's and the re-ranker's device: cpu, cuda or cuda:N
+    gpu_mode: str = "off"  # one of GPU_MODES: whether and how a FAISS GPU build puts the index on the GPUs
     gpu_fp16: bool = False  # FAISS GPU: store the vectors in fp16
     gpu_budget_gb: float | None = None  # FAISS GPU: most GiB of each GPU the index may take; None = no limit
 
@@ -61,6 +75,7 @@ class ServeOptions:
             raise ValueError(f"encoder dtype must be one of {ENCODER_DTYPES}, got {self.encoder_dtype!r}")
         if self.encoder_backend not in ENCODER_BACKENDS:
             raise ValueError(f"encoder backend must be one of {ENCODER_BACKENDS}, got {self.encoder_backend!r}")
+        object.__setattr__(self, "encoder_device", check_device_name("--encoder-device", self.encoder_device))
         if self.gpu_mode not in GPU_MODES:
             raise ValueError(f"FAISS GPU mode must be one of {GPU_MODES}, got {self.gpu_mode!r}")
         if self.gpu_budget_gb is not None and not 0 < self.gpu_budget_gb < float("inf"):
@@ -85,16 +100,24 @@ class BackendError(RuntimeError):
 
 class Retriever(Protocol):
     num_passages: int
+    placements: list[Placement]  # where its parts run (index, encoder) and what they took: set by load_retriever
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """``[B]`` queries -> scores ``[B, k]`` and row ids ``[B, k]`` (-1 = no hit), best first."""
         ...
 
 
-def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOptions = ServeOptions()) -> Retriever:
-    """The retriever the manifest describes, with the encoder, threads and GPU placement of ``options``."""
+def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOptions = ServeOptions(),
+                   plan: list[Placement] | None = None) -> Retriever:
+    """The retriever the manifest describes, with the encoder, threads and device placement of ``options`` (``plan``:
+    ``plan_devices``'s answer, where the caller has it); its ``placements`` say where the index and the encoder run
+    and the device memory each took."""
+    plan = {p.part: p for p in plan or plan_devices(manifest, options)}
     if manifest.retriever == "bm25":
-        return BM25Retriever.load(index_dir, options.threads)
+        retriever = BM25Retriever.load(index_dir, options.threads)
+        plan["index"].device_bytes = 0
+        retriever.placements = [plan["index"]]
+        return retriever
     import faiss
 
     from retrieval_server.dense import DenseRetriever
@@ -105,11 +128,15 @@ def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOpti
 
         torch.set_num_threads(options.threads)
         faiss.omp_set_num_threads(options.threads)
-    encoder = Encoder(options.model or manifest.model, manifest.query_prefix, manifest.passage_prefix,
-                      dtype=options.encoder_dtype, backend=options.encoder_backend, threads=options.threads)
+    with measured(plan["encoder"]):
+        encoder = Encoder(options.model or manifest.model, manifest.query_prefix, manifest.passage_prefix,
+                          device=options.encoder_device, dtype=options.encoder_dtype, backend=options.encoder_backend,
+                          threads=options.threads)
     check_encoder(manifest, index_dir, encoder.name, encoder.fingerprint())
-    return DenseRetriever.load(manifest.index_path(index_dir), manifest.index, manifest.index_params, encoder,
-                               options.gpu_mode, options.gpu_fp16, options.gpu_budget_gb)
+    retriever = DenseRetriever.load(manifest.index_path(index_dir), manifest.index, manifest.index_params, encoder,
+                                    plan["index"], options.gpu_mode, options.gpu_fp16, options.gpu_budget_gb)
+    retriever.placements = [plan["index"], plan["encoder"]]
+    return retriever
 
 
 def probe_hash(probe: list[float] | None) -> str | None:
@@ -177,6 +204,7 @@ class SearchService:
             from retrieval_server.tuning import served_recall
 
         encoder = getattr(self.retriever, "encoder", None)
+        parts = {p.part: p.as_dict() for p in self.placements()}
         return {"retriever": self.manifest.retriever, "index": self.manifest.index, "model": self.manifest.model,
                 "encoder_dtype": encoder.dtype if encoder is not None else None,
                 "encoder_backend": encoder.backend if encoder is not None else None,
@@ -186,7 +214,14 @@ class SearchService:
                 "search_params": search_params(self.manifest.index_params) if dense else {},
                 "recall": served_recall(self.manifest.index_params) if dense else None,
                 "cache_size": self.options.cache_size,
-                "reranker": self.options.reranker, "rerank_topk": self.options.rerank_topk if self.reranker else None}
+                "reranker": self.options.reranker, "rerank_topk": self.options.rerank_topk if self.reranker else None,
+                # where each part runs and the device memory it took (devices.py); null: the service has no such part
+                "devices": {part: parts.get(part) for part in ("index", "encoder", "reranker")},
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def placements(self) -> list[Placement]:
+        """Where the index, the encoder and the re-ranker (those the service has) run, and what each took."""
+        return self.retriever.placements + ([self.reranker.placement] if self.reranker is not None else [])
 
     def stats(self) -> dict:
         """Counters of the deduplicating cache (for ``GET /stats``)."""
@@ -200,23 +235,58 @@ class SearchService:
         self.corpus.close()
 
 
-def check_gpu_placement(manifest: Manifest, options: ServeOptions) -> None:
-    """Before loading: ``ValueError`` (naming the need and the ways out) when the dense index of ``manifest`` would
-    take more than ``options.gpu_budget_gb`` of a GPU; nothing to check on CPU or for a refined index (it stays on
-    CPU)."""
-    if manifest.retriever != "dense" or options.gpu_budget_gb is None or \
-            manifest.index_params.get("refine", "none") != "none":
-        return
+def plan_devices(manifest: Manifest, options: ServeOptions) -> list[Placement]:
+    """Before loading: where each part of the service will run (``Placement``s, memory not yet known). ``ValueError``
+    naming the flag when a device asked for cannot be used here (a GPU this process does not see, FAISS without
+    GPUs) or when the dense index would take more than ``options.gpu_budget_gb`` of a GPU. Flags that place nothing
+    here (``--faiss-gpu`` for BM25, ``--encoder-device`` for BM25 without a re-ranker) are logged and ignored."""
+    dense = manifest.retriever == "dense"
+    if not dense and options.gpu_mode != "off":
+        logger.warning("--faiss-gpu %s has no effect: a BM25 index searches on the CPU (the flag places a dense "
+                       "FAISS index)", options.gpu_mode)
+    if not dense and options.reranker is None and options.encoder_device != "cpu":
+        logger.warning("--encoder-device %s has no effect: a BM25 index has no query encoder (the flag places a dense "
+                       "index's encoder and the --reranker)", options.encoder_device)
+    plan = [_plan_dense_index(manifest, options) if dense else Placement("index", "cpu", "bm25s")]
+    if dense or options.reranker is not None:
+        check_cuda_device("--encoder-device", options.encoder_device)
+    if dense:
+        plan.append(Placement("encoder", options.encoder_device))
+    if options.reranker is not None:
+        plan.append(Placement("reranker", options.encoder_device))
+    return plan
+
+
+def _plan_dense_index(manifest: Manifest, options: ServeOptions) -> Placement:
+    """The FAISS index's placement: the CPU unless ``--faiss-gpu`` asks for the GPUs (all visible ones, sharded or
+    replicated) and the kind can go there; ``ValueError`` when FAISS sees no GPU or the index is over the budget."""
+    if options.gpu_mode == "off":
+        return Placement("index", "cpu", "faiss")
     import faiss
 
+    n_gpus = faiss.get_num_gpus()  # 0 with the CPU build
+    if n_gpus == 0:
+        raise ValueError(f"--faiss-gpu {options.gpu_mode}: FAISS sees no GPU ({visible_gpus_note()}; the CPU build, "
+                         "faiss-cpu, never does: pip install faiss-gpu-cu12 for GPU search); leave --faiss-gpu off "
+                         "to search on the CPU")
+    from retrieval_server.index_kinds import HNSW_KINDS
+
+    if manifest.index in HNSW_KINDS:
+        return Placement("index", "cpu", "faiss; FAISS has no GPU HNSW")
+    if manifest.index_params.get("refine", "none") != "none":
+        return Placement("index", "cpu", "faiss; a refined index stays on the CPU")
     from retrieval_server.dense import check_gpu_budget
 
-    check_gpu_budget(manifest.index, manifest.dim, manifest.count, faiss.get_num_gpus(), options.gpu_mode,
-                     options.gpu_fp16, options.gpu_budget_gb)
+    check_gpu_budget(manifest.index, manifest.dim, manifest.count, n_gpus, options.gpu_mode, options.gpu_fp16,
+                     options.gpu_budget_gb)
+    return Placement("index", ",".join(f"cuda:{i}" for i in range(n_gpus)),
+                     f"faiss {options.gpu_mode}{', fp16' if options.gpu_fp16 else ''}")
 
 
-def load_service(index_dir: str | Path, corpus: str | Path, options: ServeOptions = ServeOptions()) -> SearchService:
-    """Verify the index against ``corpus`` and the encoder, load it (and the reranker), and warm it up.
+def load_service(index_dir: str | Path, corpus: str | Path, options: ServeOptions = ServeOptions(),
+                 plan: list[Placement] | None = None) -> SearchService:
+    """Verify the index against ``corpus`` and the encoder, load it (and the reranker) where ``plan`` (``plan_devices``;
+    None: made here) places them, and warm it up.
 
     Raises ``ManifestError`` saying which of corpus / encoder does not match.
     """
@@ -225,16 +295,18 @@ def load_service(index_dir: str | Path, corpus: str | Path, options: ServeOption
     scan = scan_corpus(corpus)
     check_corpus(manifest, index_dir, scan)
     logger.info("loading %s index from %s (%d passages)", manifest.retriever, index_dir, manifest.count)
-    retriever = load_retriever(index_dir, manifest, options)
+    plan = plan or plan_devices(manifest, options)
+    retriever = load_retriever(index_dir, manifest, options, plan)
     if retriever.num_passages != manifest.count:
         raise RuntimeError(f"index {index_dir} holds {retriever.num_passages} passages, manifest says {manifest.count}")
     reranker = None
     if options.reranker is not None:
         from retrieval_server.rerank import Reranker
 
-        encoder = getattr(retriever, "encoder", None)
-        reranker = Reranker(options.reranker, device=str(encoder.model.device) if encoder is not None else None)
+        with measured(next(p for p in plan if p.part == "reranker")) as placement:
+            reranker = Reranker(options.reranker, device=options.encoder_device)
+        reranker.placement = placement
     service = SearchService(retriever, CorpusStore(scan), manifest, options, reranker)
     service.warm_up()
-    logger.info("index ready")
+    logger.info("index ready: %s", describe_placements(service.placements()))
     return service

@@ -20,6 +20,16 @@ from tests.ray_cluster import start_cluster
 from tests.retrieval_servers import corpus_path, flat_index, flat_server, shard_builds, shard_sets  # noqa: F401
 from tests.verl.trainer.trainer_test_utils import trained_run, trained_run_ray, workspace  # noqa: F401 (fixtures)
 
+# `make test-gpu` (tests/gpu): the tests marked `gpu` run on CUDA and are skipped, not failed, where no CUDA device
+# exists. GPU_TESTS_DEVICE=cpu runs them on the CPU instead, as a trial of the tier itself on a machine without a GPU
+# (benchmarks/gpu_tests.sh's CPU mode); their comparisons with the CPU then compare the CPU with itself.
+GPU_TESTS_ON_CPU = os.environ.get("GPU_TESTS_DEVICE") == "cpu"
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") and not (torch.cuda.is_available() or GPU_TESTS_ON_CPU):
+        pytest.skip("needs a CUDA GPU (GPU_TESTS_DEVICE=cpu: run the gpu tier on the CPU as a trial)")
+
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer():

@@ -48,6 +48,7 @@ from verl.config import (
     uses_reference,
     world_size,
 )
+from verl.workers.device_holders import report_other_holders
 from verl.workers.model_utils import DTYPES, GRADIENT_CHECKPOINTING_ABOVE
 
 logger = logging.getLogger(__name__)
@@ -203,6 +204,8 @@ class MemoryMeter:
                            "actor_rollout_ref.actor.optim_state_dtype=bfloat16, gradient checkpointing, "
                            "actor_rollout_ref.actor.use_dynamic_bsz or smaller micro-batches or lengths",
                            need / GIB, "GPU" if self.on_gpu else "host", max_sequence_length(cfg.data), have / GIB)
+        if self.on_gpu:  # another process holding this run's GPU is named now, not met as an OOM at the first update
+            report_other_holders(estimate.device_total, cfg.trainer.backend)
         return estimate
 
     def metrics(self, batch) -> dict[str, float]:
