@@ -22,9 +22,16 @@ STOPS = ["</search>", "</answer>"]
 
 @pytest.fixture(scope="module")
 def engine(model_dir) -> HFRollout:
-    """The engine on the device, float32 (so its greedy tokens and log-probs can be compared with the CPU's);
-    micro-batches of 8 rows hold all five prompts, so rows that end leave a shared batch."""
+    """The engine on the device as the trainer builds it there (the static cache, its decode step a CUDA graph),
+    float32 (so its greedy tokens and log-probs can be compared with the CPU's); micro-batches of 8 rows hold all five
+    prompts."""
     return HFRollout(str(model_dir), device=DEVICE, micro_batch_size=8, seed=0)
+
+
+@pytest.fixture(scope="module")
+def dynamic_engine(model_dir) -> HFRollout:
+    """The engine on the device with the dynamic cache (``rollout.hf_kv_cache=dynamic``): rows that end leave."""
+    return HFRollout(str(model_dir), device=DEVICE, micro_batch_size=8, seed=0, kv_cache="dynamic")
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +61,36 @@ def _one_at_a_time(engine: HFRollout, prompts: list[list[int]], params: Sampling
             for out in engine.generate([prompt], replace(params, row_seeds=None if seeds is None else [seeds[i]]))]
 
 
-def test_rows_leave_the_batch_on_the_device(engine, prompts):
-    """Guards the engine's own decode loop on the device (ended rows dropped from the batch and its KV cache): the
-    forward passes narrow as rows end, and each row's tokens equal those of the row generated alone."""
+def test_rows_leave_the_batch_on_the_device(dynamic_engine, engine, prompts):
+    """Guards the dynamic cache's decode loop on the device (ended rows dropped from the batch and its KV cache): the
+    forward passes narrow as rows end, and each row's tokens equal those of the row generated alone, and the static
+    cache's (with its CUDA graph)."""
     params = SamplingParams(max_tokens=40, temperature=0, stop=STOPS)
-    with forward_widths(engine.model) as widths:
-        together = engine.generate(prompts, params)
+    with forward_widths(dynamic_engine.model) as widths:
+        together = dynamic_engine.generate(prompts, params)
     assert widths[0] == len(prompts) and widths[-1] < len(prompts) and widths == sorted(widths, reverse=True)
-    assert [o.token_ids for o in together] == [o.token_ids for o in _one_at_a_time(engine, prompts, params)]
+    assert [o.token_ids for o in together] == [o.token_ids for o in _one_at_a_time(dynamic_engine, prompts, params)]
+    assert [o.token_ids for o in together] == [o.token_ids for o in engine.generate(prompts, params)]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a CUDA device")
+def test_the_decode_step_is_a_cuda_graph_that_sees_synced_weights(engine, prompts, state_dict):
+    """Guards the GPU engine's speed path: the static cache's decode step is captured as a CUDA graph (no fallback to
+    eager steps: nothing in the step syncs with the host), a second call of the same shape replays it (one forward:
+    the prompt pass; the steps are replays), and weights synced in place reach the replayed graph (greedy tokens
+    change with other weights and come back with the old ones)."""
+    params = SamplingParams(max_tokens=16, temperature=0, stop=STOPS)
+    first = engine.generate(prompts, params)
+    graph = engine._static_kv.graph
+    assert graph is not None and graph.graph is not None and not graph.failed
+    with forward_widths(engine.model) as widths:
+        assert [o.token_ids for o in engine.generate(prompts, params)] == [o.token_ids for o in first]
+    assert len(widths) == 1 and engine._static_kv.graph is graph  # the prompt pass only; the decode steps replayed
+    other = {name: -t for name, t in state_dict.items()}
+    engine.sync_weights(other.items())
+    assert [o.token_ids for o in engine.generate(prompts, params)] != [o.token_ids for o in first]
+    engine.sync_weights(state_dict.items())
+    assert [o.token_ids for o in engine.generate(prompts, params)] == [o.token_ids for o in first]
 
 
 def test_sampled_log_probs_are_the_models_raw_log_probs(engine, hf_model, prompts):
