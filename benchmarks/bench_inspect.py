@@ -3,8 +3,8 @@
     python benchmarks/bench_inspect.py [--steps 200] [--rows 256] [--limit 300] [--out DIR]
 
 Writes a synthetic run directory of ``--steps`` files ``rollouts/<step>.jsonl`` of ``--rows`` trajectory records
-each (a Search-R1 prompt, three turns with two inserted blocks of five passages, ~4 KB of text per record: the size
-of a demo-real trajectory), then times, each in a fresh process: the page of a ``--limit`` sample, ``--text``, and
+each (a Search-R1 prompt, three turns with two inserted blocks of five passages: about 7.5 KB per record, the size
+of a long real trajectory), then times, each in a fresh process: the page of a ``--limit`` sample, ``--text``, and
 one step's page. Prints the run's size, each wall time and the page's size.
 """
 
@@ -24,7 +24,7 @@ PASSAGE = "Doc {k}(Title: Guild {i}) The guild number {i} of Vuzaholm was founde
 
 
 def record(step: int, row: int, rng: random.Random) -> dict:
-    """One trajectory record of about 4 KB."""
+    """One trajectory record of about 7.5 KB."""
     segments = []
     for turn in range(3):
         think = f"<think> I need to find who founded guild {row}, attempt {turn} </think>"

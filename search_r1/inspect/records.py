@@ -232,16 +232,17 @@ def _parse(raw: bytes, where: str, last: bool) -> dict | None:
     return value
 
 
-def _read_lines(f: TrajFile, lines: list[tuple[int, int]], wanted: list[int]) -> list[dict]:
-    """The parsed lines ``wanted`` (positions in ``lines``, ascending) of ``f``."""
+def _read_lines(f: TrajFile, lines: list[tuple[int, int]], wanted: list[int]) -> list[tuple[str, dict]]:
+    """(``file:line``, parsed line) of the lines ``wanted`` (positions in ``lines``, ascending) of ``f``."""
     out = []
     with f.path.open("rb") as handle:
         for n in wanted:
             offset, line_no = lines[n]
             handle.seek(offset)
-            raw = _parse(handle.readline(), f"{f.path}:{line_no}", last=n == len(lines) - 1)
+            where = f"{f.path}:{line_no}"
+            raw = _parse(handle.readline(), where, last=n == len(lines) - 1)
             if raw is not None:
-                out.append(raw)
+                out.append((where, raw))
     return out
 
 
@@ -266,8 +267,12 @@ def load(path: str | Path, step: int | None = None, split: str | None = None, li
         per_file[i].append(n)
     records = []
     for i, f in enumerate(files):
-        for raw in _read_lines(f, lines[i], per_file[i]):
-            record = to_record(raw, f, f"{side}{len(records)}")
+        for where, raw in _read_lines(f, lines[i], per_file[i]):
+            try:
+                record = to_record(raw, f, f"{side}{len(records)}")
+            except (KeyError, TypeError, ValueError) as err:  # a field of the wrong type, a segment without its text
+                raise InspectInputError(f"{where}: not a trajectory record ({type(err).__name__}: {err}); see "
+                                        "search_r1/inspect/records.py for the fields read") from None
             if step is None or record.step == step:
                 records.append(record)
     if step is not None and not records:

@@ -19,6 +19,7 @@ from data_prep.qa_search import make_row, rows_to_parquet
 from tests.search_r1.inspect.recorded_run import FRANCE, ROWS, RecordedStep, write_run
 from tests.search_r1.inspect.viewer import ROOT
 from tests.search_r1.memorised_policy import TOPK
+from tests.shared_builds import built_once
 
 EVAL_ROWS = [*ROWS, (FRANCE, ["Lyon"])]  # (question, gold answers): the policy gets rows 0 and 1 right
 
@@ -54,21 +55,22 @@ def browser(tmp_path):
     session.quit()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def evaluations(tmp_path_factory, policy, service_url) -> tuple[Path, Path]:
     """Two evaluation directories of the memorised policy, by ``search_r1.evaluate`` on ``EVAL_ROWS``: A with the
     default budgets (it searches and answers: rows 0 and 1 right), B with ``data.max_trajectory_length=30`` (the
-    passages no longer fit: no answer, every row wrong)."""
+    passages no longer fit: no answer, every row wrong). Built once per test run (``built_once``); read only."""
     model_dir, *_ = policy
-    root = tmp_path_factory.mktemp("evaluations")
-    rows_to_parquet([make_row("toy", q, gold, "test", i) for i, (q, gold) in enumerate(EVAL_ROWS)],
-                    root / "test.parquet")
-    dirs = []
-    for name, extra in (("a", []), ("b", ["data.max_trajectory_length=30"])):
-        done = subprocess.run([sys.executable, "-m", "search_r1.evaluate", "--model", str(model_dir), "--data",
-                               str(root / "test.parquet"), "--retriever-url", service_url, "--out", str(root / name),
-                               f"retriever.topk={TOPK}", *extra], cwd=ROOT, capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        dirs.append(root / name)
-    return dirs[0], dirs[1]
+
+    def build(root: Path) -> None:
+        rows_to_parquet([make_row("toy", q, gold, "test", i) for i, (q, gold) in enumerate(EVAL_ROWS)],
+                        root / "test.parquet")
+        for name, extra in (("a", []), ("b", ["data.max_trajectory_length=30"])):
+            done = subprocess.run([sys.executable, "-m", "search_r1.evaluate", "--model", str(model_dir), "--data",
+                                   str(root / "test.parquet"), "--retriever-url", service_url, "--out",
+                                   str(root / name), f"retriever.topk={TOPK}", *extra], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr[-3000:]
+
+    root = built_once(tmp_path_factory, "inspect_evaluations", build)
+    return root / "a", root / "b"

@@ -66,8 +66,8 @@ def test_bad_paths_and_options_are_refused_and_nothing_is_written(rollouts, tmp_
 
 def test_a_damaged_line_is_named_and_a_torn_last_line_skipped(rollouts, tmp_path, capsys, caplog):
     """Guards against a viewer that dies on (or silently drops) a damaged file: a line in the middle that is not
-    JSON is exit 2 naming the file and line; a last line cut off without its newline (the writer was killed) is
-    skipped with a warning and the rest is shown."""
+    JSON, or not a record (a segment without its text), is exit 2 naming the file and line; a last line cut off
+    without its newline (the writer was killed) is skipped with a warning and the rest is shown."""
     path = rollouts / "rollouts" / "1.jsonl"
     good = path.read_text()
     path.write_text(good.replace("\n", "\n{not json\n", 1))
@@ -81,3 +81,6 @@ def test_a_damaged_line_is_named_and_a_torn_last_line_skipped(rollouts, tmp_path
     assert 'data-uid="u1"' in page and 'data-uid="torn"' not in page
     path.write_text(good + "[1, 2]\n")
     assert f"{path}:3: a JSON list, not an object" in refused(capsys, str(rollouts), "--out", str(out))
+    path.write_text(good + json.dumps({**record("bad"), "segments": [{"kind": "policy"}]}) + "\n")
+    assert f"{path}:3: not a trajectory record (KeyError: 'text')" in refused(capsys, str(rollouts), "--out", str(out))
+    assert not out.with_name(out.name + ".tmp").exists()
