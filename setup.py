@@ -22,6 +22,7 @@ setup(
         "search-r1-prepare-data = data_prep.qa_search:main",
         "search-r1-eval = search_r1.evaluate:main",
         "search-r1-infer = search_r1.infer:main",
+        "search-r1-inspect = search_r1.inspect.cli:main",
         "search-r1-import-model = data_prep.import_model:main",
     ]},
     install_requires=[
@@ -56,7 +57,9 @@ setup(
         # dashscope (Apache-2.0) ships Qwen's BPE ranks (dashscope/resources/qwen.tiktoken), from which the tests
         # build a real Qwen2.5 tokenizer (data_prep/qwen_tokenizer.py); tiktoken is the reference encoder they
         # check it against.
-        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "ruff", "datasets", "dashscope==2.0.2", "tiktoken"],
+        # selenium drives Debian's headless Chromium in the viewer's browser test (tests/search_r1/inspect).
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "ruff", "datasets", "dashscope==2.0.2", "tiktoken",
+                "selenium"],
         "trackers": ["wandb", "tensorboard"],
     },
 )
