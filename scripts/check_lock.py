@@ -14,7 +14,7 @@ from importlib import metadata
 from packaging.requirements import Requirement
 
 PACKAGE = "search-r1-trainer"
-LOCKED_EXTRAS = ("cpu", "dev", "trackers")  # the extras `make lock` installs (cpu: by hand, see the Makefile)
+LOCKED_EXTRAS = ("cpu", "dev", "trackers", "wiki")  # the extras `make lock` installs (cpu: by hand, see the Makefile)
 
 
 def unmet_requirements(package: str = PACKAGE, extras: tuple[str, ...] = LOCKED_EXTRAS) -> list[str]:

@@ -94,7 +94,7 @@ def extract_answer(response: str) -> str | None:
     return policy_text[start + len(_ANSWER_OPEN):end].strip()
 
 
-def _golden_list(golden_answers: Iterable[str] | str, normalize: str) -> list[str]:
+def golden_list(golden_answers: Iterable[str] | str, normalize: str) -> list[str]:
     """Golden answers as non-empty normalised strings (a str, list or numpy array of strings)."""
     answers = [golden_answers] if isinstance(golden_answers, str) else list(golden_answers)
     if not answers:
@@ -106,13 +106,13 @@ def _golden_list(golden_answers: Iterable[str] | str, normalize: str) -> list[st
 def em_check(prediction: str, golden_answers: Iterable[str] | str, normalize: str = DEFAULT_NORMALIZE) -> float:
     """1.0 if the normalised prediction equals a normalised golden answer, else 0.0."""
     pred = normalize_answer(prediction, normalize)
-    return float(any(pred == gold for gold in _golden_list(golden_answers, normalize)))
+    return float(any(pred == gold for gold in golden_list(golden_answers, normalize)))
 
 
 def subem_check(prediction: str, golden_answers: Iterable[str] | str, normalize: str = DEFAULT_NORMALIZE) -> float:
     """1.0 if a normalised golden answer occurs in the normalised prediction on token boundaries."""
     pred = f" {normalize_answer(prediction, normalize)} "
-    return float(any(f" {gold} " in pred for gold in _golden_list(golden_answers, normalize)))
+    return float(any(f" {gold} " in pred for gold in golden_list(golden_answers, normalize)))
 
 
 def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
@@ -128,7 +128,7 @@ def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
 def f1_score(prediction: str, golden_answers: Iterable[str] | str, normalize: str = DEFAULT_NORMALIZE) -> float:
     """Max over golden answers of the token F1 between normalised prediction and golden answer."""
     pred_tokens = normalize_answer(prediction, normalize).split()
-    golden = _golden_list(golden_answers, normalize)
+    golden = golden_list(golden_answers, normalize)
     return max((_token_f1(pred_tokens, gold.split()) for gold in golden), default=0.0)
 
 
