@@ -184,6 +184,8 @@ class PPOTrainer:
         if self.step >= self.total_steps and not self.cfg.trainer.val_only:
             self.already_complete = True  # a rerun of a finished run: nothing to train, nothing to rewrite
             self.tracker.close()
+            if not (self.out_dir / "hf_model" / "config.json").exists():  # killed after its last checkpoint
+                self.finish()
             return self.last_validation
         if self.cfg.trainer.val_only or (self.cfg.trainer.val_before_train and self.step == 0):
             self.last_validation = self.initial_validation = self.validate()
@@ -215,9 +217,13 @@ class PPOTrainer:
         finally:
             rollout.close()
         self.tracker.close()
+        self.finish()
+        return self.last_validation
+
+    def finish(self) -> None:
+        """A run's last outputs, from the final weights: the Hugging Face model directory and the curves."""
         self.export_hf(self.out_dir / "hf_model")
         plot_curves(self.tracker.jsonl_path, self.out_dir / "curves.png", self.cfg.trainer.experiment_name)
-        return self.last_validation
 
     def run_step(self, rollout: InlineRollout | PipelinedRollout, timing: dict[str, float]) -> tuple[Batch, dict]:
         """Take this step's generated batch, score and train on it, move the engines to this step's weights;

@@ -10,6 +10,8 @@ trainer) reads it as a plain model. The source's generation config and tokenizer
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -37,6 +39,11 @@ def save_hf_model(model: nn.Module, lora: LoraSpec | None, source: str, trust_re
     hf_model.tie_weights()
     if (Path(source) / "generation_config.json").exists():
         hf_model.generation_config = GenerationConfig.from_pretrained(source)
-    hf_model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code).save_pretrained(out)
+    final, tmp = Path(out), Path(f"{out}.tmp")  # written whole, then renamed: a kill leaves no half model directory
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf_model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code).save_pretrained(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
     logger.info("saved the trained policy to %s", out)

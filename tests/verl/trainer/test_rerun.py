@@ -9,9 +9,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.entry_points import main_ppo_in_process
-from tests.verl.trainer.trainer_test_utils import ROOT, copy_run, trained_run_args
+from tests.verl.trainer.trainer_test_utils import ROOT, TRAINED_STEPS, copy_run, final_weights, trained_run_args
 
 
 def main_ppo(*args: str) -> subprocess.CompletedProcess:
@@ -92,3 +93,19 @@ def test_launchers_have_help_and_prepare_nothing(script):
                           timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0 and ("usage: bash" in done.stdout or "retrieval service" in done.stdout), done.stderr
     assert (ROOT / "data" / "demo").exists() == demo_before
+
+
+def test_a_run_killed_after_its_last_checkpoint_writes_its_model_on_rerun(workspace, trained_run, tmp_path):
+    """Guards the end of a run: killed after its last checkpoint and before (or while) the Hugging Face model
+    directory was written, the rerun found every step done, exited 0 and never wrote the model (seen in
+    test_kill_9_at_random_moments_resumes_at_the_right_step). The rerun now writes the model (and the curves) from
+    the last checkpoint, the trained run's final weights; a half-written export is never taken for a model."""
+    out = copy_run(trained_run, tmp_path / "run", TRAINED_STEPS)  # the checkpoints of every step, no hf_model
+    (out / "hf_model.tmp").mkdir()  # what a kill during the export leaves
+    (out / "hf_model.tmp" / "config.json").write_text("{")
+    again = main_ppo_in_process(*trained_run_args(workspace, out, TRAINED_STEPS))
+    assert again.returncode == 0 and "run already complete" in again.stdout, again.stdout[-2000:]
+    assert (out / "hf_model" / "config.json").exists() and (out / "curves.png").exists()
+    assert not (out / "hf_model.tmp").exists()
+    mine, theirs = final_weights(workspace, out), final_weights(workspace, trained_run)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
