@@ -113,8 +113,12 @@ class PPOTrainer:
         check_models(cfg)
         check_positions(cfg)
         self.out_dir = Path(cfg.trainer.default_local_dir)
-        run_dir.claim(self.out_dir, to_yaml(cfg), cfg.trainer.resume_mode, cfg.trainer.val_only,
-                      steering_keys(cfg), to_yaml(type(cfg)()))
+        config_yaml = to_yaml(cfg)
+        # checks only: nothing of the run directory is written until every start-up check has passed (run_dir)
+        run_dir.claim(self.out_dir, config_yaml, cfg.trainer.resume_mode, cfg.trainer.val_only, steering_keys(cfg),
+                      to_yaml(type(cfg)()))
+        self.resume_from = run_dir.resume_checkpoint(self.out_dir, cfg.trainer.resume_mode,
+                                                     ["actor"] + (["critic"] if uses_critic(cfg) else []))
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data
@@ -137,10 +141,13 @@ class PPOTrainer:
         self._build_workers()
         self.mfu = MfuMeter(cfg, self.memory.counted[2], self.actor)  # perf/mfu/*
         self.rollout = GroupRollout(self.engines, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
-        self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)
         custom = cfg.custom_reward_function
-        score = load_custom_score_fn(custom.path, custom.name) if custom.path else self.recipe.score
-        self.reward = RewardManager(self.tokenizer, score, self.recipe.reward_details, custom=bool(custom.path))
+        custom_score = load_custom_score_fn(custom.path, custom.name) if custom.path else None
+        self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)  # the last start-up check (e.g. its service)
+        if not cfg.trainer.val_only:
+            run_dir.record_config(self.out_dir, config_yaml)
+        self.reward = RewardManager(self.tokenizer, custom_score or self.recipe.score, self.recipe.reward_details,
+                                    custom=bool(custom.path))
         self.tracker = Tracker(cfg.trainer.logger, self.out_dir, cfg.trainer.project_name,
                                cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
         self.health = HealthMonitor(cfg.trainer, self.out_dir)
@@ -435,13 +442,12 @@ class PPOTrainer:
         return path
 
     def resume(self) -> None:
-        """Load the checkpoint named by trainer.resume_mode (auto = newest, if any) and continue after its step."""
-        mode = self.cfg.trainer.resume_mode
-        path = None if mode == "disable" else checkpoint.find_latest(self.out_dir) if mode == "auto" else Path(mode)
+        """Load the checkpoint named by trainer.resume_mode (found and verified at start-up, ``run_dir.claim``) and
+        continue after its step."""
+        path = self.resume_from
         if path is None:
             self.tracker.truncate_after(-1)  # a run that failed before its first step left at most a step-0 record
             return
-        checkpoint.verify(path, ["actor"] + (["critic"] if self.critic is not None else []))
         logger.info("resuming from %s", path)
         self.actor.execute_all("load_checkpoint", str(path / "actor"))
         if self.critic is not None:
