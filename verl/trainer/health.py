@@ -24,6 +24,7 @@ import logging
 from pathlib import Path
 
 from verl.config import TrainerConfig
+from verl.errors import TrainingStopped  # noqa: F401 -- raised here, defined below torch
 from verl.utils import checkpoint
 
 logger = logging.getLogger(__name__)
@@ -31,10 +32,6 @@ logger = logging.getLogger(__name__)
 # Metric key -> the quantity a skipped update is blamed on, checked in this order.
 NONFINITE_CAUSES = {"actor/nonfinite_advantages": "advantage", "actor/nonfinite_loss": "loss",
                     "actor/nonfinite_grad_norm": "gradient norm", "actor/nonfinite_update": "weight after the update"}
-
-
-class TrainingStopped(RuntimeError):
-    """The run stopped on purpose (a health limit or an environment outage); the message says why and how to go on."""
 
 
 class HealthMonitor:

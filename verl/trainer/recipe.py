@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from verl.config import Config, ConfigError, recipe_module
+from verl.errors import EnvironmentUnavailable  # noqa: F401 -- raised here, defined below torch
 from verl.protocol import Batch
 from verl.trainer.columns import PHASES, Column, ColumnError, made_by, notify, shape_problem, sizes, undeclared
 from verl.trainer.reward import ScoreFn
@@ -98,11 +99,6 @@ def check_generated(batch: Batch, rows: int, own: dict[str, Column] | None = Non
         raise fail("whose 'truncated' is not one bool per row (True = the length budget cut the trajectory)")
     notify("writes", "generate", batch)
     return batch
-
-
-class EnvironmentUnavailable(RuntimeError):
-    """Raised by a recipe's generation when a service its environment needs (the retrieval service) stayed
-    down past its own patience; the trainer then saves a checkpoint of the last finished step and stops."""
 
 
 RecipeBuilder = Callable[[Config, object, Generator], Recipe]

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from verl.errors import DataError  # noqa: F401 -- raised here, defined below torch
 from verl.protocol import Batch
 from verl.utils.tokenizer import render_prompt
 
@@ -33,8 +34,6 @@ SCHEMA_HINT = ("Search-R1 schema: prompt: [{role, content}], reward_model: {grou
                "and data_prep/")
 
 
-class DataError(ValueError):
-    """A data file that cannot be trained on; the message names the file, the row and the fix."""
 
 
 def read_rows(files: str, required: tuple[str, ...] = ()) -> list[dict]:

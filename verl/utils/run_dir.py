@@ -31,13 +31,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from verl.errors import RunDirError  # noqa: F401 -- raised here, defined below torch
 from verl.utils import checkpoint
 
 CONFIG_FILE = "config.yaml"
 
 
-class RunDirError(ValueError):
-    """The run directory holds a run this one must not continue or overwrite; the message says why and what to do."""
 
 
 def _flat(yaml_text: str) -> dict[str, object]:
