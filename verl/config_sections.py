@@ -406,9 +406,17 @@ class TrainerConfig:
         0.5, "Also stop once more than this share of the steps run so far had their update skipped (counted from "
         "trainer.max_skipped_updates skipped steps on), in a row or not.", low=0, high=1, low_open=True,
         what="a share of the steps", steers=True)
-    alarm_entropy_below: float = setting(
-        0.05, "Health alarm (console warning + health/entropy_collapse = 1): mean policy entropy (nats) below this.",
-        steers=True)
+    alarm_entropy_fraction: float = setting(
+        0.2, "Health alarm (console warning + health/entropy_collapse = 1): mean policy entropy below this fraction of "
+        "the run's starting entropy (the mean over its first trainer.alarm_baseline_steps steps): relative, so a run "
+        "from a sharp SFT checkpoint is not a collapse. 0 = off.", low=0, high=1, what="a fraction of the starting "
+        "entropy", steers=True)
+    alarm_baseline_steps: int = setting(
+        3, "Steps whose mean entropy is the run's starting entropy (trainer.alarm_entropy_fraction; no relative "
+        "entropy alarm before them).", low=1, steers=True)
+    alarm_entropy_below: float | None = setting(
+        None, "Health alarm on an absolute floor too: mean policy entropy (nats) below this, at any step; null = "
+        "no floor (the relative alarm only).", low=0, null_means="no floor", steers=True)
     alarm_clipfrac_above: float = setting(
         0.5, "Health alarm (console warning + health/clipfrac_explosion = 1): PPO clip fraction above this.",
         steers=True)

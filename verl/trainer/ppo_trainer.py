@@ -78,7 +78,7 @@ from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.plots import plot_curves
 from verl.utils.rollout_log import write_rollouts
 from verl.utils.tokenizer import pad_token_id
-from verl.utils.tracking import Tracker
+from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.flops import MfuMeter
@@ -459,6 +459,8 @@ class PPOTrainer:
         self.kl_ctrl.value = state["kl_coef"]
         self.tracker.truncate_after(self.step)
         self.initial_validation, self.last_validation = step_metrics.logged_validations(self.tracker.jsonl_path)
+        if self.tracker.jsonl_path.exists():  # the alarms' state (the run's starting entropy) from the steps logged
+            self.health.restore(read_metrics(self.tracker.jsonl_path))
         with self.rollout.weights_update(version=self.step):
             self.sync_weights()
 
