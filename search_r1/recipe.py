@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from search_r1.config import SearchConfig
-from search_r1.reward.qa_em import compute_score
+from search_r1.reward.qa_em import compute_score, extract_answer
 from search_r1.reward.terms import TermsReward
 from search_r1.tools import DEFAULT_TOOLS  # noqa: F401 -- the tools of a hermes run without a tool config
 from verl.config import DEFAULT_CONFIG, ConfigError
@@ -49,6 +49,7 @@ def search_columns() -> dict[str, Column]:
                                    "...)"),
         "num_turns": Column("B", "policy turns of the trajectory"),
         "num_searches": Column("B", "searches the trajectory made"),
+        "queries": Column("B", "a list per row: the queries (hermes: tool calls) answered, in order"),
     }
 
 
@@ -74,6 +75,13 @@ def search_row_metrics(texts: list[str], batch: Batch, normalize: str) -> dict[s
           zip(batch["data_source"], texts, batch["ground_truth"], strict=True)]
     return {"em": np.array(em), "searches": np.asarray(batch["num_searches"], dtype=float),
             "turns": np.asarray(batch["num_turns"], dtype=float)}
+
+
+def search_trajectory_fields(batch: Batch) -> dict[str, list]:
+    """The search's fields of each row's trajectory record (verl.utils.rollout_log): its queries in order and the
+    answer the reward read (the last <answer> block, or None)."""
+    return {"queries": [list(q) for q in batch["queries"]],
+            "answer": [extract_answer(str(text)) for text in batch["response_text"]]}
 
 
 def connect_retriever(cfg: SearchConfig, wait_s: float = 10.0) -> tuple[RetrievalClient, dict]:
@@ -134,4 +142,5 @@ def build_recipe(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, generato
     row_metrics = functools.partial(search_row_metrics, normalize=cfg.reward.normalize)
     terms = TermsReward(cfg.reward.terms, cfg.reward.turn_term, cfg.reward.normalize, cfg.reward.judge)
     return Recipe(generate=agent, score=score, row_metrics=row_metrics,
-                  summary_prefixes=("val/em", "val/searches"), reward_details=terms, columns=search_columns())
+                  summary_prefixes=("val/em", "val/searches"), reward_details=terms, columns=search_columns(),
+                  trajectory_fields=search_trajectory_fields)

@@ -365,8 +365,19 @@ class TrainerConfig:
         "no training), the rest only train; weights go from training rank 0 to them directly (a gloo broadcast, "
         "never through the driver). 0 = every training rank also hosts an engine (colocated).")
     rollout_data_dir: str | None = setting(
-        None, "Write every step's trained trajectories to <dir>/<step>.jsonl (prompt, response, score, uid, policy "
-        "versions). null = off.")
+        None, "Where each training step's trajectories are kept, as <dir>/<step>.jsonl (prompt, response in "
+        "policy / inserted segments, queries, answer, score, reward terms, advantage, stop reason, policy versions; "
+        "docs/design.md, Trajectory records). null = <run directory>/rollouts.", null_means="<run directory>/rollouts",
+        steers=True)
+    rollout_data_rows: int = setting(
+        64, "Rows of each training step kept there: whole groups (a prompt's samples together) spread over the "
+        "batch; all rows when the batch has no more. 0 = none kept.", low=0, steers=True)
+    validation_data_dir: str | None = setting(
+        None, "Where each validation's generations are kept, as <dir>/<step>.jsonl (the same records; step 0 = before "
+        "training). null = <run directory>/validation.", null_means="<run directory>/validation", steers=True)
+    validation_data_rows: int = setting(
+        512, "Rows of each validation kept there (whole groups, spread over the validation set; all when it has no "
+        "more). 0 = none kept.", low=0, steers=True)
     project_name: str = setting("search_r1", "Project name used by the trackers (W&B project) and the run directory.")
     experiment_name: str | None = setting(
         None, "Experiment name used by the trackers and the run directory. null = <data>_<model>_<estimator>, e.g. "

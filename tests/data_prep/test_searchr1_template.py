@@ -90,9 +90,10 @@ def test_the_default_prompt_is_recorded_too(tmp_path):
     ("def make_prompt(dp, template_type):\n    return ''\n", "defines no function make_prefix(dp, template_type)"),
     ("def make_prefix(dp, template_type):\n    prefix = f'Q: {dp[\"question\"]} {template_type}'\n    return prefix\n",
      "make_prefix's f-string formats {template_type}, expected only the question"),
-    ("def make_prefix(dp, template_type):\n    if template_type == 'instruct':\n        prefix = f'{dp[\"question\"]}'\n"
-     "    return prefix\n", "expected make_prefix to assign one f-string to prefix for template_type == 'base'; found 0 "
-                           "(template types: instruct)"),
+    ("def make_prefix(dp, template_type):\n    if template_type == 'instruct':\n"
+     "        prefix = f'{dp[\"question\"]}'\n    return prefix\n",
+     "expected make_prefix to assign one f-string to prefix for template_type == 'base'; found 0 "
+     "(template types: instruct)"),
     ("def make_prefix(dp t):\n", "does not parse as Python"),
 ], ids=["no-script", "no-make_prefix", "other-value", "no-base", "syntax"])
 def test_another_layout_is_refused_saying_what_was_expected(tmp_path, capsys, script, expected):

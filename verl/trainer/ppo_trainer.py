@@ -76,7 +76,7 @@ from verl.trainer.reward import RewardManager, load_custom_score_fn
 from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.plots import plot_curves
-from verl.utils.rollout_log import write_rollouts
+from verl.utils.rollout_log import TrajectoryLog
 from verl.utils.tokenizer import pad_token_id
 from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.actor_rollout import ActorRolloutWorker
@@ -148,6 +148,8 @@ class PPOTrainer:
             run_dir.record_config(self.out_dir, config_yaml)
         self.reward = RewardManager(self.tokenizer, custom_score or self.recipe.score, self.recipe.reward_details,
                                     custom=bool(custom.path))
+        # a sample of every step's trajectories and of every validation's generations (rollout_log)
+        self.trajectories = TrajectoryLog(cfg.trainer, self.out_dir, self.tokenizer, self.recipe.trajectory_fields)
         self.tracker = Tracker(cfg.trainer.logger, self.out_dir, cfg.trainer.project_name,
                                cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
         self.health = HealthMonitor(cfg.trainer, self.out_dir)
@@ -246,8 +248,7 @@ class PPOTrainer:
             if updated:  # the engines now hold this step's policy (unchanged when no update ran: same version)
                 metrics.update(self.sync_weights())
         self._trained_step, self.loader_state = self.step, generated.loader_state
-        if self.cfg.trainer.rollout_data_dir:
-            write_rollouts(self.cfg.trainer.rollout_data_dir, self.step, batch, self.tokenizer)
+        self.trajectories.keep_trained(self.step, batch)
         metrics["perf/overlap_s"] = rollout.overlap_s(train_start, time.perf_counter())
         if self._due(self.cfg.trainer.test_freq):
             with _timed("validate", timing), rollout.quiet():
@@ -408,11 +409,13 @@ class PPOTrainer:
         self.actor.execute_all("save_hf_model", str(out))
 
     def validate(self) -> dict[str, float]:
-        """Generate with val_kwargs over the validation set; mean score / extra metrics overall and per data_source."""
+        """Generate with val_kwargs over the validation set; mean score / extra metrics overall and per data_source;
+        a sample of the generations kept (trainer.validation_data_*)."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         params_kw = {"temperature": vk.temperature, "top_p": vk.top_p, "top_k": vk.top_k}
         size = self.cfg.data.val_batch_size or len(self.val_set)
         per_row: dict[str, list] = defaultdict(list)
+        kept, records = self.trajectories.validation_sample(len(self.val_set), vk.n), []
         for start in range(0, len(self.val_set), size):
             batch = self.val_set.batch(range(start, min(start + size, len(self.val_set))))
             params = SamplingParams(max_tokens=self.cfg.data.max_response_length, seed=self.cfg.trainer.seed,
@@ -424,6 +427,9 @@ class PPOTrainer:
             extra = row_metrics(list(out["response_text"]), out) if row_metrics else {}
             for name, values in extra.items():
                 per_row[name].extend(values)
+            records += self.trajectories.records(out, self.step, "val",
+                                                 [i for i, row in enumerate(out["index"]) if row in kept])
+        self.trajectories.keep_validation(self.step, records)
         metrics = step_metrics.validation_metrics(per_row)
         logger.debug("validation at step %d: %s", self.step, {k: round(v, 4) for k, v in metrics.items()})
         return metrics

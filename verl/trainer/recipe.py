@@ -25,7 +25,7 @@ a worker.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +61,9 @@ class Recipe:
     # The recipe's own per-row columns in its generated batch (e.g. the search's stop_reason), name -> shape and
     # meaning; a column the table does not declare and the recipe does not either fails at generation.
     columns: dict[str, Column] = field(default_factory=dict)
+    # Optional: the task's fields of each row's trajectory record (verl.utils.rollout_log), from a scored batch:
+    # {field: one value per row}, e.g. the search's ``queries`` (in order) and extracted ``answer``.
+    trajectory_fields: Callable[[Batch], dict[str, Sequence]] | None = None
 
 
 class RecipeOutputError(ColumnError):

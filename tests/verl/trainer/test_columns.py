@@ -37,7 +37,7 @@ def prompts(groups: int = ROWS // N, tag: str = "") -> Batch:
     """What ``PromptDataset.batch`` makes, each prompt repeated n times (``PPOTrainer.generate``)."""
     return Batch(non_tensors={
         "raw_prompt_ids": [[5, 6 + g] for g in range(groups)], "data_source": ["nq"] * groups,
-        "ground_truth": [{"target": ["x"]}] * groups, "extra_info": [None] * groups,
+        "ground_truth": [{"target": ["x"]}] * groups, "extra_info": [None] * groups, "index": list(range(groups)),
         "uid": [f"row{g}{tag}" for g in range(groups)]}).repeat(N)
 
 

@@ -53,7 +53,7 @@ def test_the_share_message_names_the_counts_and_the_key(tmp_path):
             monitor.observe(step, {"actor/skipped_updates": float(skip), "actor/nonfinite_loss": float(skip)})
 
 
-# --- the alarms, calibrated to the run (issue 57's item 5) -------------------------------------------------------------
+# --- the alarms, calibrated to the run (issue 57's item 5) ------------------------------------------------------------
 # actor/entropy per step of the user's GRPO run right after the README's cold start (step 1: 0.033), continued with
 # healthy steps around it; and a constructed collapse of a run that starts near 1 nat.
 AFTER_SFT = [0.033, 0.031, 0.036, 0.029, 0.034, 0.030, 0.032, 0.035]
