@@ -5,7 +5,8 @@ What the trainer reads of this module (``verl.trainer.recipe``): ``CONFIG_CLASS`
 plus ``retriever.*``, ``max_turns``, ``do_search``, ``reward.*``; ``search_r1.config``), ``DEFAULT_TOOLS`` (the hermes
 format's tools when ``multi_turn.tool_config_path`` is null: ``search``; ``search_r1.tools``), ``BASE_CONFIG`` (its
 documented defaults, ``configs/ppo_trainer.yaml``), ``HELP`` and ``describe`` (the entry point's help and
-start-up lines) and ``build_recipe``. Importing it registers the reward terms (``search_r1.reward.terms``), so
+start-up lines), ``response_tokens`` (the start-up memory estimate's response length, from the blocks the service
+returns) and ``build_recipe``. Importing it registers the reward terms (``search_r1.reward.terms``), so
 ``reward.terms`` is checked against them. Importing it is light (no torch, transformers or Ray: the config, which
 imports this module first, refuses a bad key in about a second); the loop, the retrieval client and the columns'
 checks are imported by the functions that use them.
@@ -82,6 +83,30 @@ def search_trajectory_fields(batch: Batch) -> dict[str, list]:
     answer the reward read (the last <answer> block, or None)."""
     return {"queries": [list(q) for q in batch["queries"]],
             "answer": [extract_answer(str(text)) for text in batch["response_text"]]}
+
+
+def response_tokens(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, questions: list[str]) -> tuple[int, str]:
+    """The longest response a trajectory can have at the lengths the service really inserts, for the start-up
+    memory estimate (``verl.trainer.recipe.expected_row_lengths``): ``max_turns`` turns that search and a final one,
+    each sampling ``data.max_response_length`` tokens, and after each search the largest <information> block the
+    service returns for ``questions`` (cut to ``data.max_obs_length``), or the invalid-action feedback where that is
+    longer -> (tokens, where they come from). The policy's own turns are not known before it runs: at their budget."""
+    from search_r1.llm_agent.formatting import INVALID_ACTION_FEEDBACK, observation_ids
+
+    d = cfg.data
+    docs = [[]]  # do_search=false: every search gets an empty block
+    if cfg.do_search:
+        client, _ = connect_retriever(cfg)
+        try:
+            docs = client.search(questions)
+        finally:
+            client.close()
+    block = max(len(ids) for ids, _ in observation_ids(tokenizer, docs, d.max_obs_length))
+    inserted = max(block, len(tokenizer(INVALID_ACTION_FEEDBACK, add_special_tokens=False)["input_ids"]))
+    where = f"the service's passages for {len(questions)} training questions" if cfg.do_search else "empty blocks"
+    return ((cfg.max_turns + 1) * d.max_response_length + cfg.max_turns * inserted,
+            f"{cfg.max_turns + 1} turns of up to {d.max_response_length} sampled tokens and {cfg.max_turns} inserted "
+            f"blocks of up to {inserted} tokens ({where})")
 
 
 def connect_retriever(cfg: SearchConfig, wait_s: float = 10.0) -> tuple[RetrievalClient, dict]:

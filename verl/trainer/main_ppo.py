@@ -103,7 +103,7 @@ def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
         f"update(s) of {a.ppo_mini_batch_size} trajectories x {a.ppo_epochs} epoch(s)",
     ]
     describe = getattr(recipe_module(cfg.recipe), "describe", None)
-    return "\n".join(lines + (describe(cfg) if describe else []))
+    return "\n".join(lines + (describe(cfg) if describe else []) + [trainer.memory.summary()])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,7 +71,7 @@ from verl.trainer.dynamic_sampling import fill_batch, round_seed
 from verl.trainer.health import HealthMonitor, TrainingStopped
 from verl.trainer.overlong import apply_overlong
 from verl.trainer.pipeline import Generated, InlineRollout, Made, PipelinedRollout, staleness
-from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated
+from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated, expected_row_lengths
 from verl.trainer.reward import RewardManager, load_custom_score_fn
 from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
@@ -136,8 +136,8 @@ class PPOTrainer:
         self.already_complete = False  # fit() found every step of the run done (a rerun of a finished run)
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
-        self.memory = MemoryMeter(cfg)  # the estimate now and perf/memory_estimate_gb each step
-        self.memory.report()
+        self.memory = MemoryMeter(cfg)  # the estimate now (the data's lengths, then the bound) and each step's
+        self.memory.report(expected_row_lengths(cfg, self.tokenizer, self.train_set))
         self._build_workers()
         self.mfu = MfuMeter(cfg, self.memory.counted[2], self.actor)  # perf/mfu/*
         self.rollout = GroupRollout(self.engines, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
