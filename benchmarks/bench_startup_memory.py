@@ -9,7 +9,9 @@ bfloat16) with Search-R1's lengths (``data.max_prompt_length=4096``, ``max_start
 ``max_response_length=500``, ``max_obs_length=500``; the trailing ``key=value`` overrides replace any of these) on
 the CPU, and prints the start-up summary's memory line, each step's own peak resident set
 (``perf/step_max_rss_gb``) and its estimate at its longest row (``perf/memory_estimate_gb``), and the longest
-response of each step. The figures of issue 57 (docs/results.md) came from it.
+response of each step. ``--estimate-only`` prints the start-up line alone, computed in this process by the
+trainer's own functions (``expected_row_lengths``, ``MemoryMeter.report``) without training. The figures of issue 57
+(docs/results.md) came from it.
 """
 
 from __future__ import annotations
@@ -40,16 +42,39 @@ SEARCH_R1_LENGTHS = ["data.max_prompt_length=4096", "data.max_start_length=2048"
                      "data.max_obs_length=500", "max_turns=2"]
 
 
+def startup_line(model: Path, data: Path, url: str, overrides: list[str]) -> str:
+    """The start-up summary's memory line for the run, made here by the trainer's functions."""
+    from transformers import AutoTokenizer
+
+    from verl.config import load_config
+    from verl.trainer.recipe import expected_row_lengths
+    from verl.utils.dataset import PromptDataset
+    from verl.workers.memory import MemoryMeter
+
+    cfg = load_config([f"actor_rollout_ref.model.path={model}", f"data.train_files={data / 'train.parquet'}",
+                       f"data.val_files={data / 'test.parquet'}", f"retriever.url={url}", *SIZES, *SEARCH_R1_LENGTHS,
+                       "trainer.device=cpu", *overrides])
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    meter = MemoryMeter(cfg)
+    meter.report(expected_row_lengths(cfg, tokenizer, PromptDataset(cfg.data.train_files, tokenizer,
+                                                                     cfg.data.max_prompt_length)))
+    return f"{meter.summary()} ({meter.lengths.source})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="the policy, a Hugging Face model directory")
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "demo", help="the demo knowledge base")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--estimate-only", action="store_true", help="print the start-up memory line, train nothing")
     args, overrides = parser.parse_known_args()
     with tempfile.TemporaryDirectory() as tmp:
         build_index(args.data / "corpus.jsonl", Path(tmp) / "index", retriever="bm25", progress=False)
         with ServerProcess(Path(tmp) / "index", args.data / "corpus.jsonl") as server:
             server.wait_ready()
+            if args.estimate_only:
+                print(startup_line(args.model, args.data, server.url, overrides))
+                return
             out = Path(tmp) / "run"
             command = [sys.executable, "-m", "verl.trainer.main_ppo", f"actor_rollout_ref.model.path={args.model}",
                        f"data.train_files={args.data / 'train.parquet'}",
