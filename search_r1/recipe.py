@@ -89,21 +89,26 @@ def response_tokens(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, quest
     """The longest response a trajectory can have at the lengths the service really inserts, for the start-up
     memory estimate (``verl.trainer.recipe.expected_row_lengths``): ``max_turns`` turns that search and a final one,
     each sampling ``data.max_response_length`` tokens, and after each search the largest <information> block the
-    service returns for ``questions`` (cut to ``data.max_obs_length``), or the invalid-action feedback where that is
-    longer -> (tokens, where they come from). The policy's own turns are not known before it runs: at their budget."""
+    service returns for ``questions`` (cut to ``data.max_obs_length``; an online engine is not asked, its requests
+    are paid: ``data.max_obs_length``), or the invalid-action feedback where that is longer -> (tokens, where they
+    come from). The policy's own turns are not known before it runs: at their budget."""
     from search_r1.llm_agent.formatting import INVALID_ACTION_FEEDBACK, observation_ids
 
     d = cfg.data
-    docs = [[]]  # do_search=false: every search gets an empty block
+    docs, where = [[]], "empty blocks"  # do_search=false: every search gets an empty block
     if cfg.do_search:
-        client, _ = connect_retriever(cfg)
+        client, health = connect_retriever(cfg)
         try:
-            docs = client.search(questions)
+            if health.get("retriever") == "online":  # each request to a web engine is paid: not probed
+                docs, where = None, "an online engine's results, counted at data.max_obs_length"
+            else:
+                docs = client.search(questions)
+                where = f"the service's passages for {len(questions)} training questions"
         finally:
             client.close()
-    block = max(len(ids) for ids, _ in observation_ids(tokenizer, docs, d.max_obs_length))
+    block = d.max_obs_length if docs is None else \
+        max(len(ids) for ids, _ in observation_ids(tokenizer, docs, d.max_obs_length))
     inserted = max(block, len(tokenizer(INVALID_ACTION_FEEDBACK, add_special_tokens=False)["input_ids"]))
-    where = f"the service's passages for {len(questions)} training questions" if cfg.do_search else "empty blocks"
     return ((cfg.max_turns + 1) * d.max_response_length + cfg.max_turns * inserted,
             f"{cfg.max_turns + 1} turns of up to {d.max_response_length} sampled tokens and {cfg.max_turns} inserted "
             f"blocks of up to {inserted} tokens ({where})")
