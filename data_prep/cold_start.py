@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.qa_search import _template
+from data_prep.qa_search import template_file
 from data_prep.rft import add_rft_args, rft_cold_start
 from data_prep.sft_rows import SFT_SCHEMA, gold_answers, qa_fields, rows_to_sft_parquet, sft_row, summary
 from data_prep.teacher import add_teacher_args, openai_chat, teacher_cold_start
@@ -205,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             client = RetrievalClient(args.retriever_url, topk=args.topk, outage_timeout_s=30.0)
             client.check_health()
             if args.source == "scripted":
-                rows, counts = scripted_cold_start(args.data, client.search, _template(args.template),
+                template = template_file(args.template)["template"] if args.template else DEFAULT_TEMPLATE
+                rows, counts = scripted_cold_start(args.data, client.search, template,
                                                    args.max_bridges, write)
             else:
                 rows, counts = teacher_cold_start(args, openai_chat(args, write), client.search, write)

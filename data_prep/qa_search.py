@@ -17,7 +17,10 @@ Choices:
 
 - The prompt is ``search_r1.prompts.make_prompt`` (question stripped, one ``?`` added), the same
   template as the demo data, so one policy serves every source; ``--template PATH`` replaces the
-  template by a file's text, whose ``{question}`` placeholder receives the question.
+  template by a file's text, whose ``{question}`` placeholder receives the question, and
+  ``--template-from-searchr1 CHECKOUT`` by Search-R1's own prompt, read from the user's Search-R1 checkout
+  (``data_prep.searchr1_template``: the default's wording is this project's, not Search-R1's). ``prompt.json``
+  beside the parquet records the template used and its source (a file's path and SHA-256).
 - ``extra_info.index`` is the record's position in its source (0-based, bad records counted), so
   a row can be traced back to its source record even when bad ones were skipped.
 - A bad record (no question, no non-empty golden answer, invalid JSON) stops the run with an error
@@ -35,6 +38,7 @@ Choices:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import re
@@ -47,6 +51,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data_prep.searchr1_template import read_searchr1_template
 from search_r1.prompts import DEFAULT_TEMPLATE, TEMPLATES, load_template, make_prompt
 from verl.utils.progress import progress
 
@@ -66,6 +71,7 @@ PARQUET_SCHEMA = pa.schema([
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 FLASHRAG_BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 SPLITS = ("train", "dev", "test")
+PROMPT_RECORD = "prompt.json"  # beside the parquet: the template used and where it came from
 
 
 class BadRowError(ValueError):
@@ -256,9 +262,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="FlashRAG dataset directory (DIR/<name>/{train,dev,test}.jsonl): adds --datasets")
     parser.add_argument("--datasets", nargs="+", default=list(FLASHRAG_BENCHMARKS), metavar="NAME",
                         help=f"FlashRAG benchmarks to take from --flashrag (default: {' '.join(FLASHRAG_BENCHMARKS)})")
-    parser.add_argument("--template", type=Path, metavar="PATH",
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--template", type=Path, metavar="PATH",
                         help="prompt template file with a {question} placeholder (default: search_r1.prompts' "
-                        "template of --format)")
+                        "template of --format, this project's wording)")
+    prompt.add_argument("--template-from-searchr1", type=Path, metavar="CHECKOUT",
+                        help="Search-R1's own prompt, read from your Search-R1 checkout (its "
+                        "scripts/data_process/nq_search.py's make_prefix; recorded with its sha256 in prompt.json)")
     parser.add_argument("--format", choices=sorted(TEMPLATES), default="search_r1",
                         help="the action format the prompts ask for (actor_rollout_ref.rollout.multi_turn.format): "
                         "search_r1 = Search-R1's tags, hermes = the chat template's tool calls")
@@ -280,17 +290,32 @@ def _check_unique(specs: list[SourceSpec], split: str) -> list[SourceSpec]:
     return specs
 
 
-def _template(path: Path | None, action_format: str = "search_r1") -> str:
-    """The ``--template`` file's text (the template of ``action_format`` without one: ``search_r1.prompts.TEMPLATES``);
-    ValueError naming the file otherwise."""
-    if path is None:
-        return TEMPLATES[action_format]
+def template_file(path: Path) -> dict:
+    """The ``--template`` file's text and source (``prompt.json``'s fields); ValueError naming the file when it is
+    not a UTF-8 text file with a ``{question}`` placeholder."""
     try:
-        return load_template(path)
+        text = load_template(path)
     except (OSError, UnicodeDecodeError) as exc:
         reason = f"not UTF-8 text ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else exc.strerror
         raise ValueError(f"--template {path}: {reason} (allowed: a UTF-8 text file with a {{question}} "
                          "placeholder)") from None
+    return {"template": text, "source": "--template", "path": str(path.resolve()),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def _prompt(args: argparse.Namespace) -> dict:
+    """The prompt template and its source, as ``prompt.json`` records them: Search-R1's, read from
+    ``--template-from-searchr1``; the ``--template`` file's; or the template of ``--format``
+    (``search_r1.prompts.TEMPLATES``)."""
+    if args.template_from_searchr1 is not None:
+        if args.format != "search_r1":
+            raise ValueError(f"--template-from-searchr1 gives Search-R1's tag-format prompt; --format {args.format} "
+                             "needs a prompt without tags (drop one of the two)")
+        return read_searchr1_template(args.template_from_searchr1).record()
+    if args.template is not None:
+        return template_file(args.template)
+    return {"template": TEMPLATES[args.format], "source": f"search_r1.prompts (--format {args.format})", "path": None,
+            "sha256": None}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -306,7 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out} is a file; name a directory (created if missing) to write "
                              f"{', '.join(f'{s}.parquet' for s in SPLITS)} into")
-        template = _template(args.template, args.format)
+        prompt = _prompt(args)
+        template = prompt["template"]
         specs = {"train": [parse_source_spec(s) for s in args.train], "dev": [],
                  "test": [parse_source_spec(s) for s in args.test]}
         if args.flashrag is not None:
@@ -319,12 +345,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sources = ", ".join(spec.describe() for spec in dict(jobs)[split])
                 raise ValueError(f"no {split} rows: {sources} hold(s) no usable record ({sum(skipped.values())} "
                                  "skipped as bad); give a source with at least one question and golden answer")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / PROMPT_RECORD).write_text(json.dumps(prompt, indent=2, ensure_ascii=False) + "\n")
         for split, rows, skipped in built:
             out_path = args.out / f"{split}.parquet"
             rows_to_parquet(rows, out_path)
             counts = Counter(row["data_source"] for row in rows)
             per_source = ", ".join(f"{name}: {counts[name]} rows, {n} skipped" for name, n in skipped.items())
             print(f"{split}: {len(rows)} rows, {sum(skipped.values())} skipped ({per_source}) -> {out_path}")
+        print(f"prompt: {prompt['source']}" + (f" {prompt['path']} (sha256 {prompt['sha256'][:12]}..)"
+                                                 if prompt["path"] else "") + f" -> {args.out / PROMPT_RECORD}")
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -148,10 +148,11 @@ class SearchService:
     """A retriever (plus optional reranker) and the corpus it indexes: queries in, passages (with scores) out."""
 
     def __init__(self, retriever: Retriever, corpus: CorpusStore, manifest: Manifest,
-                 options: ServeOptions = ServeOptions(), reranker=None):
+                 options: ServeOptions = ServeOptions(), reranker=None, index_dir: str | Path | None = None):
         self.retriever = retriever
         self.corpus = corpus
         self.manifest = manifest
+        self.index_dir = None if index_dir is None else Path(index_dir).resolve()  # where it was loaded from
         self.options = options
         self.reranker = reranker  # rerank.Reranker or None
         self.cache = CachedSearch(self._search_distinct, options.cache_size)
@@ -206,6 +207,10 @@ class SearchService:
         encoder = getattr(self.retriever, "encoder", None)
         parts = {p.part: p.as_dict() for p in self.placements()}
         return {"retriever": self.manifest.retriever, "index": self.manifest.index, "model": self.manifest.model,
+                # where the served files are, so a run's retrieval.json names them (the hashes say what they hold)
+                "corpus_path": str(Path(self.corpus.scan.path).resolve()),
+                "index_path": None if self.index_dir is None else str(self.index_dir),
+                "index_kind": self.manifest.index or self.manifest.retriever,  # a FAISS kind, or bm25
                 "encoder_dtype": encoder.dtype if encoder is not None else None,
                 "encoder_backend": encoder.backend if encoder is not None else None,
                 "corpus_sha256": self.manifest.corpus_sha256, "passages": len(self.corpus),
@@ -306,7 +311,7 @@ def load_service(index_dir: str | Path, corpus: str | Path, options: ServeOption
         with measured(next(p for p in plan if p.part == "reranker")) as placement:
             reranker = Reranker(options.reranker, device=options.encoder_device)
         reranker.placement = placement
-    service = SearchService(retriever, CorpusStore(scan), manifest, options, reranker)
+    service = SearchService(retriever, CorpusStore(scan), manifest, options, reranker, index_dir)
     service.warm_up()
     logger.info("index ready: %s", describe_placements(service.placements()))
     return service

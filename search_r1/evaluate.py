@@ -7,7 +7,8 @@ Runs exactly the loop of training and validation (``LLMGenerationManager`` over 
 ``verl.workers.rollout.build_rollout`` builds from the config; prompts templated and length-filtered by
 the trainer's ``PromptDataset``). Settings come from ``configs/ppo_trainer.yaml`` plus the trailing
 ``key=value`` overrides, e.g. ``max_turns=4 retriever.topk=5 reward.normalize=unicode``.
-``--out`` receives ``trajectories.jsonl`` (one scored trajectory per line), ``results.json``,
+``--out`` receives ``trajectories.jsonl`` (one scored trajectory per line, in the trainer's trajectory record
+format plus the evaluation's own fields: ``verl.utils.rollout_log``), ``results.json``,
 ``results.md`` and ``results.png`` (``search_r1.eval_report``), and ``run.json`` (the settings).
 
 Choices:
@@ -48,6 +49,7 @@ from search_r1.search.client import RetrievalClient, RetrievalError
 from verl.config import ConfigError, load_config
 from verl.utils.dataset import DataError
 from verl.utils.progress import progress
+from verl.utils.rollout_log import segments
 from verl.workers.rollout.base import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -101,6 +103,20 @@ def score_trajectory(tokenizer, traj: Trajectory, golden: list[str], normalize: 
             "stop_reason": traj.stop_reason.value,
             "response_tokens": len(traj.response_ids),
             "inserted_tokens": len(traj.info_mask) - sum(traj.info_mask), "response": response}
+
+
+def trajectory_fields(tokenizer, traj: Trajectory, record: dict, prompt_ids: list[int]) -> dict:
+    """The fields of the trainer's trajectory record (``verl.utils.rollout_log``, the viewer's format) that a
+    ``score_trajectory`` record (with its ``row`` and ``sample``) lacks: no step, split ``test``, the EM as the score
+    and EM / sub-EM / F1 as the reward terms, no advantage."""
+    group = f"row{record['row']}"
+    return {"step": None, "split": "test", "uid": f"{group}-{record['sample']}", "group": group,
+            "index": record["row"], "input": tokenizer.decode(prompt_ids, skip_special_tokens=False),
+            "output": record["response"], "segments": segments(traj.response_ids, traj.info_mask, tokenizer),
+            "queries": list(traj.queries), "ground_truth": record["golden"], "score": record["em"],
+            "reward_terms": {name: record[name] for name in ("em", "subem", "f1")}, "advantage": None,
+            "num_searches": traj.num_searches, "response_length": len(traj.response_ids), "min_version": None,
+            "max_version": None}
 
 
 def check_model_dir(model: str) -> None:
@@ -269,6 +285,7 @@ def _roll_out(agent: LLMGenerationManager, tokenizer, dataset, todo: list[tuple[
                 record = {"row": row, "sample": sample, "data_source": source["data_source"],
                           "prompt": source["prompt"][-1]["content"],
                           **score_trajectory(tokenizer, traj, golden, normalize)}
+                record.update(trajectory_fields(tokenizer, traj, record, dataset.prompt_ids[row]))
                 lines.append(json.dumps(record, ensure_ascii=False) + "\n")
             f.write("".join(lines))
             f.flush()

@@ -5,8 +5,11 @@ What the trainer reads of this module (``verl.trainer.recipe``): ``CONFIG_CLASS`
 plus ``retriever.*``, ``max_turns``, ``do_search``, ``reward.*``; ``search_r1.config``), ``DEFAULT_TOOLS`` (the hermes
 format's tools when ``multi_turn.tool_config_path`` is null: ``search``; ``search_r1.tools``), ``BASE_CONFIG`` (its
 documented defaults, ``configs/ppo_trainer.yaml``), ``HELP`` and ``describe`` (the entry point's help and
-start-up lines) and ``build_recipe``. Importing it registers the reward terms (``search_r1.reward.terms``), so
-``reward.terms`` is checked against them.
+start-up lines), ``response_tokens`` (the start-up memory estimate's response length, from the blocks the service
+returns) and ``build_recipe``. Importing it registers the reward terms (``search_r1.reward.terms``), so
+``reward.terms`` is checked against them. Importing it is light (no torch, transformers or Ray: the config, which
+imports this module first, refuses a bad key in about a second); the loop, the retrieval client and the columns'
+checks are imported by the functions that use them.
 
 ``build_recipe`` is called by ``verl.trainer.ppo_trainer.PPOTrainer`` with the driver's generator
 (the rollout engines of all actor ranks); the agent loop runs in the driver and sends one engine
@@ -17,31 +20,39 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.parquet as pq
-from transformers import PreTrainedTokenizerBase
 
 from search_r1.config import SearchConfig
-from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
-from search_r1.reward.qa_em import compute_score
+from search_r1.reward.qa_em import compute_score, extract_answer
 from search_r1.reward.terms import TermsReward
-from search_r1.search.client import RetrievalClient, RetrievalError, RetrievalUnavailable
-from search_r1.search.identity import record_retrieval, warn_if_demo_corpus
 from search_r1.tools import DEFAULT_TOOLS  # noqa: F401 -- the tools of a hermes run without a tool config
 from verl.config import DEFAULT_CONFIG, ConfigError
-from verl.protocol import Batch
-from verl.trainer.columns import Column
-from verl.trainer.recipe import Recipe
-from verl.utils import checkpoint
-from verl.workers.rollout.base import Generator
 
-# The search loop's own per-row columns of its generated batch (LLMGenerationManager.__call__).
-SEARCH_COLUMNS = {
-    "stop_reason": Column("B", "why the trajectory ended (StopReason value: answered, max_turns, max_length, ...)"),
-    "num_turns": Column("B", "policy turns of the trajectory"),
-    "num_searches": Column("B", "searches the trajectory made"),
-}
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from search_r1.search.client import RetrievalClient
+    from verl.protocol import Batch
+    from verl.trainer.columns import Column
+    from verl.trainer.recipe import Recipe
+    from verl.workers.rollout.base import Generator
+
+
+def search_columns() -> dict[str, Column]:
+    """The search loop's own per-row columns of its generated batch (LLMGenerationManager.__call__)."""
+    from verl.trainer.columns import Column
+
+    return {
+        "stop_reason": Column("B", "why the trajectory ended (StopReason value: answered, max_turns, max_length, "
+                                   "...)"),
+        "num_turns": Column("B", "policy turns of the trajectory"),
+        "num_searches": Column("B", "searches the trajectory made"),
+        "queries": Column("B", "a list per row: the queries (hermes: tool calls) answered, in order"),
+    }
+
 
 CONFIG_CLASS = SearchConfig
 BASE_CONFIG = DEFAULT_CONFIG  # configs/ppo_trainer.yaml, generated from SearchConfig's declarations
@@ -67,11 +78,49 @@ def search_row_metrics(texts: list[str], batch: Batch, normalize: str) -> dict[s
             "turns": np.asarray(batch["num_turns"], dtype=float)}
 
 
+def search_trajectory_fields(batch: Batch) -> dict[str, list]:
+    """The search's fields of each row's trajectory record (verl.utils.rollout_log): its queries in order and the
+    answer the reward read (the last <answer> block, or None)."""
+    return {"queries": [list(q) for q in batch["queries"]],
+            "answer": [extract_answer(str(text)) for text in batch["response_text"]]}
+
+
+def response_tokens(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, questions: list[str]) -> tuple[int, str]:
+    """The longest response a trajectory can have at the lengths the service really inserts, for the start-up
+    memory estimate (``verl.trainer.recipe.expected_row_lengths``): ``max_turns`` turns that search and a final one,
+    each sampling ``data.max_response_length`` tokens, and after each search the largest <information> block the
+    service returns for ``questions`` (cut to ``data.max_obs_length``; an online engine is not asked, its requests
+    are paid: ``data.max_obs_length``), or the invalid-action feedback where that is longer -> (tokens, where they
+    come from). The policy's own turns are not known before it runs: at their budget."""
+    from search_r1.llm_agent.formatting import INVALID_ACTION_FEEDBACK, observation_ids
+
+    d = cfg.data
+    docs, where = [[]], "empty blocks"  # do_search=false: every search gets an empty block
+    if cfg.do_search:
+        client, health = connect_retriever(cfg)
+        try:
+            if health.get("retriever") == "online":  # each request to a web engine is paid: not probed
+                docs, where = None, "an online engine's results, counted at data.max_obs_length"
+            else:
+                docs = client.search(questions)
+                where = f"the service's passages for {len(questions)} training questions"
+        finally:
+            client.close()
+    block = d.max_obs_length if docs is None else \
+        max(len(ids) for ids, _ in observation_ids(tokenizer, docs, d.max_obs_length))
+    inserted = max(block, len(tokenizer(INVALID_ACTION_FEEDBACK, add_special_tokens=False)["input_ids"]))
+    return ((cfg.max_turns + 1) * d.max_response_length + cfg.max_turns * inserted,
+            f"{cfg.max_turns + 1} turns of up to {d.max_response_length} sampled tokens and {cfg.max_turns} inserted "
+            f"blocks of up to {inserted} tokens ({where})")
+
+
 def connect_retriever(cfg: SearchConfig, wait_s: float = 10.0) -> tuple[RetrievalClient, dict]:
     """The client of ``retriever.url``, health-checked, and the service's ``/health`` answer. A service that does not
     answer stays ``RetrievalUnavailable`` (an environment that is down); endpoints that answer but cannot serve this
     run (a shard alone, shards of different corpora or builds, an endpoint that is not a retrieval service) are a
     ``ConfigError`` naming ``retriever.url``: the user's setting is wrong, and the trainer exits 2 with the message."""
+    from search_r1.search.client import RetrievalClient, RetrievalError, RetrievalUnavailable
+
     client = RetrievalClient.from_config(cfg.retriever, cfg.trainer.ray_timeout_s)
     try:
         health = client.check_health(wait_s=wait_s)
@@ -96,6 +145,9 @@ def _data_sources(files: str) -> set[str]:
 def check_retrieval_identity(cfg: SearchConfig, health: dict) -> None:
     """Record what the service serves in the run directory (checked against the record when resuming), and warn
     when it serves the demo's corpus for other data (search_r1/search/identity.py)."""
+    from search_r1.search.identity import record_retrieval, warn_if_demo_corpus
+    from verl.utils import checkpoint
+
     warn_if_demo_corpus(health, cfg.retriever.url, _data_sources(cfg.data.train_files))
     if cfg.trainer.val_only:
         return
@@ -107,6 +159,9 @@ def check_retrieval_identity(cfg: SearchConfig, health: dict) -> None:
 def build_recipe(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, generator: Generator) -> Recipe:
     """The search agent as the generation function, exact match (``reward.*``, normalised by
     ``reward.normalize``) as the score."""
+    from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
+    from verl.trainer.recipe import Recipe
+
     client = None
     if cfg.do_search:
         client, health = connect_retriever(cfg)
@@ -117,4 +172,5 @@ def build_recipe(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, generato
     row_metrics = functools.partial(search_row_metrics, normalize=cfg.reward.normalize)
     terms = TermsReward(cfg.reward.terms, cfg.reward.turn_term, cfg.reward.normalize, cfg.reward.judge)
     return Recipe(generate=agent, score=score, row_metrics=row_metrics,
-                  summary_prefixes=("val/em", "val/searches"), reward_details=terms, columns=SEARCH_COLUMNS)
+                  summary_prefixes=("val/em", "val/searches"), reward_details=terms, columns=search_columns(),
+                  trajectory_fields=search_trajectory_fields)

@@ -46,7 +46,7 @@ from verl.config_checks import (
     world_size,
 )
 from verl.config_compat import CompatError, rules, translate
-from verl.config_schema import check_settings, section, setting
+from verl.config_schema import check_settings, did_you_mean, section, setting
 from verl.config_sections import (
     DTYPE_NAMES,
     LOGGERS,
@@ -314,8 +314,9 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
     except ConfigKeyError as err:  # OmegaConf names the first unknown part ('retriever' of 'retriever.url')
         given = next((k for k, _ in items if k == err.full_key or k.startswith(f"{err.full_key}.")), err.full_key)
         keys = base.name if base else f"{schema.__module__}.{schema.__name__}"
-        raise ConfigError(f"unknown config key {given!r} (recipe={recipe} takes the keys of {keys}; "
-                          "docs/config.md lists them and the Search-R1 and verl spellings accepted)") from err
+        raise ConfigError(f"unknown config key {given!r}{did_you_mean(given, schema(), rules(schema))} "
+                          f"(recipe={recipe} takes the keys of {keys}; docs/config.md lists them and the Search-R1 and "
+                          "verl spellings accepted)") from err
     except OmegaConfBaseException as err:
         raise ConfigError(f"config key {err.full_key!r}: {err.msg.splitlines()[0]}") from err
     except CompatError as err:

@@ -11,6 +11,7 @@ starts rather than when a config is built, so configs can be built and checked a
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -197,6 +198,23 @@ def check_resume_mode(cfg: Config) -> None:
 
 
 # ------------------------------------------------------------------ the files a run reads
+DEMO_DATA = Path("data/demo")  # where `make demo` builds the demo's policy, corpus and parquet (configs/demo.yaml)
+
+
+def _nearest_model_dirs(missing: Path) -> str:
+    """``; did you mean A?`` naming the model directories (holding config.json) beside ``missing`` whose names are
+    nearest to its name; "" when its parent does not exist or none is near."""
+    parent = missing.parent
+    if not parent.is_dir():
+        return ""
+    try:
+        names = [d.name for d in parent.iterdir() if (d / "config.json").is_file()]
+    except OSError:
+        return ""
+    near = difflib.get_close_matches(missing.name, names, n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(str(parent / name) for name in near)}?" if near else ""
+
+
 def _check_model_dir(key: str, path: str | None) -> None:
     """A local model directory must exist and hold config.json; a missing path that looks like a hub id
     (``owner/name``) is left to transformers."""
@@ -207,8 +225,10 @@ def _check_model_dir(key: str, path: str | None) -> None:
     p = Path(path)
     hub_like = re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and not path.startswith(".")
     if not p.exists() and not hub_like:
-        raise ConfigError(f"config key {key}={path!r} is invalid: no such directory (allowed: a Hugging Face model "
-                          "directory with config.json, tokenizer and weights; build the demo policy with `make demo`)")
+        raise ConfigError(f"config key {key}={path!r} is invalid: no such directory{_nearest_model_dirs(p)} "
+                          "(allowed: a Hugging Face model directory with config.json, tokenizer and weights; "
+                          + ("the demo's policy is built by `make demo`)" if p.parts[:2] == DEMO_DATA.parts else
+                             "a GGUF file is converted into one by search-r1-import-model)"))
     if p.exists() and not (p / "config.json").is_file():
         raise ConfigError(f"config key {key}={path!r} is invalid: the directory has no config.json (allowed: a "
                           "Hugging Face model directory with config.json, tokenizer and weights)")

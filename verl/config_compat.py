@@ -140,8 +140,6 @@ NO_EFFECT: dict[str, NoEffect] = {
     "trainer.worker_nsight_options": NoEffect(_NO_PROFILER),
     "ray_init.timeline_json_file": NoEffect(_NO_PROFILER),
     "ray_init.num_cpus": NoEffect("Ray starts with the machine's CPUs (a cluster's address comes from RAY_ADDRESS)"),
-    "trainer.validation_data_dir": NoEffect("validation generations are not dumped; `python -m search_r1.evaluate "
-                                            "--out DIR` writes every trajectory of a model"),
     "data.tokenizer": NoEffect("the tokenizer is the policy's (actor_rollout_ref.model.path)", (None,)),
     "data.return_raw_input_ids": NoEffect("the reward reads the decoded response; no second tokenizer"),
     "data.return_raw_chat": NoEffect("prompts are chat-templated once, with the policy's tokenizer"),

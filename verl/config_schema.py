@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 import math
 import typing
@@ -135,6 +136,18 @@ def leaves(node: Any, prefix: str = "") -> Iterator[Leaf]:
 def declared(cls: type, name: str) -> Setting:
     """The declaration of the field ``name`` of the config class ``cls``."""
     return next(f.metadata[_SETTING] for f in dataclasses.fields(cls) if f.name == name)
+
+
+def did_you_mean(given: str, cfg: Any, also: Iterable[str] = ()) -> str:
+    """``; did you mean A or B?`` naming the keys of the config tree ``cfg`` (and the other spellings ``also``)
+    nearest to the unknown key ``given``: by difflib's ratio, at least 0.6, at most 3 and none more than 0.05 below
+    the best; "" when none is near. What the error for a misspelt key adds."""
+    given = given.lstrip("+")
+    keys = sorted({leaf.key for leaf in leaves(cfg)} | set(also))
+    ratios = {key: difflib.SequenceMatcher(None, given, key).ratio()
+              for key in difflib.get_close_matches(given, keys, n=3, cutoff=0.6)}
+    near = [key for key, ratio in ratios.items() if ratio >= max(ratios.values()) - 0.05]
+    return f"; did you mean {' or '.join(near)}?" if near else ""
 
 
 def steering_keys(cfg: Any) -> frozenset[str]:

@@ -373,8 +373,19 @@ class TrainerConfig:
         "no training), the rest only train; weights go from training rank 0 to them directly (a gloo broadcast, "
         "never through the driver). 0 = every training rank also hosts an engine (colocated).")
     rollout_data_dir: str | None = setting(
-        None, "Write every step's trained trajectories to <dir>/<step>.jsonl (prompt, response, score, uid, policy "
-        "versions). null = off.")
+        None, "Where each training step's trajectories are kept, as <dir>/<step>.jsonl (prompt, response in "
+        "policy / inserted segments, queries, answer, score, reward terms, advantage, stop reason, policy versions; "
+        "docs/design.md, Trajectory records). null = <run directory>/rollouts.", null_means="<run directory>/rollouts",
+        steers=True)
+    rollout_data_rows: int = setting(
+        64, "Rows of each training step kept there: whole groups (a prompt's samples together) spread over the "
+        "batch; all rows when the batch has no more. 0 = none kept.", low=0, steers=True)
+    validation_data_dir: str | None = setting(
+        None, "Where each validation's generations are kept, as <dir>/<step>.jsonl (the same records; step 0 = before "
+        "training). null = <run directory>/validation.", null_means="<run directory>/validation", steers=True)
+    validation_data_rows: int = setting(
+        512, "Rows of each validation kept there (whole groups, spread over the validation set; all when it has no "
+        "more). 0 = none kept.", low=0, steers=True)
     project_name: str = setting("search_r1", "Project name used by the trackers (W&B project) and the run directory.")
     experiment_name: str | None = setting(
         None, "Experiment name used by the trackers and the run directory. null = <data>_<model>_<estimator>, e.g. "
@@ -414,9 +425,17 @@ class TrainerConfig:
         0.5, "Also stop once more than this share of the steps run so far had their update skipped (counted from "
         "trainer.max_skipped_updates skipped steps on), in a row or not.", low=0, high=1, low_open=True,
         what="a share of the steps", steers=True)
-    alarm_entropy_below: float = setting(
-        0.05, "Health alarm (console warning + health/entropy_collapse = 1): mean policy entropy (nats) below this.",
-        steers=True)
+    alarm_entropy_fraction: float = setting(
+        0.2, "Health alarm (console warning + health/entropy_collapse = 1): mean policy entropy below this fraction of "
+        "the run's starting entropy (the mean over its first trainer.alarm_baseline_steps steps): relative, so a run "
+        "from a sharp SFT checkpoint is not a collapse. 0 = off.", low=0, high=1, what="a fraction of the starting "
+        "entropy", steers=True)
+    alarm_baseline_steps: int = setting(
+        3, "Steps whose mean entropy is the run's starting entropy (trainer.alarm_entropy_fraction; no relative "
+        "entropy alarm before them).", low=1, steers=True)
+    alarm_entropy_below: float | None = setting(
+        None, "Health alarm on an absolute floor too: mean policy entropy (nats) below this, at any step; null = "
+        "no floor (the relative alarm only).", low=0, null_means="no floor", steers=True)
     alarm_clipfrac_above: float = setting(
         0.5, "Health alarm (console warning + health/clipfrac_explosion = 1): PPO clip fraction above this.",
         steers=True)

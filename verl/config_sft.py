@@ -26,7 +26,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from verl.config import CONFIG_DIR, _put, _yaml_pairs, parse_override
 from verl.config_checks import _check_model_dir
-from verl.config_schema import check_settings, section, setting
+from verl.config_schema import check_settings, did_you_mean, section, setting
 from verl.config_sections import DTYPE_NAMES, LOGGERS
 from verl.errors import ConfigError
 from verl.utils.lr_schedule import SCHEDULES
@@ -206,8 +206,8 @@ def load_sft_config(overrides: list[str] | None = None, files: list[str | Path] 
         full = str(err.full_key)
         given = next((k for pairs in reversed(layers) for k, _ in pairs
                       if k.lstrip("+") == full or k.lstrip("+").startswith(f"{full}.")), full)
-        raise ConfigError(f"unknown config key {given!r} (the SFT trainer takes the keys of configs/sft_trainer.yaml; "
-                          "docs/config_sft.md lists them)") from err
+        raise ConfigError(f"unknown config key {given!r}{did_you_mean(given, SFTConfig())} (the SFT trainer takes "
+                          "the keys of configs/sft_trainer.yaml; docs/config_sft.md lists them)") from err
     except OmegaConfBaseException as err:
         raise ConfigError(f"config key {err.full_key!r}: {err.msg.splitlines()[0]}") from err
     check_settings(cfg)

@@ -177,7 +177,8 @@ class OnlineService:
         """What is served, for ``GET /health`` (the identity fields a client records, then the counters)."""
         counts = self.stats()
         return {"retriever": "online", "index": self.options.engine, "model": None, "corpus_sha256": None,
-                "passages": None, "probe_sha256": None, "shard": None, "recall": None,
+                "passages": None, "probe_sha256": None, "shard": None, "recall": None, "corpus_path": None,
+                "index_path": None, "index_kind": "online",
                 "search_url": self._redact(self.options.url), "google_cx": self.options.google_cx,
                 "cache_dir": str(self.cache.path.parent), "max_requests": self.options.max_requests,
                 "requests_left": self.options.max_requests - counts["requests"],

@@ -430,7 +430,8 @@ class LLMGenerationManager:
         Returns the tensors of ``pack_trajectories`` ([B, P], [B, R], [B, P + R] ...; with
         ``params.logprobs`` also ``rollout_log_probs`` [B, R]), every input non-tensor column, the
         non-tensors ``stop_reason`` (str), ``truncated`` (bool: the stop reason is ``MAX_LENGTH``, the length
-        budget cut the row), ``num_turns``, ``num_searches``, ``min_version`` and ``max_version`` (int: the oldest /
+        budget cut the row), ``num_turns``, ``num_searches``, ``queries`` (a list per row: what it asked the
+        environment, in order), ``min_version`` and ``max_version`` (int: the oldest /
         newest policy version that sampled the row, -1 = unknown), the input meta and ``meta["gen_metrics"]``.
         """
         prompts = [[int(t) for t in ids] for ids in batch.non_tensors["raw_prompt_ids"]]
@@ -444,6 +445,7 @@ class LLMGenerationManager:
         non_tensors["truncated"] = [t.stop_reason is StopReason.MAX_LENGTH for t in trajs]
         non_tensors["num_turns"] = [t.num_turns for t in trajs]
         non_tensors["num_searches"] = [t.num_searches for t in trajs]
+        non_tensors["queries"] = [list(t.queries) for t in trajs]
         ranges = [t.version_range() for t in trajs]  # policy versions of each row's sampled ids
         non_tensors["min_version"] = [oldest for oldest, _ in ranges]
         non_tensors["max_version"] = [newest for _, newest in ranges]

@@ -277,6 +277,8 @@ class HermesActions:
         if not agent._insert(row, inserted):
             return
         row.num_searches += sum(isinstance(self.tools[c.name], SearchTool) for c in good)
+        row.queries += [str(c.arguments.get("query")) if isinstance(self.tools[c.name], SearchTool)
+                        else f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in good]
         row.chat_turns.append((self._content(ids, eos_id), eos_id, messages, inserted))
         mismatch = self.chat.check(row.chat_turns)
         if mismatch is not None:

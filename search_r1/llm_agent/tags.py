@@ -78,4 +78,5 @@ class TagActions:
         (block, truncated), = observation_ids(agent.tokenizer, [docs], agent.cfg.max_obs_length)
         if agent._insert(row, block):
             row.num_searches += 1
+            row.queries.append(query)
             row.truncated_obs += truncated

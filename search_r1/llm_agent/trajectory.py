@@ -63,6 +63,9 @@ class Trajectory:
     stop_reason: StopReason | None = None
     num_turns: int = 0  # generation turns (engine calls that included this row)
     num_searches: int = 0  # searches answered with an <information> block
+    # what the environment was asked, in order: each search's query (tags), each tool call (hermes: a search's
+    # query, another tool's name(arguments)); only the actions whose answer was inserted
+    queries: list[str] = field(default_factory=list)
     num_invalid: int = 0  # turns that ended in no well-formed action (feedback or EOS)
     truncated_obs: int = 0  # <information> blocks cut to max_obs_length (hermes: tool results cut to their budget)
     prompt_truncated: bool = False  # the prompt was cut to max_start_length

@@ -35,11 +35,11 @@ import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
 
-from search_r1.llm_agent.hermes import parse_tool_calls
 from search_r1.reward.qa_em import (
     em_check,
     extract_answer,
@@ -50,7 +50,9 @@ from search_r1.reward.qa_em import (
     subem_check,
 )
 from verl.algorithms.registry import REWARD_TERMS
-from verl.protocol import Batch
+
+if TYPE_CHECKING:
+    from verl.protocol import Batch
 
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _DOC = re.compile(r"(?:^|\n)Doc \d+\(Title: ")
@@ -73,6 +75,8 @@ class Turn:
             return found[-1].strip()
         if "<tool_response>" not in self.inserted:  # the hermes format: the turn's last search call that was answered
             return None
+        from search_r1.llm_agent.hermes import parse_tool_calls  # the loop's module imports torch: not at import
+
         searched = [c.arguments["query"] for c in parse_tool_calls(self.action)
                     if c.name == "search" and isinstance((c.arguments or {}).get("query"), str)]
         return searched[-1].strip() if searched else None

@@ -2,8 +2,10 @@
 
 At start-up the search recipe writes ``retrieval.json`` into ``trainer.default_local_dir``: the URL and the
 identity of what it serves (corpus SHA-256 and passages, retriever, index kind, encoder, probe hash, measured
-recall). A resumed run compares the service it now reaches with that record: another corpus is a ``RunDirError``
-naming both (exit 2), another retriever, index or encoder over the same corpus a warning. The run directory's
+recall), and where the service found it (the corpus file, the index directory and the index's kind: ``bm25``, a
+FAISS kind or ``online``), so that a user with several corpora need not match hashes by hand. A resumed run
+compares the service it now reaches with that record: another corpus is a ``RunDirError`` naming both (exit 2),
+another retriever, index or encoder over the same corpus a warning; the paths are not compared. The run directory's
 ``retriever.url`` may change between the two (a restarted service on another port); what it serves may not.
 
 A service whose corpus is the embedded demo's while the training data is not the demo's is a warning at start: the
@@ -21,8 +23,10 @@ from verl.utils.run_dir import RunDirError
 logger = logging.getLogger(__name__)
 
 RECORD_FILE = "retrieval.json"
-# The fields of /health that say what is searched (docs/design.md, "Retrieval API and corpus format").
+# The fields of /health that say what is searched (docs/design.md, "Retrieval API and corpus format"), then where it
+# lies on the service's machine (recorded, never compared: a corpus moved or copied is the same corpus).
 IDENTITY_KEYS = ("corpus_sha256", "passages", "retriever", "index", "model", "probe_sha256", "recall")
+LOCATION_KEYS = ("corpus_path", "index_path", "index_kind")
 # The SHA-256 of data_prep.demo_kb's corpus.jsonl at its default seed (what `make demo` serves); checked against the
 # generator by tests/search_r1/search/test_identity.py.
 DEMO_CORPUS_SHA256 = "e91daa560cd873e92c62ff060c23c277a973b366514a6aa89b7771191a2a4a9c"
@@ -30,8 +34,8 @@ DEMO_SOURCE_PREFIX = "demo_"  # data_source of the demo's questions (demo_single
 
 
 def identity(health: dict) -> dict:
-    """The identity fields of a /health answer (None where the service does not report one)."""
-    return {key: health.get(key) for key in IDENTITY_KEYS}
+    """The identity and location fields of a /health answer (None where the service does not report one)."""
+    return {key: health.get(key) for key in IDENTITY_KEYS + LOCATION_KEYS}
 
 
 def _describe(record: dict) -> str:

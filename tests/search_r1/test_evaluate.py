@@ -14,6 +14,7 @@ import pytest
 from data_prep.qa_search import make_row, rows_to_parquet
 from search_r1.evaluate import main
 from tests.search_r1.memorised_policy import QUESTIONS, TOPK
+from tests.trajectory_records import check_record
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
 
@@ -142,3 +143,19 @@ def test_bad_inputs_are_named(policy, test_parquet, service_url, unused_url, tmp
     assert main(_argv(policy, test_parquet, unused_url, tmp_path / "o3")) == 2
     err = capsys.readouterr().err
     assert unused_url in err and "retrieval_launch.sh" in err
+
+
+def test_trajectories_are_the_trainers_trajectory_records(one_shot, policy):
+    """Guards against the evaluation's trajectories.jsonl and the trainer's trajectory files drifting apart (issue
+    57's item 2: the viewer reads both): every record has the contract's fields; the memorised trajectory is a
+    policy turn, the inserted <information> block of its one search, and the answering turn."""
+    out, _ = one_shot
+    for record, (_, question, golden) in zip(map(json.loads, _lines(out)), ROWS, strict=True):
+        check_record(record, "test")
+        assert (record["step"], record["uid"], record["group"], record["index"]) == \
+            (None, f"row{record['row']}-0", f"row{record['row']}", record["row"])
+        assert record["queries"] == [QUESTIONS[question][0]] and record["ground_truth"] == golden
+        assert [s["kind"] for s in record["segments"]] == ["policy", "inserted", "policy"]
+        assert "<information>" in record["segments"][1]["text"] and question in record["input"]
+        assert record["score"] == record["em"] and record["reward_terms"] == {
+            "em": record["em"], "subem": record["subem"], "f1": record["f1"]}

@@ -12,7 +12,8 @@ Everything that names an estimator asks these registries: the config's allowed v
 critic and group-size rules (``verl.config``), and the trainer's call (``PPOTrainer.compute_advantages``).
 Adding an estimator is therefore one decorated function and nothing else; a function registered in any
 module imported before the config is loaded (a recipe, a test) is as valid as the built-ins, which
-``verl.algorithms.core_algos`` registers. (verl's ``core_algos`` keys its registry by a StrEnum that types
+``verl.algorithms.core_algos`` registers on the registries' first use (``Registry.builtins_from``, set up by the
+package). (verl's ``core_algos`` keys its registry by a StrEnum that types
 the config field; a plain ``str`` is kept here so that registrations outside this package are valid
 config values too.)
 
@@ -36,11 +37,25 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Names -> entries of one family, in registration order; an unknown name fails listing the valid ones."""
+    """Names -> entries of one family, in registration order; an unknown name fails listing the valid ones.
+
+    The built-in entries are registered on first use (``builtins_from``): the modules that define them import torch,
+    and importing a registry (to check a config, before any model) must not."""
 
     def __init__(self, family: str) -> None:
         self.family = family
         self._entries: dict[str, T] = {}
+        self._load_builtins: Callable[[], None] | None = None
+
+    def builtins_from(self, load: Callable[[], None] | None) -> None:
+        """``load()`` registers the family's built-ins: called once, before the first lookup (None: none)."""
+        self._load_builtins = load
+
+    def _loaded(self) -> dict[str, T]:
+        if self._load_builtins is not None:
+            load, self._load_builtins = self._load_builtins, None
+            load()
+        return self._entries
 
     def add(self, name: str, entry: T) -> None:
         """Register ``entry`` under ``name``; a name already taken is an error (no silent shadowing)."""
@@ -49,15 +64,15 @@ class Registry(Generic[T]):
         self._entries[name] = entry
 
     def get(self, name: str) -> T:
-        if name not in self._entries:
+        if name not in self._loaded():
             raise ValueError(f"unknown {self.family} {name!r}: valid are {', '.join(self._entries)}")
         return self._entries[name]
 
     def names(self) -> tuple[str, ...]:
-        return tuple(self._entries)
+        return tuple(self._loaded())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._loaded()
 
 
 # ----------------------------------------------------------------------------------------------

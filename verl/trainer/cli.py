@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from verl.errors import ConfigError
+from verl.errors import CheckpointError, ConfigError, DataError, RunDirError
 from verl.utils.logs import setup_logging
 
 EXIT_INPUT = 2  # unusable input: the message names the key, file or row
@@ -69,11 +69,6 @@ def run(argv: list[str] | None, train: Callable[[list[str], list[str]], int], he
         return 0
     except ConfigError as err:
         return failed(err, EXIT_INPUT)
-    # imported here: they bring torch, which --help and a bad argument need not wait for
-    from verl.utils.checkpoint import CheckpointError
-    from verl.utils.dataset import DataError
-    from verl.utils.run_dir import RunDirError
-
     try:
         return train(files, overrides)
     except (ConfigError, DataError, RunDirError, CheckpointError) as err:

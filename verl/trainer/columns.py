@@ -82,6 +82,7 @@ STEP: tuple[Phase, ...] = (
         "ground_truth": Column("B", "the reward's target (e.g. {'target': [answers]})"),
         "extra_info": Column("B", "the dataset's extra per-row data"),
         "uid": Column("B", "group id: equal for the rollout.n samples of one prompt (GRPO, RLOO group by it)"),
+        "index": Column("B", "the prompt's row in the dataset (trajectory records; uid is made from it)"),
     }),
     Phase("generate", "the recipe's generate (recipe.Recipe.generate), checked by recipe.check_generated",
           reads=("raw_prompt_ids",), keeps=("uid", "data_source", "ground_truth", "extra_info"), adds={

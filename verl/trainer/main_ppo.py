@@ -10,23 +10,32 @@ environment stayed down).
 
 The console shows the summary, one line per step (and a progress bar on a terminal) and warnings; library
 INFO chatter stays at debug level (``LOGLEVEL=INFO`` or ``DEBUG`` shows more).
+
+Light at import: the config is loaded and checked (a misspelt key refused, with the nearest keys named) before
+torch, transformers or the trainer are imported; ``build_trainer`` imports them.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
 
-import torch
-
-from verl.config import Config, ConfigError, load_config, recipe_module, trajectories_per_step, world_size
+from verl.config import (
+    Config,
+    ConfigError,
+    check_paths,
+    load_config,
+    recipe_module,
+    trajectories_per_step,
+    world_size,
+)
+from verl.errors import EnvironmentUnavailable, TrainingStopped
 from verl.trainer import cli
-from verl.trainer.health import TrainingStopped
-from verl.trainer.ppo_trainer import PPOTrainer
-from verl.trainer.recipe import EnvironmentUnavailable, load_recipe
-from verl.utils import checkpoint
 from verl.utils.tracking import check_loggers
-from verl.workers.train_utils import optimizer_steps_per_training_step
+
+if TYPE_CHECKING:
+    from verl.trainer.ppo_trainer import PPOTrainer
 
 logger = logging.getLogger("verl.trainer.main_ppo")
 
@@ -60,6 +69,11 @@ def help_text(argv: list[str]) -> str:
 
 def build_trainer(cfg: Config) -> PPOTrainer:
     """The trainer for ``cfg`` with the recipe it names (raises ConfigError for an unknown recipe)."""
+    import torch
+
+    from verl.trainer.ppo_trainer import PPOTrainer
+    from verl.trainer.recipe import load_recipe
+
     torch.manual_seed(cfg.trainer.seed)
     return PPOTrainer(cfg, load_recipe(cfg.recipe))
 
@@ -67,6 +81,9 @@ def build_trainer(cfg: Config) -> PPOTrainer:
 def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
     """What the run is, in a few lines: run directory, model, engine and ranks, data, updates per step, then what the
     recipe says of itself (its ``describe(cfg)``, e.g. the search recipe's retrieval service and turns)."""
+    from verl.utils import checkpoint
+    from verl.workers.train_utils import optimizer_steps_per_training_step
+
     r, a, t = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor, cfg.trainer
     trajectories = trajectories_per_step(cfg)
     updates = optimizer_steps_per_training_step(trajectories, a.ppo_mini_batch_size, a.ppo_epochs)
@@ -86,7 +103,7 @@ def startup_summary(cfg: Config, trainer: PPOTrainer) -> str:
         f"update(s) of {a.ppo_mini_batch_size} trajectories x {a.ppo_epochs} epoch(s)",
     ]
     describe = getattr(recipe_module(cfg.recipe), "describe", None)
-    return "\n".join(lines + (describe(cfg) if describe else []))
+    return "\n".join(lines + (describe(cfg) if describe else []) + [trainer.memory.summary()])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +115,7 @@ def train(files: list[str], overrides: list[str]) -> int:
     report (exit 2 for unusable input, 3 for a run stopped on purpose)."""
     cfg = load_config(overrides, files)
     check_loggers(cfg.trainer.logger)  # before any model loads
+    check_paths(cfg)  # and the files it names exist: both refused before torch is imported
     try:
         trainer = build_trainer(cfg)
     except EnvironmentUnavailable as err:  # the service does not answer at start-up: unusable input, not a stop

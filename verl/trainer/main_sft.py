@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
 from verl.config_sft import load_sft_config
 from verl.trainer import cli
-from verl.trainer.sft_trainer import SFTTrainer
 from verl.utils.tracking import check_loggers
 
 HELP = """usage: python -m verl.trainer.main_sft [--config FILE ...] key=value ...
@@ -41,6 +38,10 @@ def train(files: list[str], overrides: list[str]) -> int:
     """Build the config and the trainer, fit, print where the model is; errors are ``cli.run``'s to report."""
     cfg = load_sft_config(overrides, files)
     check_loggers(cfg.trainer.logger)
+    import torch  # after the config is checked: a bad key is refused before torch loads
+
+    from verl.trainer.sft_trainer import SFTTrainer
+
     torch.manual_seed(cfg.trainer.seed)
     trainer = SFTTrainer(cfg)
     d = cfg.data

@@ -71,14 +71,14 @@ from verl.trainer.dynamic_sampling import fill_batch, round_seed
 from verl.trainer.health import HealthMonitor, TrainingStopped
 from verl.trainer.overlong import apply_overlong
 from verl.trainer.pipeline import Generated, InlineRollout, Made, PipelinedRollout, staleness
-from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated
+from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated, expected_row_lengths
 from verl.trainer.reward import RewardManager, load_custom_score_fn
 from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.plots import plot_curves
-from verl.utils.rollout_log import write_rollouts
+from verl.utils.rollout_log import TrajectoryLog
 from verl.utils.tokenizer import pad_token_id
-from verl.utils.tracking import Tracker
+from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.flops import MfuMeter
@@ -113,8 +113,12 @@ class PPOTrainer:
         check_models(cfg)
         check_positions(cfg)
         self.out_dir = Path(cfg.trainer.default_local_dir)
-        run_dir.claim(self.out_dir, to_yaml(cfg), cfg.trainer.resume_mode, cfg.trainer.val_only,
-                      steering_keys(cfg), to_yaml(type(cfg)()))
+        config_yaml = to_yaml(cfg)
+        # checks only: nothing of the run directory is written until every start-up check has passed (run_dir)
+        run_dir.claim(self.out_dir, config_yaml, cfg.trainer.resume_mode, cfg.trainer.val_only, steering_keys(cfg),
+                      to_yaml(type(cfg)()))
+        self.resume_from = run_dir.resume_checkpoint(self.out_dir, cfg.trainer.resume_mode,
+                                                     ["actor"] + (["critic"] if uses_critic(cfg) else []))
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data
@@ -132,15 +136,20 @@ class PPOTrainer:
         self.already_complete = False  # fit() found every step of the run done (a rerun of a finished run)
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = core_algos.get_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
-        self.memory = MemoryMeter(cfg)  # the estimate now and perf/memory_estimate_gb each step
-        self.memory.report()
+        self.memory = MemoryMeter(cfg)  # the estimate now (the data's lengths, then the bound) and each step's
+        self.memory.report(expected_row_lengths(cfg, self.tokenizer, self.train_set))
         self._build_workers()
         self.mfu = MfuMeter(cfg, self.memory.counted[2], self.actor)  # perf/mfu/*
         self.rollout = GroupRollout(self.engines, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
-        self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)
         custom = cfg.custom_reward_function
-        score = load_custom_score_fn(custom.path, custom.name) if custom.path else self.recipe.score
-        self.reward = RewardManager(self.tokenizer, score, self.recipe.reward_details, custom=bool(custom.path))
+        custom_score = load_custom_score_fn(custom.path, custom.name) if custom.path else None
+        self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)  # the last start-up check (e.g. its service)
+        if not cfg.trainer.val_only:
+            run_dir.record_config(self.out_dir, config_yaml)
+        self.reward = RewardManager(self.tokenizer, custom_score or self.recipe.score, self.recipe.reward_details,
+                                    custom=bool(custom.path))
+        # a sample of every step's trajectories and of every validation's generations (rollout_log)
+        self.trajectories = TrajectoryLog(cfg.trainer, self.out_dir, self.tokenizer, self.recipe.trajectory_fields)
         self.tracker = Tracker(cfg.trainer.logger, self.out_dir, cfg.trainer.project_name,
                                cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
         self.health = HealthMonitor(cfg.trainer, self.out_dir)
@@ -245,8 +254,7 @@ class PPOTrainer:
             if updated:  # the engines now hold this step's policy (unchanged when no update ran: same version)
                 metrics.update(self.sync_weights())
         self._trained_step, self.loader_state = self.step, generated.loader_state
-        if self.cfg.trainer.rollout_data_dir:
-            write_rollouts(self.cfg.trainer.rollout_data_dir, self.step, batch, self.tokenizer)
+        self.trajectories.keep_trained(self.step, batch)
         metrics["perf/overlap_s"] = rollout.overlap_s(train_start, time.perf_counter())
         if self._due(self.cfg.trainer.test_freq):
             with _timed("validate", timing), rollout.quiet():
@@ -407,11 +415,13 @@ class PPOTrainer:
         self.actor.execute_all("save_hf_model", str(out))
 
     def validate(self) -> dict[str, float]:
-        """Generate with val_kwargs over the validation set; mean score / extra metrics overall and per data_source."""
+        """Generate with val_kwargs over the validation set; mean score / extra metrics overall and per data_source;
+        a sample of the generations kept (trainer.validation_data_*)."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         params_kw = {"temperature": vk.temperature, "top_p": vk.top_p, "top_k": vk.top_k}
         size = self.cfg.data.val_batch_size or len(self.val_set)
         per_row: dict[str, list] = defaultdict(list)
+        kept, records = self.trajectories.validation_sample(len(self.val_set), vk.n), []
         for start in range(0, len(self.val_set), size):
             batch = self.val_set.batch(range(start, min(start + size, len(self.val_set))))
             params = SamplingParams(max_tokens=self.cfg.data.max_response_length, seed=self.cfg.trainer.seed,
@@ -423,6 +433,9 @@ class PPOTrainer:
             extra = row_metrics(list(out["response_text"]), out) if row_metrics else {}
             for name, values in extra.items():
                 per_row[name].extend(values)
+            records += self.trajectories.records(out, self.step, "val",
+                                                 [i for i, row in enumerate(out["index"]) if row in kept])
+        self.trajectories.keep_validation(self.step, records)
         metrics = step_metrics.validation_metrics(per_row)
         logger.debug("validation at step %d: %s", self.step, {k: round(v, 4) for k, v in metrics.items()})
         return metrics
@@ -441,13 +454,12 @@ class PPOTrainer:
         return path
 
     def resume(self) -> None:
-        """Load the checkpoint named by trainer.resume_mode (auto = newest, if any) and continue after its step."""
-        mode = self.cfg.trainer.resume_mode
-        path = None if mode == "disable" else checkpoint.find_latest(self.out_dir) if mode == "auto" else Path(mode)
+        """Load the checkpoint named by trainer.resume_mode (found and verified at start-up, ``run_dir.claim``) and
+        continue after its step."""
+        path = self.resume_from
         if path is None:
             self.tracker.truncate_after(-1)  # a run that failed before its first step left at most a step-0 record
             return
-        checkpoint.verify(path, ["actor"] + (["critic"] if self.critic is not None else []))
         logger.info("resuming from %s", path)
         self.actor.execute_all("load_checkpoint", str(path / "actor"))
         if self.critic is not None:
@@ -459,6 +471,8 @@ class PPOTrainer:
         self.kl_ctrl.value = state["kl_coef"]
         self.tracker.truncate_after(self.step)
         self.initial_validation, self.last_validation = step_metrics.logged_validations(self.tracker.jsonl_path)
+        if self.tracker.jsonl_path.exists():  # the alarms' state (the run's starting entropy) from the steps logged
+            self.health.restore(read_metrics(self.tracker.jsonl_path))
         with self.rollout.weights_update(version=self.step):
             self.sync_weights()
 

@@ -13,6 +13,9 @@ module; what the trainer reads of it:
   ``verl.trainer.main_ppo``.
 * ``DEFAULT_TOOLS`` (optional): the ``verl.tools.ToolSpec`` list a hermes-format run offers when
   ``actor_rollout_ref.rollout.multi_turn.tool_config_path`` is null (``verl.tools.run_tool_specs``).
+* ``response_tokens(cfg, tokenizer, questions) -> (tokens, words)`` (optional): the longest response the task's
+  trajectories can have at the lengths its environment really inserts (``questions``: a sample of the training
+  data's), for the start-up memory estimate (``expected_row_lengths``); without it, ``data.max_trajectory_length``.
 
 The trainer imports the module by name, so dependencies point one way: a recipe imports ``verl``,
 ``verl`` never imports a recipe. The search agent is ``search_r1.recipe`` (the config's default).
@@ -25,15 +28,18 @@ a worker.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from verl.config import Config, ConfigError, recipe_module
+from verl.errors import EnvironmentUnavailable  # noqa: F401 -- raised here, defined below torch
 from verl.protocol import Batch
 from verl.trainer.columns import PHASES, Column, ColumnError, made_by, notify, shape_problem, sizes, undeclared
 from verl.trainer.reward import ScoreFn
+from verl.utils.dataset import PromptDataset
+from verl.workers.memory import RowLengths
 from verl.workers.rollout.base import Generator, SamplingParams
 
 # Prompts (the dataset's columns, each row repeated rollout.n times) + sampling -> trajectories: a new batch holding
@@ -60,6 +66,9 @@ class Recipe:
     # The recipe's own per-row columns in its generated batch (e.g. the search's stop_reason), name -> shape and
     # meaning; a column the table does not declare and the recipe does not either fails at generation.
     columns: dict[str, Column] = field(default_factory=dict)
+    # Optional: the task's fields of each row's trajectory record (verl.utils.rollout_log), from a scored batch:
+    # {field: one value per row}, e.g. the search's ``queries`` (in order) and extracted ``answer``.
+    trajectory_fields: Callable[[Batch], dict[str, Sequence]] | None = None
 
 
 class RecipeOutputError(ColumnError):
@@ -100,11 +109,6 @@ def check_generated(batch: Batch, rows: int, own: dict[str, Column] | None = Non
     return batch
 
 
-class EnvironmentUnavailable(RuntimeError):
-    """Raised by a recipe's generation when a service its environment needs (the retrieval service) stayed
-    down past its own patience; the trainer then saves a checkpoint of the last finished step and stops."""
-
-
 RecipeBuilder = Callable[[Config, object, Generator], Recipe]
 
 
@@ -116,3 +120,21 @@ def load_recipe(module_name: str) -> RecipeBuilder:
         raise ConfigError(f"config key recipe={module_name!r}: the module defines no "
                           "build_recipe(cfg, tokenizer, generator) -> verl.trainer.recipe.Recipe")
     return builder
+
+
+QUESTIONS_SAMPLED = 16  # training prompts whose questions a recipe's response_tokens may try (spread over the data)
+
+
+def expected_row_lengths(cfg: Config, tokenizer, dataset: PromptDataset) -> RowLengths:
+    """The longest row this run's data and environment make, for the start-up memory estimate: the data's longest
+    prompt (cut to data.max_start_length) and the response the recipe module's ``response_tokens`` expects for a
+    sample of the training questions (the text after a prompt's last "Question:", else its last message)."""
+    prompt = min(max(len(ids) for ids in dataset.prompt_ids), cfg.data.max_start_length)
+    expect = getattr(recipe_module(cfg.recipe), "response_tokens", None)
+    if expect is None:
+        return RowLengths(prompt, cfg.data.max_trajectory_length, "the data's longest prompt; responses up to "
+                          "data.max_trajectory_length")
+    picked = np.linspace(0, len(dataset) - 1, num=min(QUESTIONS_SAMPLED, len(dataset))).round().astype(int)
+    texts = [str(dataset.rows[i]["prompt"][-1]["content"]) for i in dict.fromkeys(picked.tolist())]
+    response, words = expect(cfg, tokenizer, [text.rsplit("Question:", 1)[-1].strip() or text for text in texts])
+    return RowLengths(prompt, min(response, cfg.data.max_trajectory_length), f"the data's longest prompt; {words}")

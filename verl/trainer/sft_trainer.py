@@ -77,8 +77,10 @@ class SFTTrainer:
             raise ConfigError(f"config key model.partial_pretrain={m.partial_pretrain!r} is invalid: {err} (allowed: "
                               "a Hugging Face model directory whose config.json, tokenizer and weights load)") from None
         self.out_dir = Path(t.default_local_dir)
+        # checks only: config.yaml is written once every start-up check has passed (run_dir)
         run_dir.claim(self.out_dir, sft_to_yaml(cfg), t.resume_mode, False, steering_keys(cfg),
                       sft_to_yaml(type(cfg)()))
+        self.resume_from = run_dir.resume_checkpoint(self.out_dir, t.resume_mode, [PART])
         self.tokenizer = AutoTokenizer.from_pretrained(m.partial_pretrain, trust_remote_code=m.trust_remote_code)
         self.train_set = TrajectoryDataset(d.train_files, self.tokenizer, d.max_length)
         self.val_set = TrajectoryDataset(d.val_files, self.tokenizer, d.max_length) if d.val_files else None
@@ -104,6 +106,7 @@ class SFTTrainer:
         o = cfg.optim
         self.state = TrainState(self.model, o.lr, o.weight_decay, o.warmup_steps_ratio, self.total_steps, o.clip_grad,
                                 betas=tuple(o.betas), schedule=o.lr_scheduler, min_lr_ratio=o.min_lr_ratio)
+        run_dir.record_config(self.out_dir, sft_to_yaml(cfg))
         self.tracker = Tracker(t.logger, self.out_dir, t.project_name, t.experiment_name,
                                OmegaConf.to_container(OmegaConf.structured(cfg)))
         self.last_validation: dict[str, float] = {}
@@ -228,12 +231,10 @@ class SFTTrainer:
 
     def resume(self) -> None:
         """Load the checkpoint ``trainer.resume_mode`` names (auto = the newest, if any); continue after its step."""
-        mode = self.cfg.trainer.resume_mode
-        path = None if mode == "disable" else checkpoint.find_latest(self.out_dir) if mode == "auto" else Path(mode)
+        path = self.resume_from  # found and verified at start-up (run_dir.claim)
         if path is None:
             self.tracker.truncate_after(-1)
             return
-        checkpoint.verify(path, [PART])
         logger.info("resuming from %s", path)
         self.state.load(str(path / PART))
         state = checkpoint.load_trainer_state(path)

@@ -33,12 +33,12 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
+from verl.errors import CheckpointError  # noqa: F401 -- raised here, defined below torch
+
 LATEST = "latest_checkpointed_iteration.txt"
 PREFIX = "global_step_"
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint directory that cannot be resumed from; the message names it and the fix."""
 
 
 def step_dir(root: str | Path, step: int) -> Path:

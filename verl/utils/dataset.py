@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from verl.errors import DataError  # noqa: F401 -- raised here, defined below torch
 from verl.protocol import Batch
 from verl.utils.tokenizer import render_prompt
 
@@ -33,8 +34,6 @@ SCHEMA_HINT = ("Search-R1 schema: prompt: [{role, content}], reward_model: {grou
                "and data_prep/")
 
 
-class DataError(ValueError):
-    """A data file that cannot be trained on; the message names the file, the row and the fix."""
 
 
 def read_rows(files: str, required: tuple[str, ...] = ()) -> list[dict]:
@@ -56,7 +55,7 @@ def read_rows(files: str, required: tuple[str, ...] = ()) -> list[dict]:
     return rows
 
 
-def _answers(ground_truth) -> list:
+def golden_answers(ground_truth) -> list:
     """The golden answers of a ``reward_model.ground_truth`` value ({"target": [...]}, a list or a string)."""
     if isinstance(ground_truth, dict):
         ground_truth = ground_truth.get("target")
@@ -73,7 +72,7 @@ def check_row(row: dict, prompt_key: str, where: str) -> None:
         raise DataError(f"{where}: column {prompt_key!r} must be a non-empty list of chat messages "
                         f"{{role, content}}, got {str(prompt)[:120]!r}; {SCHEMA_HINT}")
     reward_model = row["reward_model"]
-    answers = _answers(reward_model.get("ground_truth") if isinstance(reward_model, dict) else None)
+    answers = golden_answers(reward_model.get("ground_truth") if isinstance(reward_model, dict) else None)
     if not any(isinstance(a, str) and a.strip() for a in answers):
         raise DataError(f"{where}: no golden answer (reward_model.ground_truth = "
                         f"{str(reward_model)[:120]}); every row needs at least one non-empty string in "
@@ -118,13 +117,15 @@ class PromptDataset:
         return len(self.rows)
 
     def batch(self, indices: list[int] | np.ndarray) -> Batch:
-        """Rows ``indices`` as a Batch of non-tensor columns (``uid`` = the row's dataset index)."""
+        """Rows ``indices`` as a Batch of non-tensor columns (``index`` = the row's position in the dataset; ``uid``,
+        the group id, is made from it)."""
         rows = [self.rows[i] for i in indices]
         return Batch(non_tensors={
             "raw_prompt_ids": [self.prompt_ids[i] for i in indices],
             "data_source": [r.get("data_source", "unknown") for r in rows],
             "ground_truth": [(r.get("reward_model") or {}).get("ground_truth") for r in rows],
             "extra_info": [r.get("extra_info") for r in rows],
+            "index": [int(i) for i in indices],
             "uid": [f"row{i}" for i in indices],
         })
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 NOISY = ("httpx", "httpcore", "faiss.loader", "urllib3", "filelock", "transformers")
 
@@ -28,7 +29,7 @@ def setup_logging() -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
         logging.getLogger("verl.trainer").setLevel(logging.INFO)  # the run's own events: resumed, checkpoint saved
         logging.getLogger("verl.single_controller").setLevel(logging.INFO)  # where the Ray workers were placed
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-        transformers.logging.disable_progress_bar()
+        transformers = sys.modules.get("transformers")  # not imported yet: it reads the variables above when it is
+        if transformers is not None:
+            transformers.logging.set_verbosity_error()
+            transformers.logging.disable_progress_bar()

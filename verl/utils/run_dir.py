@@ -16,6 +16,11 @@
 Anything else (a different config; metrics of a run with no checkpoint to continue; ``resume_mode=disable``
 over an earlier run) is a ``RunDirError`` naming the directory, the reason and the way out, because starting
 over in place would mix two runs' metrics (steps 0,1,2,0,1,2) and overwrite the first run's ``hf_model/``.
+
+Check, then write: ``claim`` and ``resume_checkpoint`` (which finds the checkpoint a run continues from and
+verifies it, so a damaged one is refused before anything loads) only read; the trainer writes ``config.yaml`` with
+``record_config`` once every start-up check has passed (the recipe's too: the search recipe's service check, which
+writes ``retrieval.json`` last). A refused command (exit 2) leaves every file of the directory as it was.
 """
 
 from __future__ import annotations
@@ -26,13 +31,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from verl.errors import RunDirError  # noqa: F401 -- raised here, defined below torch
 from verl.utils import checkpoint
 
 CONFIG_FILE = "config.yaml"
 
 
-class RunDirError(ValueError):
-    """The run directory holds a run this one must not continue or overwrite; the message says why and what to do."""
 
 
 def _flat(yaml_text: str) -> dict[str, object]:
@@ -82,8 +86,8 @@ def _holds_a_run(out: Path) -> bool:
 def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool, steering: Collection[str],
           defaults_yaml: str | None = None) -> None:
     """Check that a run with ``config_yaml`` may start in ``out`` (see the module docstring; ``steering``: the keys a
-    rerun may change; ``defaults_yaml``: the config of all defaults, for keys the saved config predates), then record
-    its config."""
+    rerun may change; ``defaults_yaml``: the config of all defaults, for keys the saved config predates). Writes
+    nothing: ``record_config`` does, once the run has passed every start-up check."""
     way_out = ("choose another directory (trainer.experiment_name=NAME or trainer.default_local_dir=DIR) or move "
                f"{out} aside")
     if out.exists() and not out.is_dir():
@@ -102,6 +106,23 @@ def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool, st
         if resume_mode == "auto" and checkpoint.find_latest(out) is None:
             raise RunDirError(f"{out} holds an earlier run but no checkpoint to continue from (it ran with "
                               f"trainer.save_freq=-1, or was stopped before its first save): {way_out}")
-    if not validate_only:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / CONFIG_FILE).write_text(config_yaml)
+
+
+def resume_checkpoint(out: Path, resume_mode: str, parts: Collection[str]) -> Path | None:
+    """The checkpoint a run in ``out`` continues from (``resume_mode``: auto = the newest, if any; disable = none;
+    else a path), verified to hold the worker ``parts`` (``checkpoint.verify``: a damaged one is a CheckpointError
+    before anything is loaded or written)."""
+    path = None if resume_mode == "disable" else checkpoint.find_latest(out) if resume_mode == "auto" \
+        else Path(resume_mode)
+    if path is not None:
+        checkpoint.verify(path, list(parts))
+    return path
+
+
+def record_config(out: Path, config_yaml: str) -> None:
+    """Write the run's ``config.yaml`` into ``out`` (created), atomically: called once the run has passed every
+    start-up check, so a refused command never rewrites it."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (CONFIG_FILE + ".tmp")
+    tmp.write_text(config_yaml)
+    tmp.replace(out / CONFIG_FILE)

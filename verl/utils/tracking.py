@@ -24,12 +24,15 @@ from verl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-# Metrics shown on the console's one line per step, with their short names (all metrics go to JSONL / W&B /
-# TensorBoard).
-CONSOLE_KEYS = {"critic/score/mean": "score", "val/em": "val/em", "actor/pg_loss": "pg_loss",
-                "actor/entropy": "entropy", "actor/ppo_kl": "kl", "critic/vf_loss": "vf_loss",
-                "agent/searches_per_traj": "searches", "agent/mean_turns": "turns", "train/loss": "loss",
-                "val/loss": "val/loss", "timing/step": "s/step"}
+# The console's one line per step: short name -> the metrics it shows, the first one the step logged (all metrics go
+# to JSONL / W&B / TensorBoard). ``kl`` is the KL to the reference that the loss uses: the actor's KL loss
+# (actor.use_kl_loss), else the in-reward penalty's KL (algorithm.use_kl_in_reward); absent when neither is on.
+# (actor/ppo_kl, the KL to the policy that sampled the batch, is 0 on an on-policy update: in the JSONL only.)
+CONSOLE_COLUMNS = {"score": ("critic/score/mean",), "val/em": ("val/em",), "pg_loss": ("actor/pg_loss",),
+                   "entropy": ("actor/entropy",), "kl": ("actor/kl_loss", "actor/reward_kl_penalty"),
+                   "vf_loss": ("critic/vf_loss",), "searches": ("agent/searches_per_traj",),
+                   "turns": ("agent/mean_turns",), "loss": ("train/loss",), "val/loss": ("val/loss",),
+                   "s/step": ("timing/step",)}
 
 
 def _wandb_has_key() -> bool:
@@ -113,8 +116,10 @@ class Tracker:
                 self._tb.add_scalar(k, v, step)
 
     def _console_line(self, metrics: dict[str, float], step: int) -> None:
-        """One line per step: the CONSOLE_KEYS present, then validation EM per data source when validated."""
-        shown = {short: metrics[key] for key, short in CONSOLE_KEYS.items() if key in metrics}
+        """One line per step: the CONSOLE_COLUMNS the step logged, then validation EM per data source when
+        validated."""
+        shown = {short: next(metrics[key] for key in keys if key in metrics)
+                 for short, keys in CONSOLE_COLUMNS.items() if any(key in metrics for key in keys)}
         shown.update({k: v for k, v in metrics.items() if k.startswith("val/em/")})
         if shown:
             self.console.print(f"step {step}  " + "  ".join(f"{k} {v:.4g}" for k, v in shown.items()),

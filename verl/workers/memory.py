@@ -1,8 +1,11 @@
 """The expected memory of a run per device, from the model config and the settings, printed at start-up.
 
-An estimate to catch a run that cannot fit before minutes of loading, not a measurement: at start-up at the
-configured maximum lengths (a bound), and each step at that step's longest row (``perf/memory_estimate_gb``, logged
-next to the measured peak; ``MemoryMeter``). Per device (one rank; ``W`` ranks, ``P`` parameters of the policy,
+An estimate to catch a run that cannot fit before minutes of loading, not a measurement: at start-up at the lengths
+the run's data and environment make (``RowLengths``: the data's longest prompt and the response the recipe expects,
+e.g. every turn's sampled tokens plus the blocks the retrieval service really returns), with the bound at the
+configured maximum lengths second (a 135M policy's bound was 62.5 GiB under Search-R1's lengths for a measured 9.4
+GiB peak: issue 57), and each step at that step's longest row (``perf/memory_estimate_gb``, logged next to the
+measured peak; ``MemoryMeter``). Per device (one rank; ``W`` ranks, ``P`` parameters of the policy,
 ``Pt`` of them trained, ``T`` tokens of a row = max prompt + max response, or the step's longest row, ``b`` rows of
 a training micro-batch):
 
@@ -81,6 +84,16 @@ class MemoryEstimate:
         head = (f"expected memory per device (policy {self.params / 1e9:.2f}B parameters, "
                 f"{self.trainable / 1e6:.1f}M trained)")
         return "\n".join([head] + [f"  {name:<24}{value / GIB:9.2f} GiB" for name, value in rows])
+
+
+@dataclass(frozen=True)
+class RowLengths:
+    """The longest row a run expects at start-up: its prompt and response tokens, and where they come from (words for
+    the start-up message)."""
+
+    prompt: int
+    response: int
+    source: str
 
 
 def count_parameters(cfg: Config) -> tuple[int, int, nn.Module]:
@@ -187,26 +200,42 @@ class MemoryMeter:
         estimate.runtime = self.runtime
         return estimate
 
-    def report(self) -> MemoryEstimate:
-        """Log the estimate at the maximum lengths; warn when it exceeds the device (on a CPU host: all ranks of the
-        node together)."""
-        cfg, estimate = self.cfg, self.estimate()
-        logger.info("%s\n  (at the configured maximum lengths: %d tokens a row, %d of them response)", estimate.table(),
-                    max_sequence_length(cfg.data), cfg.data.max_trajectory_length)
+    def report(self, lengths: RowLengths | None = None) -> tuple[MemoryEstimate, MemoryEstimate]:
+        """Log the estimate at ``lengths`` (the data's; None: the maximum lengths), then the bound at the configured
+        maximum lengths; warn when the first exceeds the device (on a CPU host: all ranks of the node together).
+        Returns (the estimate, the bound), also kept as ``expected`` and ``bound``."""
+        cfg = self.cfg
+        longest = max_sequence_length(cfg.data)
+        self.bound = self.estimate()
+        if lengths is None:
+            lengths = RowLengths(longest - cfg.data.max_trajectory_length, cfg.data.max_trajectory_length,
+                                 "the configured maximum lengths")
+        self.lengths = lengths
+        self.expected = self.estimate(min(lengths.prompt + lengths.response, longest), lengths.response)
+        logger.info("%s\n  at the data's lengths: rows up to %d tokens, %d of them response (%s)\n  at the configured "
+                    "maximum lengths (%d tokens a row, %d of them response): %.2f GiB per device",
+                    self.expected.table(), lengths.prompt + lengths.response, lengths.response, lengths.source,
+                    longest, cfg.data.max_trajectory_length, self.bound.device_total / GIB)
         ranks_sharing = 1 if self.on_gpu else (cfg.trainer.n_gpus_per_node if cfg.trainer.backend == "ray" else 1)
-        need, have = estimate.device_total * ranks_sharing, device_memory()
+        need, have = self.expected.device_total * ranks_sharing, device_memory()
         if need > have:
-            logger.warning("the run may not fit: about %.1f GiB expected per %s at the maximum lengths (%d tokens a "
-                           "row: data.max_prompt_length / max_response_length / max_start_length / "
-                           "max_trajectory_length), %.1f GiB available; each step logs perf/memory_estimate_gb at "
-                           "its longest row. Consider actor_rollout_ref.model.lora_rank, "
-                           "actor_rollout_ref.actor.fsdp_config.param_offload=true, "
+            logger.warning("the run may not fit: about %.1f GiB expected per %s at the data's lengths (rows up to %d "
+                           "tokens: %s; %.1f GiB at the configured maximum lengths), %.1f GiB available; each step "
+                           "logs perf/memory_estimate_gb at its longest row. Consider "
+                           "actor_rollout_ref.model.lora_rank, actor_rollout_ref.actor.fsdp_config.param_offload=true, "
                            "actor_rollout_ref.actor.optim_state_dtype=bfloat16, gradient checkpointing, "
                            "actor_rollout_ref.actor.use_dynamic_bsz or smaller micro-batches or lengths",
-                           need / GIB, "GPU" if self.on_gpu else "host", max_sequence_length(cfg.data), have / GIB)
+                           need / GIB, "GPU" if self.on_gpu else "host", lengths.prompt + lengths.response,
+                           lengths.source, self.bound.device_total * ranks_sharing / GIB, have / GIB)
         if self.on_gpu:  # another process holding this run's GPU is named now, not met as an OOM at the first update
-            report_other_holders(estimate.device_total, cfg.trainer.backend)
-        return estimate
+            report_other_holders(self.expected.device_total, cfg.trainer.backend)
+        return self.expected, self.bound
+
+    def summary(self) -> str:
+        """The start-up summary's line (after ``report``)."""
+        return (f"memory   about {self.expected.device_total / GIB:.1f} GiB per device at the data's lengths (rows up "
+                f"to {self.lengths.prompt + self.lengths.response} tokens); {self.bound.device_total / GIB:.1f} GiB "
+                "at the configured maximum lengths")
 
     def metrics(self, batch) -> dict[str, float]:
         """``perf/memory_estimate_gb`` at the longest row of ``batch`` (trained batch: attention_mask [B, P + R],

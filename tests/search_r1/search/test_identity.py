@@ -17,6 +17,7 @@ import pytest
 from data_prep import demo_kb
 from retrieval_server.build_index import build_index
 from retrieval_server.launcher import ServerProcess
+from search_r1.search.client import RetrievalClient
 from search_r1.search.identity import DEMO_CORPUS_SHA256, RECORD_FILE, record_retrieval, warn_if_demo_corpus
 from tests.entry_points import main_ppo_in_process
 from tests.search_workspace import build_search_workspace
@@ -43,7 +44,8 @@ def test_demo_corpus_for_other_data_warns(caplog):
 
 def test_record_is_written_and_a_changed_corpus_refused_on_resume(tmp_path):
     health = {"corpus_sha256": "a" * 64, "passages": 8, "retriever": "dense", "index": "flat", "model": "minilm",
-              "probe_sha256": "p", "recall": None, "cache_size": 4}
+              "probe_sha256": "p", "recall": None, "corpus_path": "/data/a.jsonl", "index_path": "/indexes/a",
+              "index_kind": "flat", "cache_size": 4}
     record_retrieval(tmp_path, "http://127.0.0.1:1", health, resuming=False)
     saved = json.loads((tmp_path / RECORD_FILE).read_text())
     assert saved == {"url": "http://127.0.0.1:1", **{k: v for k, v in health.items() if k != "cache_size"}}
@@ -51,6 +53,23 @@ def test_record_is_written_and_a_changed_corpus_refused_on_resume(tmp_path):
     with pytest.raises(RunDirError, match=r"corpus sha256 aaaaaaaaaaaa.. \(8 passages\).*serves corpus sha256 "
                                           r"bbbbbbbbbbbb.. \(9 passages\)"):
         record_retrieval(tmp_path, "http://127.0.0.1:3", {**health, "corpus_sha256": "b" * 64, "passages": 9}, True)
+
+
+def test_the_record_names_the_services_corpus_file_index_directory_and_kind(tmp_path):
+    """Guards against issue 57's item 6: retrieval.json recorded the corpus's sha256 and size but not which corpus
+    file or index directory the service loaded, so a user with several corpora matched hashes by hand. A real
+    service over a BM25 index, started from another directory with relative paths: the record holds both paths,
+    absolute, and the index's kind."""
+    (tmp_path / "ws").mkdir()
+    ws = build_search_workspace(tmp_path / "ws")
+    with ServerProcess("index", "corpus.jsonl", cwd=ws) as server:
+        server.wait_ready()
+        with RetrievalClient(server.url, topk=3) as client:
+            record_retrieval(tmp_path / "run", server.url, client.check_health(), resuming=False)
+    saved = json.loads((tmp_path / "run" / RECORD_FILE).read_text())
+    assert saved["corpus_path"] == str((ws / "corpus.jsonl").resolve())
+    assert saved["index_path"] == str((ws / "index").resolve())
+    assert saved["index_kind"] == "bm25"
 
 
 @pytest.mark.slow

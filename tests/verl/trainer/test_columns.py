@@ -37,7 +37,7 @@ def prompts(groups: int = ROWS // N, tag: str = "") -> Batch:
     """What ``PromptDataset.batch`` makes, each prompt repeated n times (``PPOTrainer.generate``)."""
     return Batch(non_tensors={
         "raw_prompt_ids": [[5, 6 + g] for g in range(groups)], "data_source": ["nq"] * groups,
-        "ground_truth": [{"target": ["x"]}] * groups, "extra_info": [None] * groups,
+        "ground_truth": [{"target": ["x"]}] * groups, "extra_info": [None] * groups, "index": list(range(groups)),
         "uid": [f"row{g}{tag}" for g in range(groups)]}).repeat(N)
 
 
@@ -250,7 +250,7 @@ def test_the_phases_functions_keep_to_the_table():
 def test_one_real_step_keeps_to_the_table(workspace, tmp_path):
     """Through PPOTrainer.fit with the search recipe (one step: GAE with a critic, a KL loss so the reference runs,
     overlong masking, per-turn scores): the batch's columns before and after every phase against the table."""
-    from search_r1.recipe import SEARCH_COLUMNS
+    from search_r1.recipe import search_columns
     from verl.trainer.cli import split_args
     from verl.trainer.main_ppo import build_trainer
 
@@ -259,7 +259,7 @@ def test_one_real_step_keeps_to_the_table(workspace, tmp_path):
                                        "reward.turn_term=retrieval_hit", "data.max_trajectory_length=20"))
     with columns.watch() as events:
         build_trainer(load_config(args, files)).fit()
-    assert assert_true_to_table(events, SEARCH_COLUMNS) == [
+    assert assert_true_to_table(events, search_columns()) == [
         "generate", "loss_mask", "reward", "overlong", "old_log_prob", "ref", "values", "advantages", "update_critic",
         "update_actor"]
     final = events[-1][2]

@@ -141,13 +141,14 @@ def test_grpo_with_dynamic_sampling_on_two_ranks_trains_only_groups_that_vary(wo
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
         rows = [json.loads(line) for line in (Path(dump) / f"{r['step']}.jsonl").read_text().splitlines()]
-        assert len(rows) == 8 and len({row["uid"] for row in rows}) == 4
-        groups = {}
+        assert len(rows) == 8 and len({row["group"] for row in rows}) == 4
+        groups, index = {}, {}
         for row in rows:
-            groups.setdefault(row["uid"], []).append(row["score"])
+            groups.setdefault(row["group"], []).append(row["score"])
+            index[row["group"]] = row["index"]
         constant = sum(max(s) == min(s) for s in groups.values())
         assert constant == r["train/filled_groups"], (r, groups)
-        even = [uid for uid in groups if int(uid.split("#")[0][3:]) % 2 == 0]
+        even = [group for group in groups if index[group] % 2 == 0]
         assert len(even) <= r["train/filled_groups"], (r, groups)
         assert 1 <= r["train/gen_rounds"] <= 6 and 0 <= r["train/kept_group_frac"] <= 1
     assert any(r["train/gen_rounds"] >= 2 for r in records)  # half the groups are constant: one round rarely fills

@@ -51,3 +51,62 @@ def test_the_share_message_names_the_counts_and_the_key(tmp_path):
                                               r"\(trainer.max_skipped_share=0.5\) because a loss was NaN/Inf"):
         for step, skip in enumerate([True, False, True, False, True], start=1):
             monitor.observe(step, {"actor/skipped_updates": float(skip), "actor/nonfinite_loss": float(skip)})
+
+
+# --- the alarms, calibrated to the run (issue 57's item 5) ------------------------------------------------------------
+# actor/entropy per step of the user's GRPO run right after the README's cold start (step 1: 0.033), continued with
+# healthy steps around it; and a constructed collapse of a run that starts near 1 nat.
+AFTER_SFT = [0.033, 0.031, 0.036, 0.029, 0.034, 0.030, 0.032, 0.035]
+COLLAPSE = [0.91, 0.87, 0.83, 0.70, 0.42, 0.15, 0.06, 0.02]
+
+
+def alarms(monitor: HealthMonitor, entropies: list[float], first_step: int = 1,
+           clipfrac: float = 0.0) -> dict[int, float]:
+    """health/entropy_collapse of each step fed (actor/entropy from ``entropies``)."""
+    return {step: monitor.observe(step, {"actor/entropy": e, "actor/pg_clipfrac": clipfrac})["health/entropy_collapse"]
+            for step, e in enumerate(entropies, start=first_step)}
+
+
+def test_a_run_from_an_sft_checkpoint_raises_no_entropy_alarm(tmp_path, caplog):
+    """Guards against 'HEALTH ALARM entropy collapse' at step 1 right after the README's own cold start: the
+    entropy threshold was absolute (0.05 nats), and a policy fresh from SFT is that sharp from its first step."""
+    monitor = HealthMonitor(TrainerConfig(), tmp_path)
+    assert set(alarms(monitor, AFTER_SFT).values()) == {0.0}
+    assert "HEALTH ALARM" not in caplog.text
+
+
+def test_a_constructed_collapse_raises_the_alarm_saying_what_to_do(tmp_path, caplog):
+    """Entropy falling to a fifth of the run's start (the mean of its first 3 steps, 0.87) fires from the step it
+    does (0.15 < 0.174), with a warning that says what to do; the same fall relative to an SFT start fires too."""
+    monitor = HealthMonitor(TrainerConfig(), tmp_path)
+    fired = alarms(monitor, COLLAPSE)
+    assert [step for step, on in fired.items() if on] == [6, 7, 8]
+    assert "step 6: HEALTH ALARM entropy collapse: actor/entropy=0.15 is below 0.2 x the run's starting entropy 0.87" \
+        in caplog.text
+    assert "What to do: lower actor_rollout_ref.actor.optim.lr" in caplog.text
+    sharp = HealthMonitor(TrainerConfig(), tmp_path)
+    assert [step for step, on in alarms(sharp, AFTER_SFT[:3] + [0.004]).items() if on] == [4]
+
+
+def test_the_starting_entropy_survives_a_resume(tmp_path):
+    """A resumed run takes its starting entropy from the steps it logged before (metrics.jsonl), not from the
+    first steps after the resume: resumed at step 5 of the collapse, steps 6-8 still alarm; and a resumed run from
+    SFT still does not."""
+    logged = [{"step": 0, "val/em": 0.1}] + [{"step": s, "actor/entropy": e} for s, e in enumerate(COLLAPSE[:5], 1)]
+    monitor = HealthMonitor(TrainerConfig(), tmp_path)
+    monitor.restore(logged)
+    assert [step for step, on in alarms(monitor, COLLAPSE[5:], first_step=6).items() if on] == [6, 7, 8]
+    sft = HealthMonitor(TrainerConfig(), tmp_path)
+    sft.restore([{"step": s, "actor/entropy": e} for s, e in enumerate(AFTER_SFT[:4], 1)])
+    assert set(alarms(sft, AFTER_SFT[4:], first_step=5).values()) == {0.0}
+
+
+def test_the_absolute_floor_and_the_clip_fraction_alarm(tmp_path, caplog):
+    """trainer.alarm_entropy_below still fires at any step when set; the clip-fraction alarm says what to do."""
+    monitor = HealthMonitor(TrainerConfig(alarm_entropy_below=0.05), tmp_path)
+    assert alarms(monitor, AFTER_SFT[:1]) == {1: 1.0}
+    monitor = HealthMonitor(TrainerConfig(), tmp_path)
+    health = monitor.observe(1, {"actor/entropy": 0.8, "actor/pg_clipfrac": 0.7})
+    assert health == {"health/entropy_collapse": 0.0, "health/clipfrac_explosion": 1.0}
+    assert "HEALTH ALARM clipfrac explosion: actor/pg_clipfrac=0.7 > trainer.alarm_clipfrac_above=0.5" in caplog.text
+    assert "What to do: lower actor_rollout_ref.actor.optim.lr" in caplog.text

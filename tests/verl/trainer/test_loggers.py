@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,24 @@ def test_missing_wandb_or_key_is_exit_2_before_the_model_loads(workspace, tmp_pa
     assert done.returncode == 2 and "W&B has no API key: set WANDB_API_KEY" in done.stderr, \
         done.stdout[-2000:] + done.stderr[-2000:]
     assert "Traceback" not in done.stderr and not out.exists()
+
+
+@pytest.mark.slow  # trains
+@pytest.mark.parametrize("kl_keys, logged", [
+    (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.use_kl_loss=true"],
+     "actor/kl_loss"),
+    (["algorithm.use_kl_in_reward=true"], "actor/reward_kl_penalty"),
+], ids=["kl_loss", "kl_in_reward"])
+def test_the_console_kl_column_is_the_kl_the_loss_uses(workspace, tmp_path, kl_keys, logged):
+    """Guards against issue 57's item 3: the console's ``kl`` showed actor/ppo_kl (the KL to the sampling policy,
+    0 on an on-policy update) while the loss used actor/kl_loss (1e-4 to 3e-4 in the user's run). Each step's
+    ``kl`` on the console is the logged KL of the loss: the actor's KL loss, or the in-reward penalty's KL."""
+    out = tmp_path / "run"
+    done = main_ppo_in_process(*overrides(workspace, out, 2, *kl_keys, "trainer.logger=[console,jsonl]"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    shown = {int(step): float(kl) for step, kl in re.findall(r"^step (\d+) .*?\bkl (\S+)", done.stderr, re.M)}
+    records = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}
+    assert sorted(shown) == [1, 2]
+    for step, kl in shown.items():
+        assert kl == float(f"{records[step][logged]:.4g}"), (step, kl, records[step])
+    assert any(records[step][logged] != records[step]["actor/ppo_kl"] for step in shown)  # the two differ here
