@@ -7,8 +7,9 @@ loop over the memorised tiny policy on an HF engine and the real retrieval servi
 (``compute_advantages``, REINFORCE++: the samples of a prompt here often score alike, and GRPO would make every
 advantage 0). ``records_from_batch`` then writes each row as the record contract says:
 ``segments`` are the runs of the row's ``info_mask`` (0 = inserted, decoded on its own), the advantage the mean
-over the row's trained tokens. The same batches are also written by today's ``trainer.rollout_data_dir`` writer
-(``write_rollouts``), so the tests can show both vintages of one run.
+over the row's trained tokens. The same batches are also written as ``trainer.rollout_data_dir`` wrote them before
+the record contract (``write_legacy_rollouts``: step, input, output, score and a few columns), so the tests can show
+both vintages of one run.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from verl.trainer import columns
 from verl.trainer.advantages import compute_advantages
 from verl.trainer.reward import RewardManager
 from verl.utils.dataset import PromptDataset
-from verl.utils.rollout_log import write_rollouts
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -97,6 +97,25 @@ def records_from_batch(batch: Batch, tokenizer, step: int, split: str) -> list[d
     return records
 
 
+LEGACY_COLUMNS = ("uid", "data_source", "stop_reason", "min_version", "max_version", "num_searches")
+
+
+def write_legacy_rollouts(directory: Path, step: int, batch: Batch, tokenizer) -> None:
+    """``<directory>/<step>.jsonl`` as the trainer wrote ``trainer.rollout_data_dir`` before the record contract
+    (files that users' older runs hold): one line per row, the prompt and response texts, the score and
+    ``LEGACY_COLUMNS``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    prompts = tokenizer.batch_decode(batch["prompts"], skip_special_tokens=True)
+    lines = []
+    for i in range(len(batch)):
+        record = {"step": step, "input": prompts[i], "output": str(batch["response_text"][i]),
+                  "score": float(batch["score"][i])}
+        record.update({key: batch[key][i].item() if hasattr(batch[key][i], "item") else batch[key][i]
+                       for key in LEGACY_COLUMNS if key in batch})
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    (directory / f"{step}.jsonl").write_text("".join(lines))
+
+
 def scored_batch(agent: LLMGenerationManager, dataset: PromptDataset, tokenizer, samples: int,
                  temperature: float) -> Batch:
     """Every row of ``dataset``, ``samples`` times, through the trainer's generate, reward and advantage phases."""
@@ -134,6 +153,6 @@ def write_run(run_dir: Path, model_dir: Path, tokenizer, service_url: str) -> li
         directory.mkdir(exist_ok=True)
         (directory / f"{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         if split == "train":
-            write_rollouts(run_dir / "rollout_data_dir", step, batch, tokenizer)
+            write_legacy_rollouts(run_dir / "rollout_data_dir", step, batch, tokenizer)
         steps.append(RecordedStep(step, split, batch, records))
     return steps

@@ -62,8 +62,8 @@ def test_questions_one_got_right_and_the_other_wrong_side_by_side_with_the_paire
         for pair, row in zip(pairs, expected, strict=True):  # in A's order
             (side_a,) = pair.by_class("side-a")
             (side_b,) = pair.by_class("side-b")
-            assert [t.attrs["data-uid"] for t in side_a.by_class("trajectory")] == [f"row{row}/0"]
-            assert [t.attrs["data-uid"] for t in side_b.by_class("trajectory")] == [f"row{row}/0"]
+            assert [t.attrs["data-uid"] for t in side_a.by_class("trajectory")] == [f"row{row}-0"]
+            assert [t.attrs["data-uid"] for t in side_b.by_class("trajectory")] == [f"row{row}-0"]
         first_em, second_em = (em_a, em_b) if first == a else (em_b, em_a)
         diff = sum(second_em[r] - first_em[r] for r in rows) / len(rows)
         low, high = plain_paired_bootstrap([first_em[r] for r in rows], [second_em[r] for r in rows])
@@ -123,17 +123,19 @@ def test_compare_in_the_terminal(evaluations):
 
 
 def test_an_evaluation_is_viewed_with_its_scores(evaluations, tmp_path):
-    """Guards against the viewer misreading today's evaluation records: each row's EM is the file's em, its tokens
-    with no gradient the file's inserted_tokens, and its response one unmarked block (the file has no masks)."""
+    """Guards against the viewer misreading the evaluation's records: each row's EM is the file's em, its tokens
+    with no gradient the file's inserted_tokens, and its response the file's segments in order (inserted spans
+    marked)."""
     a, _ = evaluations
     dom = page_of(tmp_path, str(a))
     lines = [json.loads(line) for line in (a / "trajectories.jsonl").read_text().splitlines()]
     rows = {r["id"]: r for r in json.loads(dom.by_id("trajectory-data").text)["rows"]}
     for article in dom.by_class("trajectory"):
-        line = next(x for x in lines if f"row{x['row']}/{x['sample']}" == article.attrs["data-uid"])
+        line = next(x for x in lines if x["uid"] == article.attrs["data-uid"])
         assert rows[article.attrs["data-key"]]["em"] == line["em"]
         facts = dict(zip((e.text for e in article.find_all(lambda e: e.tag == "dt")),
                          (e.text for e in article.find_all(lambda e: e.tag == "dd")), strict=True))
         assert facts["tokens with no gradient"] == str(line["inserted_tokens"])
-        assert [s.attrs["class"] for s in article.by_class("seg")] == ["seg unmarked"]
+        assert [s.attrs["class"].split()[-1] for s in article.by_class("seg")] == \
+            [seg["kind"] for seg in line["segments"]]
     assert len(dom.by_class("trajectory")) == len(lines)
