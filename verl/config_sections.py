@@ -252,7 +252,9 @@ class RolloutConfig:
     cpu_kv_cache_gb: float = setting(1.0, "vLLM: GiB of CPU memory for the KV cache (CPU backend only).", low=0,
                                      low_open=True, what="GiB of KV cache")
     max_num_seqs: int = setting(256, "vLLM: maximum sequences scheduled at once.")
-    free_cache_engine: bool = setting(False, "vLLM: release the KV cache between rollouts (sleep mode, GPU only).")
+    free_cache_engine: bool = setting(
+        False, "Release the rollout's KV cache after each generate call, so training can use its memory: vLLM's sleep "
+        "mode (GPU only), the hf engine's static cache (and its CUDA graph, captured again on the next call).")
     micro_batch_size: int = setting(64, "Rows per HF generate call (hf rollout only).", low=1)
     hf_kv_cache: str = setting(
         "auto", "hf: the decode loop's KV cache ({choices}): dynamic = transformers' growing cache, rows that end "

@@ -23,10 +23,11 @@ a training micro-batch):
   ``tests/verl/workers/test_activation_bytes.py``); Korthikanti et al.'s ``34 h`` (GPT with a ``4h`` GeLU MLP)
   is 40-60 % under it for these models. Plus the logits ``b R V`` once (log-probs and entropy are chunked,
   ``verl.algorithms.logprobs``), plus one FSDP-gathered layer.
-* **KV cache**: HF ``generate`` holds ``rows x T x L x 2 x kv_heads x head_dim`` values for a
+* **KV cache**: the HF engine holds ``rows x T x L x 2 x kv_heads x head_dim`` values for a
   micro-batch of ``rollout.micro_batch_size`` rows (at most the rows one engine gets in a step) in
-  ``rollout.dtype``; vLLM takes ``gpu_memory_utilization`` of the
-  device (GPU) or ``cpu_kv_cache_gb`` (CPU).
+  ``rollout.dtype``; its static cache (on a GPU) pads the rows to a power of two and ``T`` to a multiple of 256,
+  and is kept between calls (docs/design.md, "The HF engine's decode loop"); vLLM takes
+  ``gpu_memory_utilization`` of the device (GPU) or ``cpu_kv_cache_gb`` (CPU).
 * **the process itself** on a CPU host (where device memory is the host's): its resident set before any model is
   loaded (Python, torch, the tokenizer and the data), since a rank's peak RSS includes it.
 """
@@ -53,6 +54,7 @@ from verl.config import (
 )
 from verl.workers.device_holders import report_other_holders
 from verl.workers.model_utils import DTYPES, GRADIENT_CHECKPOINTING_ABOVE
+from verl.workers.rollout.hf_decode import LENGTH_QUANTUM
 
 logger = logging.getLogger(__name__)
 
@@ -167,13 +169,24 @@ def estimate_memory(cfg: Config, tokens: int | None = None, response_tokens: int
     kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
     if rollout.name == "hf":  # a micro-batch of the rows one engine generates
         engine_rows = min(rollout.micro_batch_size, -(-trajectories_per_step(cfg) // rollout_world_size(cfg)))
-        kv_cache = engine_rows * tokens * layers * 2 * kv_heads * head_dim * engine
+        kv_tokens = tokens
+        if hf_static_cache(cfg):  # its shape: the rows padded to a power of two, the length rounded up (hf_decode)
+            engine_rows = min(1 << (engine_rows - 1).bit_length(), rollout.micro_batch_size)
+            kv_tokens = -(-tokens // LENGTH_QUANTUM) * LENGTH_QUANTUM
+        kv_cache = engine_rows * kv_tokens * layers * 2 * kv_heads * head_dim * engine
     elif torch.cuda.is_available():
         kv_cache = max(0.0, rollout.gpu_memory_utilization * device_memory() - rollout_weights)
     else:
         kv_cache = rollout.cpu_kv_cache_gb * GIB
     return MemoryEstimate(weights=weights, optimizer=optimizer, activations=activations, kv_cache=kv_cache,
                           host=host, params=total, trainable=trained)
+
+
+def hf_static_cache(cfg: Config) -> bool:
+    """Whether the HF engine decodes with its static cache (``rollout.hf_kv_cache``; auto: on a GPU), which it keeps
+    between calls unless ``rollout.free_cache_engine``."""
+    choice = cfg.actor_rollout_ref.rollout.hf_kv_cache
+    return choice == "static" or (choice == "auto" and torch.cuda.is_available() and cfg.trainer.device != "cpu")
 
 
 def device_memory() -> float:

@@ -26,7 +26,8 @@ def build_rollout(cfg: Config) -> RolloutEngine:
 
         return HFRollout(model_path, dtype=rollout.dtype, device=str(resolve_device(cfg.trainer.device)),
                          micro_batch_size=rollout.micro_batch_size, seed=cfg.trainer.seed,
-                         kv_cache=rollout.hf_kv_cache, cuda_graphs=rollout.hf_cuda_graphs)
+                         kv_cache=rollout.hf_kv_cache, cuda_graphs=rollout.hf_cuda_graphs,
+                         free_cache=rollout.free_cache_engine)
     try:
         from verl.workers.rollout.vllm_rollout import VLLMRollout
     except ImportError as err:

@@ -62,7 +62,7 @@ class HFRollout:
     """``RolloutEngine`` on a transformers model, with its own decode loop (see the module docstring)."""
 
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu", micro_batch_size: int = 64,
-                 seed: int = 0, kv_cache: str = "auto", cuda_graphs: bool = True) -> None:
+                 seed: int = 0, kv_cache: str = "auto", cuda_graphs: bool = True, free_cache: bool = False) -> None:
         self.device = torch.device(device)
         self.micro_batch_size = micro_batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -85,6 +85,7 @@ class HFRollout:
         self.static = static and static_kv_supported(self.model)
         self.cuda_graphs = cuda_graphs and self.static and self.device.type == "cuda"
         self._static_kv: StaticKV | None = None  # the last shape's cache (and graph), reused while calls fit it
+        self.free_cache = free_cache  # drop it after each call (its memory goes back to training)
         self._stop_candidates: dict[tuple[str, ...], frozenset[int] | None] = {}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationOutput]:
@@ -110,6 +111,8 @@ class HFRollout:
                 stop_at = start + self.micro_batch_size
                 outputs.extend(self._generate_micro_batch(rows[start:stop_at], params, stop,
                                                           None if seeds is None else seeds[start:stop_at]))
+        if self.free_cache:
+            self._static_kv = None
         return outputs
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -91,3 +91,13 @@ def test_a_failed_graph_capture_falls_back_to_eager_steps(model_dir, prompts, ca
     assert [o.token_ids for o in out] == [o.token_ids for o in host]
     assert sum("could not be captured as a CUDA graph" in r.message for r in caplog.records) == 1
     assert torch.get_default_device().type == "cpu"
+
+
+def test_free_cache_gives_the_static_cache_back_after_each_call(model_dir, prompts):
+    """``rollout.free_cache_engine``: the static cache (held between calls for reuse, and through the training
+    phases) is dropped after each call, so its memory goes back to training; without it the cache is kept."""
+    for free, kept in ((True, False), (False, True)):
+        engine = HFRollout(str(model_dir), micro_batch_size=MICRO_BATCH, kv_cache="static", cuda_graphs=False,
+                           free_cache=free)
+        engine.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0))
+        assert (engine._static_kv is not None) == kept
