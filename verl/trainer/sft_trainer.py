@@ -43,8 +43,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl.algorithms.core_algos import agg_loss
-from verl.config_schema import steering_keys
-from verl.config_sft import SFTConfig, sft_to_yaml
+from verl.config import SFTConfig, sft_to_yaml, steering_keys
 from verl.errors import ConfigError
 from verl.protocol import Batch
 from verl.utils import checkpoint, run_dir

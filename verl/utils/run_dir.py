@@ -5,7 +5,7 @@
 
 * it is empty or new, or holds only a run that failed before its first step; or
 * it holds a run of the same config (keys that only steer the run, declared ``steers`` in the config's schema
-  (``verl.config_schema.steering_keys``): the step budget, loggers, validation and checkpoint frequency, a
+  (``verl.config.steering_keys``): the step budget, loggers, validation and checkpoint frequency, a
   service's address, the directory's own path (so a run directory can be moved or copied and continued), ...,
   may differ) and ``trainer.resume_mode=auto``
   finds a checkpoint there to continue from (the crash-and-rerun case), or the command only validates.

@@ -1,8 +1,8 @@
-"""The trainer's sections of the config, each setting declared once (``verl.config_schema.setting``).
+"""The trainer's sections of the config, each setting declared once (``verl.config.schema.setting``).
 
 Every field here carries its default, its doc (the comment above its key in the generated
 ``configs/ppo_trainer.yaml`` and its row in docs/config.md), the values it allows and the other spellings it is
-accepted under (``verl.config_compat``). The ``algorithm`` section is declared in ``verl.config_algorithm``, with
+accepted under (``verl.config.compat``). The ``algorithm`` section is declared in ``verl.config.algorithm``, with
 the registry lookups that the algorithm-valued settings here (policy loss, loss aggregation, KL estimator) take
 their allowed names from. The top-level ``Config`` (``verl.config``) holds these sections; a recipe adds its own
 in a subclass.
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl.config_algorithm import agg_mode_names, kl_estimator_names, policy_loss_names
-from verl.config_compat import Alias, GlobalCount
-from verl.config_schema import section, setting
+from verl.config.algorithm import agg_mode_names, kl_estimator_names, policy_loss_names
+from verl.config.compat import Alias, GlobalCount
+from verl.config.schema import section, setting
 from verl.utils.lr_schedule import SCHEDULES
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")

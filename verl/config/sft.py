@@ -6,7 +6,7 @@ Choices:
   ``optim.lr_scheduler``, ``model.partial_pretrain``, ``model.lora_rank``, ``trainer.total_epochs``,
   ``trainer.default_local_dir``, ...), so a verl SFT command line runs here; the rest is the RL trainer's spelling of
   the same setting (``trainer.save_freq``, ``trainer.resume_mode``, ``trainer.logger``).
-- **Declared once**, as the RL config is (``verl.config_schema``): ``python -m verl.config_doc`` writes
+- **Declared once**, as the RL config is (``verl.config.schema``): ``python -m verl.config.doc`` writes
   ``configs/sft_trainer.yaml`` and ``docs/config_sft.md`` from these declarations, and the same walk checks every
   value. No recipe or plug-in keys: the SFT data are already trajectories (``verl.utils.sft_dataset``), so the
   trainer needs no task code.
@@ -24,14 +24,14 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from verl.config import CONFIG_DIR, _put, _yaml_pairs, parse_override
-from verl.config_checks import _check_model_dir
-from verl.config_schema import check_settings, did_you_mean, section, setting
-from verl.config_sections import DTYPE_NAMES, LOGGERS
+from verl.config.load import CONFIG_DIR, _put, _yaml_pairs, parse_override
+from verl.config.rl import _check_model_dir
+from verl.config.schema import check_settings, did_you_mean, section, setting
+from verl.config.sections import DTYPE_NAMES, LOGGERS
 from verl.errors import ConfigError
 from verl.utils.lr_schedule import SCHEDULES
 
-SFT_CONFIG = CONFIG_DIR / "sft_trainer.yaml"  # generated: python -m verl.config_doc
+SFT_CONFIG = CONFIG_DIR / "sft_trainer.yaml"  # generated: python -m verl.config.doc
 
 
 @dataclass
@@ -142,7 +142,7 @@ class SFTTrainerConfig:
 @dataclass
 class SFTConfig:
     """Supervised fine-tuning on multi-turn search trajectories (``python -m verl.trainer.main_sft``), in the agent
-    loop's exact token layout, with the loss on the policy's tokens only. Generated from verl/config_sft.py by
+    loop's exact token layout, with the loss on the policy's tokens only. Generated from verl/config/sft.py by
     `make docs`; do not edit by hand."""
 
     data: SFTDataConfig = section(SFTDataConfig)

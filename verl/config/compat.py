@@ -7,7 +7,7 @@ A config holds one name per setting, verl's (``actor_rollout_ref.actor.optim.lr`
 turns each ``key=value`` into ours before the config is merged, with three kinds of rule:
 
 * ``Alias``: another spelling of a setting, declared on the setting itself (``setting(..., spellings=(Alias(...),))``,
-  ``verl.config_schema``); the value is used as given, or through the alias's ``values`` map where their setting
+  ``verl.config.schema``); the value is used as given, or through the alias's ``values`` map where their setting
   is spelled differently (verl's ``reward_model.overlong_buffer.enable=true`` is
   ``algorithm.overlong.mode=soft_penalty``); a value outside that map is an error naming the allowed ones.
 * ``GlobalCount``: a global micro-batch size (Search-R1 and older verl divide it by the number of ranks), declared
@@ -33,7 +33,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.config_schema import leaves
+from verl.config.schema import leaves
 
 
 class CompatError(ValueError):

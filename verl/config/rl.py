@@ -1,7 +1,7 @@
 """The rules that relate several keys of the trainer's sections, and the quantities derived from several keys.
 
 Everything about one key alone (type, choices, range, finiteness) is its declaration
-(``verl.config_sections``, checked by ``verl.config_schema.check_settings``). What is left are the rules
+(``verl.config.sections``, checked by ``verl.config.schema.check_settings``). What is left are the rules
 between keys, each a named function that ``check_trainer`` calls (``Config.check``; a recipe's config adds its
 own rules and calls ``super().check()``), and ``check_paths``: the files a run reads exist, checked when a run
 starts rather than when a config is built, so configs can be built and checked anywhere. What an estimator needs
@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from verl.algorithms.registry import ADV_ESTIMATORS, POLICY_LOSSES, AdvEstimator, policy_loss_config
-from verl.config_sections import DataConfig
+from verl.config.sections import DataConfig
 from verl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from verl.config import Config
+    from verl.config.load import Config
 
 
 def require(ok: bool, key: str, value: object, allowed: str) -> None:

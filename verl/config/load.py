@@ -2,7 +2,7 @@
 
 Choices:
 - **The trainer knows no task.** ``Config`` holds the trainer's sections (data, actor_rollout_ref, critic,
-  algorithm, custom_reward_function, trainer; ``verl.config_sections``, the algorithm's ``verl.config_algorithm``)
+  algorithm, custom_reward_function, trainer; ``verl.config.sections``, the algorithm's ``verl.config.algorithm``)
   and two keys that choose code: ``recipe`` (a module name: the task) and ``plugins`` (modules imported first). The
   recipe module declares its config class (``CONFIG_CLASS``, a subclass of ``Config`` adding the task's sections;
   default ``Config``) and its YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults). The search
@@ -10,11 +10,11 @@ Choices:
 - **Code before keys.** ``load_config`` first reads ``recipe`` and ``plugins`` from the files and overrides, imports
   each plug-in and then the recipe module, and only then merges and checks the config against the recipe's class:
   whatever those modules register (an advantage estimator, a policy loss, a reward term) is then a valid value.
-- **One declaration per setting** (``verl.config_schema``): default, doc, allowed values and other spellings are
+- **One declaration per setting** (``verl.config.schema``): default, doc, allowed values and other spellings are
   the field's; ``validate`` is one walk of those declarations (``check_settings``) and then the config class's
   ``check`` (rules between keys; a subclass calls ``super().check()``).
 - OmegaConf merges the layers in struct mode, so an unknown key fails naming the key; types are checked by
-  OmegaConf. Other trainers' spellings are translated first (``verl.config_compat``). Library code receives the
+  OmegaConf. Other trainers' spellings are translated first (``verl.config.compat``). Library code receives the
   typed objects and never falls back to defaults of its own.
 """
 
@@ -32,9 +32,10 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from verl import config_checks
-from verl.config_algorithm import AlgorithmConfig, FilterGroupsConfig, KLControlConfig, OverlongConfig
-from verl.config_checks import (
+import verl.config.rl as config_checks
+from verl.config.algorithm import AlgorithmConfig, FilterGroupsConfig, KLControlConfig, OverlongConfig
+from verl.config.compat import CompatError, rules, translate
+from verl.config.rl import (
     adv_estimator,
     max_sequence_length,
     recomputes_old_log_probs,
@@ -45,9 +46,8 @@ from verl.config_checks import (
     uses_reference,
     world_size,
 )
-from verl.config_compat import CompatError, rules, translate
-from verl.config_schema import check_settings, did_you_mean, section, setting
-from verl.config_sections import (
+from verl.config.schema import check_settings, did_you_mean, section, setting
+from verl.config.sections import (
     DTYPE_NAMES,
     LOGGERS,
     ActorConfig,
@@ -84,7 +84,7 @@ logger = logging.getLogger(__name__)
 def _config_dir() -> Path:
     """``configs/`` of a checkout (editable installs included), else the copy an installed wheel ships as the
     package data ``verl.configs`` (setup.py maps it there)."""
-    checkout = Path(__file__).resolve().parent.parent / "configs"
+    checkout = Path(__file__).resolve().parents[2] / "configs"
     if (checkout / "ppo_trainer.yaml").is_file():
         return checkout
     return Path(str(importlib.resources.files("verl.configs")))
@@ -115,7 +115,7 @@ class Config:
     trainer: TrainerConfig = section(TrainerConfig)
 
     def check(self) -> None:
-        """The rules between keys (``verl.config_checks``); a recipe's subclass adds its own after
+        """The rules between keys (``verl.config.rl``); a recipe's subclass adds its own after
         ``super().check()``."""
         config_checks.check_trainer(self)
 
@@ -282,7 +282,7 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
     """The recipe's YAML of defaults, then each YAML in ``files``, then the ``key=value`` overrides -> a validated
     config of the recipe's class (see the module docstring for the order in which modules are imported).
 
-    Keys spelled as Search-R1 or verl spell them are translated first (``config_compat``); each foreign key
+    Keys spelled as Search-R1 or verl spell them are translated first (``verl.config.compat``); each foreign key
     that changes nothing here is logged once as a notice.
     """
     recipe, schema, base, items = None, Config, None, []

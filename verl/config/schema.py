@@ -8,8 +8,8 @@ declarations alone come
   values of mappings and lists included), values outside a setting's ``choices`` (each element of a list) and
   numbers outside its range. Errors name the key and say what is allowed (``allowed``). Rules that relate several
   keys are not declarations: they are the ``check`` method of the config class (a subclass calls ``super()``);
-* the documented YAML and docs/config.md (``verl.config_doc``: default, doc, allowed values);
-* the other spellings a key is accepted under (``verl.config_compat.rules`` reads ``spellings``);
+* the documented YAML and docs/config.md (``verl.config.doc``: default, doc, allowed values);
+* the other spellings a key is accepted under (``verl.config.compat.rules`` reads ``spellings``);
 * the keys that only steer a run (``steering_keys``: a rerun may change them and continue the run, ``run_dir``).
 
 Choices:
@@ -54,7 +54,7 @@ class Setting:
     null_means: str = ""
     off: int | None = None
     what: str = ""
-    spellings: tuple = ()  # verl.config_compat.Alias / GlobalCount
+    spellings: tuple = ()  # verl.config.compat.Alias / GlobalCount
     steers: bool = False
 
     def allowed_choices(self) -> tuple[str, ...]:
@@ -69,7 +69,7 @@ def setting(default: Any, doc: str, *, choices: tuple[str, ...] | Callable[[], I
     """A dataclass field for one setting: its default, its doc (the YAML comment above the key), the values it
     allows (``choices``, or a range ``low``..``high`` whose bounds are included unless ``low_open``/``high_open``;
     ``what`` names the quantity in the error), what null means where the annotation allows null, an ``off``
-    value outside the range, other spellings of the key (``verl.config_compat``) and whether it only steers a
+    value outside the range, other spellings of the key (``verl.config.compat``) and whether it only steers a
     run (``steers``: a rerun may change it and still continue the run)."""
     meta = {_SETTING: Setting(doc, choices, low, high, low_open, high_open, null_means, off, what, tuple(spellings),
                               steers)}
