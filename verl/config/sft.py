@@ -1,35 +1,46 @@
 """The supervised (SFT) trainer's config: ``configs/sft_trainer.yaml`` + ``--config`` files + ``key=value``.
 
 Choices:
-- **verl's SFT key names** where verl's ``fsdp_sft_trainer`` has the setting (``data.train_files``,
-  ``data.micro_batch_size_per_gpu``, ``data.max_length``, ``optim.lr``, ``optim.betas``, ``optim.warmup_steps_ratio``,
-  ``optim.lr_scheduler``, ``model.partial_pretrain``, ``model.lora_rank``, ``trainer.total_epochs``,
-  ``trainer.default_local_dir``, ...), so a verl SFT command line runs here; the rest is the RL trainer's spelling of
-  the same setting (``trainer.save_freq``, ``trainer.resume_mode``, ``trainer.logger``).
-- **Declared once**, as the RL config is (``verl.config.schema``): ``python -m verl.config.doc`` writes
-  ``configs/sft_trainer.yaml`` and ``docs/config_sft.md`` from these declarations, and the same walk checks every
-  value. No recipe or plug-in keys: the SFT data are already trajectories (``verl.utils.sft_dataset``), so the
-  trainer needs no task code.
-- Layers are merged as ``verl.config.load_config`` merges them (OmegaConf, struct mode: an unknown key fails naming
-  it); other trainers' spellings are not translated (verl's SFT names are the names).
+- **The RL trainer's sections where the setting is the same** (``verl.config.shared``): ``optim`` is the RL
+  optimiser's section (``OptimConfig``) plus ``clip_grad``, the gradient-norm bound that the RL config keeps on the
+  actor and critic (``grad_clip``); ``trainer`` is the run's section every training run has (``RunConfig``; the RL
+  trainer's ``TrainerConfig`` adds its own keys to it). Defaults that differ are given where the section is placed
+  (``optim.lr`` 1e-5, ``optim.weight_decay`` 0.01, ``trainer.project_name``, ``trainer.test_freq``), and the rules
+  within a section are the section's (``OptimConfig.check``, ``RunConfig.check``).
+- **verl's SFT key names** (``fsdp_sft_trainer``) run as written: where the shared section names a key as the RL
+  trainer does, verl's SFT name is an alias declared on the setting (``optim.warmup_steps_ratio`` is
+  ``optim.lr_warmup_steps_ratio``, ``optim.lr_scheduler`` is ``optim.warmup_style``; docs/config_sft.md lists
+  them), and a run directory saved under those names continues (``verl.config.compat.renamed_keys``). The SFT-only
+  sections keep verl's SFT names (``data.micro_batch_size_per_gpu``, ``data.max_length``,
+  ``model.partial_pretrain``, ...).
+- **Declared once and loaded as the RL config is** (``verl.config.schema``, ``verl.config.load.merge_layers``):
+  ``python -m verl.config.doc`` writes ``configs/sft_trainer.yaml`` and ``docs/config_sft.md`` from these
+  declarations, and the same walk checks every value. No recipe or plug-in keys: the SFT data are already
+  trajectories (``verl.utils.sft_dataset``), so the trainer needs no task code, and no keys of other trainers
+  that change nothing (``no_effect_keys`` is empty).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
-from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
-
-from verl.config.load import CONFIG_DIR, _put, _yaml_pairs, parse_override
-from verl.config.rl import _check_model_dir
-from verl.config.schema import check_settings, did_you_mean, section, setting
-from verl.config.sections import DTYPE_NAMES, LOGGERS
+from verl.config.compat import NoEffect
+from verl.config.load import (
+    CONFIG_DIR,
+    config_errors,
+    experiment_name,
+    log_notices,
+    merge_layers,
+    parse_override,
+    validate,
+    yaml_pairs,
+)
+from verl.config.paths import check_files, check_model_dir
+from verl.config.schema import require, section, setting
+from verl.config.shared import DTYPE_NAMES, OptimConfig, RunConfig
 from verl.errors import ConfigError
-from verl.utils.lr_schedule import SCHEDULES
 
 SFT_CONFIG = CONFIG_DIR / "sft_trainer.yaml"  # generated: python -m verl.config.doc
 
@@ -92,128 +103,60 @@ class SFTModelConfig:
 
 
 @dataclass
-class SFTOptimConfig:
-    lr: float = setting(1e-5, "AdamW learning rate.", low=0, high=1, low_open=True, what="a learning rate")
-    weight_decay: float = setting(0.01, "AdamW weight decay.", low=0, high=1, what="a decoupled weight decay")
-    betas: list[float] = setting([0.9, 0.999], "AdamW's two moment decay rates, [beta1, beta2] (verl's SFT trainer "
-                                 "uses [0.9, 0.95]).")
-    warmup_steps_ratio: float = setting(
-        0.0, "Fraction of the run's optimiser steps spent warming the LR up linearly from 0; then optim.lr_scheduler.",
-        low=0, high=1, what="a fraction of the run's steps")
-    lr_scheduler: str = setting("constant", "The learning rate after the warm-up: constant | cosine (half a cosine "
-                                "from optim.lr down towards optim.min_lr_ratio x optim.lr, reached just after the "
-                                "last step; verl's SFT default).", choices=SCHEDULES)
-    min_lr_ratio: float = setting(0.0, "cosine: the floor of the learning rate, as a fraction of optim.lr.", low=0,
-                                  high=1, what="a fraction of optim.lr")
+class SFTOptimConfig(OptimConfig):
+    """The RL optimiser's section (``OptimConfig``) and the gradient-norm bound, which verl's SFT trainer keeps in
+    ``optim`` and the RL config on the actor and critic (``grad_clip``)."""
+
     clip_grad: float | None = setting(1.0, "Maximum gradient norm; null = no clipping.", low=0, low_open=True,
                                       null_means="no clipping")
 
 
 @dataclass
-class SFTTrainerConfig:
-    total_epochs: int = setting(1, "Passes over the training trajectories.", low=1, steers=True)
-    total_training_steps: int | None = setting(
-        None, "Stop after this many steps (null = total_epochs worth of steps).", low=1,
-        null_means="trainer.total_epochs worth of steps", steers=True)
-    project_name: str = setting("search_r1_sft", "Project name used by the trackers and the run directory.")
-    experiment_name: str | None = setting(
-        None, "Experiment name used by the trackers and the run directory. null = <data>_<model>_sft: the same "
-        "command names the same directory, so a rerun resumes it.")
-    default_local_dir: str = setting(
-        "outputs/${trainer.project_name}/${trainer.experiment_name}", "The run directory: config.yaml, "
-        "metrics.jsonl, curves.png, checkpoints, hf_model/ (the model to give RL as actor_rollout_ref.model.path). "
-        "A directory that holds another run is refused, never appended to.", steers=True)
-    logger: list[str] = setting(
-        ["console", "jsonl"], "Trackers: any of {choices}; metrics.jsonl is written whatever this says.",
-        choices=LOGGERS, steers=True)
-    save_freq: int = setting(
-        -1, "Save a checkpoint every this many steps (-1 = never; the last step is always saved when > 0).",
-        steers=True)
-    test_freq: int = setting(-1, "Log the validation loss every this many steps and at the end (-1 = only at the end "
-                             "when data.val_files is set).", steers=True)
-    resume_mode: str = setting(
-        "auto", "auto = resume from the newest checkpoint in default_local_dir | disable | a checkpoint path.",
-        steers=True)
-    seed: int = setting(1, "Seed of the shuffling and of weights the checkpoint lacks (LoRA adapters).")
-    device: str = setting("auto", "Device: auto (cuda if available) | cpu | cuda.", choices=("auto", "cpu", "cuda"),
-                          steers=True)
-
-
-@dataclass
 class SFTConfig:
     """Supervised fine-tuning on multi-turn search trajectories (``python -m verl.trainer.main_sft``), in the agent
-    loop's exact token layout, with the loss on the policy's tokens only. Generated from verl/config/sft.py by
-    `make docs`; do not edit by hand."""
+    loop's exact token layout, with the loss on the policy's tokens only. Generated from verl/config/sft.py and
+    verl/config/shared.py by `make docs`; do not edit by hand."""
+
+    no_effect_keys: ClassVar[dict[str, NoEffect]] = {}  # none: an unknown key is an error (verl.config.compat)
 
     data: SFTDataConfig = section(SFTDataConfig)
     model: SFTModelConfig = section(SFTModelConfig)
-    optim: SFTOptimConfig = section(SFTOptimConfig)
-    trainer: SFTTrainerConfig = section(SFTTrainerConfig)
+    optim: SFTOptimConfig = section(SFTOptimConfig, lr=1e-5, weight_decay=0.01, min_lr_ratio=0.0)
+    trainer: RunConfig = section(RunConfig, project_name="search_r1_sft", test_freq=-1)
 
     def check(self) -> None:
-        """The rules between keys."""
+        """The rules within the shared sections, then between keys."""
+        self.optim.check("optim")
+        self.trainer.check("trainer")
         d = self.data
-        betas = self.optim.betas
-        if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
-            raise ConfigError(f"config key optim.betas={list(betas)} is invalid (allowed: two numbers in [0, 1), "
-                              "e.g. [0.9, 0.95])")
-        if d.train_batch_tokens is None and d.train_batch_size % d.micro_batch_size_per_gpu:
-            raise ConfigError(f"config key data.micro_batch_size_per_gpu={d.micro_batch_size_per_gpu} must divide "
-                              f"data.train_batch_size={d.train_batch_size}")
+        require(d.train_batch_tokens is not None or d.train_batch_size % d.micro_batch_size_per_gpu == 0,
+                "data.micro_batch_size_per_gpu", d.micro_batch_size_per_gpu,
+                f"a divisor of data.train_batch_size={d.train_batch_size}")
 
     def check_paths(self) -> None:
         """The model directory and parquet files exist (when a run starts)."""
-        _check_model_dir("model.partial_pretrain", self.model.partial_pretrain)
+        check_model_dir("model.partial_pretrain", self.model.partial_pretrain)
+        if self.data.train_files is None:
+            raise ConfigError("config key data.train_files is not set: name your parquet file(s) of trajectories (e.g. "
+                              "from `python -m data_prep.cold_start`)")
         for key, value in (("data.train_files", self.data.train_files), ("data.val_files", self.data.val_files),
                            ("data.mix_files", self.data.mix_files)):
-            if value is None:
-                if key == "data.train_files":
-                    raise ConfigError("config key data.train_files is not set: name your parquet file(s) of "
-                                      "trajectories (e.g. from `python -m data_prep.cold_start`)")
-                continue
-            for name in [f.strip() for f in value.split(",") if f.strip()] or [value]:
-                if not Path(name).is_file():
-                    raise ConfigError(f"config key {key}={value!r} is invalid: {name!r} does not exist (allowed: "
-                                      "comma-separated parquet files of trajectories, e.g. from data_prep.cold_start)")
+            if value is not None:
+                check_files(key, value, "comma-separated parquet files of trajectories, e.g. from data_prep.cold_start")
 
 
 def sft_run_name(cfg: SFTConfig) -> str:
     """``<data>_<model>_sft``: the first training file's directory (or stem) and the model directory's name."""
-    first = Path((cfg.data.train_files or "data").split(",")[0].strip())
-    data = first.parent.name if first.stem in ("train", "training", "") and first.parent.name else first.stem
-    model = Path((cfg.model.partial_pretrain or "model").rstrip("/")).name
-    return re.sub(r"[^\w.+-]+", "-", f"{data}_{model}_sft")
+    return experiment_name(cfg.data.train_files, cfg.model.partial_pretrain, "sft")
 
 
 def load_sft_config(overrides: list[str] | None = None, files: list[str | Path] | tuple = ()) -> SFTConfig:
     """``configs/sft_trainer.yaml``, then each YAML in ``files``, then the ``key=value`` overrides -> a checked
-    ``SFTConfig``; ConfigError naming the key otherwise."""
-    layers: list[list[tuple[str, Any]]] = []
-    try:
-        layers = [_yaml_pairs(SFT_CONFIG)] + [_yaml_pairs(f) for f in files]
+    ``SFTConfig``; ConfigError naming the key otherwise (as the user spelled it)."""
+    with config_errors():
+        layers = [yaml_pairs(SFT_CONFIG)] + [yaml_pairs(f) for f in files]
         layers.append([parse_override(item) for item in overrides or []])
-        merged = OmegaConf.structured(SFTConfig)
-        for pairs in layers:
-            tree: dict = {}
-            for key, value in pairs:
-                _put(tree, key.lstrip("+"), value)
-            merged = OmegaConf.merge(merged, OmegaConf.create(tree))
-        if merged.trainer.experiment_name is None:
-            merged.trainer.experiment_name = sft_run_name(OmegaConf.to_object(merged))
-        OmegaConf.resolve(merged)
-        cfg = OmegaConf.to_object(merged)
-    except ConfigKeyError as err:
-        full = str(err.full_key)
-        given = next((k for pairs in reversed(layers) for k, _ in pairs
-                      if k.lstrip("+") == full or k.lstrip("+").startswith(f"{full}.")), full)
-        raise ConfigError(f"unknown config key {given!r}{did_you_mean(given, SFTConfig())} (the SFT trainer takes "
-                          "the keys of configs/sft_trainer.yaml; docs/config_sft.md lists them)") from err
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"config key {err.full_key!r}: {err.msg.splitlines()[0]}") from err
-    check_settings(cfg)
-    cfg.check()
-    return cfg
-
-
-def sft_to_yaml(cfg: SFTConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+        layered = merge_layers(SFTConfig, layers, sft_run_name, "the SFT trainer takes the keys of "
+                               "configs/sft_trainer.yaml; docs/config_sft.md lists them")
+    log_notices(layered.notices)
+    return validate(layered.cfg, layered.given_as)
