@@ -50,7 +50,7 @@ def test_the_sft_config_declares_no_optimiser_or_run_key_of_its_own():
     assert extra == {"clip_grad"}
     # what differs between the trainers is a default given where the section is placed
     assert (sft.optim.lr, sft.optim.weight_decay, rl.actor_rollout_ref.actor.optim.lr) == (1e-5, 0.01, 1e-6)
-    assert (sft.trainer.project_name, sft.trainer.test_freq, rl.trainer.test_freq) == ("search_r1_sft", -1, 10)
+    assert (sft.trainer.project_name, sft.trainer.test_freq, rl.trainer.test_freq) == ("verl_sft", -1, 10)
 
 
 def test_verls_sft_names_and_ours_set_the_same_setting():

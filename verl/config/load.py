@@ -6,8 +6,8 @@ Choices:
 - **The trainer knows no task.** ``Config`` (``verl.config.rl``) holds the trainer's sections and two keys that
   choose code: ``recipe`` (a module name: the task) and ``plugins`` (modules imported first). The recipe module
   declares its config class (``CONFIG_CLASS``, a subclass of ``Config`` adding the task's sections; default
-  ``Config``) and its YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults). The search recipe's
-  are ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``.
+  ``Config``) and its YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults); for example the
+  search recipe's are ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``.
 - **Code before keys.** ``load_config`` first reads ``recipe`` and ``plugins`` from the files and overrides, imports
   each plug-in and then the recipe module, and only then merges and checks the config against the recipe's class:
   whatever those modules register (an advantage estimator, a policy loss, a reward term) is then a valid value.
@@ -117,7 +117,7 @@ def _chosen(layers: list[list[tuple[str, Any]]]) -> tuple[str, list[str]]:
                 plugins = value
     if not isinstance(recipe, str) or not recipe:
         raise ConfigError(f"config key recipe={recipe!r} is invalid: allowed the name of a Python module (e.g. "
-                          "search_r1.recipe)")
+                          "my_task.recipe)")
     if not isinstance(plugins, list) or not all(isinstance(p, str) and p for p in plugins):
         raise ConfigError(f"config key plugins={plugins!r} is invalid: allowed a list of Python module names (e.g. "
                           "plugins=[my_estimators])")
@@ -236,7 +236,7 @@ def merge_layers(schema: type[T], layers: list[list[tuple[str, Any]]], default_n
             merged.trainer.experiment_name = default_name(OmegaConf.to_object(merged))
         OmegaConf.resolve(merged)
         out.cfg = OmegaConf.to_object(merged)
-    except ConfigKeyError as err:  # OmegaConf names the first unknown part ('retriever' of 'retriever.url')
+    except ConfigKeyError as err:  # OmegaConf names the first unknown part ('trainr' of 'trainr.seed')
         given = next((k for k, _ in items if k == err.full_key or k.startswith(f"{err.full_key}.")), err.full_key)
         raise ConfigError(f"unknown config key {given!r}{did_you_mean(given, schema(), table)} ({takes})") from err
     return out

@@ -122,7 +122,7 @@ class SFTConfig:
     data: SFTDataConfig = section(SFTDataConfig)
     model: SFTModelConfig = section(SFTModelConfig)
     optim: SFTOptimConfig = section(SFTOptimConfig, lr=1e-5, weight_decay=0.01, min_lr_ratio=0.0)
-    trainer: RunConfig = section(RunConfig, project_name="search_r1_sft", test_freq=-1)
+    trainer: RunConfig = section(RunConfig, project_name="verl_sft", test_freq=-1)
 
     def check(self) -> None:
         """The rules within the shared sections, then between keys."""
