@@ -102,9 +102,11 @@ def test_the_rl_optimiser_honours_betas_as_the_sft_one_does():
 
 def test_an_sft_run_saved_under_verls_names_continues(tmp_path):
     """A run directory written before the sections were shared holds verl's SFT names (optim.warmup_steps_ratio,
-    optim.lr_scheduler): a rerun of the same command continues it; another value of the renamed key is refused."""
+    optim.lr_scheduler) and the project name the SFT trainer had then: a rerun of the same command continues it;
+    another value of the renamed key is refused."""
     cfg = load_sft_config([*SFT, f"trainer.default_local_dir={tmp_path / 'run'}"])
     saved = OmegaConf.to_container(OmegaConf.create(to_yaml(cfg)))
+    saved["trainer"]["project_name"] = "search_r1_sft"
     optim = saved["optim"]
     optim["warmup_steps_ratio"], optim["lr_scheduler"] = optim.pop("lr_warmup_steps_ratio"), optim.pop("warmup_style")
     out = tmp_path / "run"
