@@ -107,7 +107,7 @@ lint: install
 	$(PY) -m ruff check .
 
 docs: install
-	$(PY) -m verl.config_doc
+	$(PY) -m verl.config.doc
 
 bench: install
 	$(PY) benchmarks/bench_ppo_step.py

@@ -104,7 +104,7 @@ def train(pretrained: Path, rows: Path, run_dir: Path, steps: int, tokens_per_st
     """``main_sft`` on ``rows`` (and ``mix_rows`` text rows of ``mix`` a step) from the model directory ``pretrained``
     into ``run_dir`` (resumed if it holds this run); returns the logged loss of each step (the token mean of the policy
     tokens)."""
-    from verl.config_sft import load_sft_config
+    from verl.config import load_sft_config
     from verl.trainer.sft_trainer import SFTTrainer
     from verl.utils.tracking import read_metrics
 

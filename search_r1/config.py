@@ -3,8 +3,8 @@
 ``SearchConfig`` adds the retrieval service (``retriever.*``), the loop's turns (``max_turns``, ``do_search``) and
 the reward (``reward.*``), at the top level where Search-R1's scripts put them. ``search_r1.recipe`` declares it
 as its ``CONFIG_CLASS``, with ``configs/ppo_trainer.yaml`` (generated from these declarations by
-``python -m verl.config_doc``) as its ``BASE_CONFIG``. Each setting is declared once
-(``verl.config_schema.setting``); the allowed scorers, normalisations and reward terms are read from the
+``python -m verl.config.doc``) as its ``BASE_CONFIG``. Each setting is declared once
+(``verl.config.setting``); the allowed scorers, normalisations and reward terms are read from the
 registries that define them (``search_r1.reward.qa_em.SCORERS`` and ``NORMALIZERS``, the reward-term registry
 filled by ``search_r1.reward.terms`` and any plug-in).
 
@@ -25,9 +25,7 @@ from urllib.parse import urlsplit
 
 from search_r1.reward.qa_em import NORMALIZERS, SCORERS
 from verl.algorithms.registry import REWARD_TERMS
-from verl.config import Config
-from verl.config_checks import require
-from verl.config_schema import section, setting
+from verl.config import Config, require, section, setting
 from verl.errors import ConfigError
 from verl.tools import run_tool_specs
 
@@ -121,13 +119,13 @@ class RewardConfig:
 @dataclass
 class SearchConfig(Config):
     """The one flat config of the trainer with the search recipe. Every key is documented above its line.
-    Generated from the declarations (verl/config_sections.py, verl/config_algorithm.py, search_r1/config.py) by
+    Generated from the declarations (verl/config/sections.py, verl/config/algorithm.py, search_r1/config.py) by
     `make docs`: edit those.
     Override any key on the command line in OmegaConf dotlist style:
       python -m verl.trainer.main_ppo data.train_batch_size=64 algorithm.adv_estimator=grpo
     Paths are relative to the directory you launch from. Unknown keys are errors naming the key.
     Key names are verl's; Search-R1's spellings (optim.lr, n_agent, global micro-batch sizes, +key=value, ...) are
-    accepted too (verl/config_compat.py, docs/config.md).
+    accepted too (verl/config/compat.py, docs/config.md).
     The values below are defaults for real data (Search-R1's published lengths and learning rates); the embedded
     demo (tiny policy, demo knowledge base, 2-core CPU) layers configs/demo.yaml on top (`--config configs/demo.yaml`).
     """

@@ -23,9 +23,8 @@ from search_r1.config import SearchConfig
 from search_r1.prompts import make_prompt
 from tests.entry_points import main_ppo_in_process
 from tests.search_workspace import build_search_workspace
-from verl.config import Config, ConfigError, load_config
-from verl.config_compat import Alias, GlobalCount, NoEffect, rules
-from verl.config_schema import setting
+from verl.config import Config, ConfigError, load_config, setting
+from verl.config.compat import Alias, GlobalCount, NoEffect, rules
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Each setting is declared once (``verl.config_schema.setting``), and everything else is made from the declarations.
+"""Each setting is declared once (``verl.config.setting``), and everything else is made from the declarations.
 
 Guards against a setting with two sources of truth drifting apart: a YAML default that disagrees with the dataclass
 (code that builds a ``Config()`` would then disagree with what users read), an undocumented key, a choice list that
@@ -16,9 +16,18 @@ from omegaconf import OmegaConf
 from search_r1.config import SearchConfig
 from search_r1.reward.qa_em import NORMALIZERS, SCORERS
 from verl.algorithms.registry import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
-from verl.config import DEFAULT_CONFIG, Config, ConfigError, load_config
-from verl.config_doc import doc_text
-from verl.config_schema import allowed, check_settings, declared, leaves, steering_keys
+from verl.config import (
+    DEFAULT_CONFIG,
+    Config,
+    ConfigError,
+    allowed,
+    check_settings,
+    declared,
+    leaves,
+    load_config,
+    steering_keys,
+)
+from verl.config.doc import doc_text
 
 
 def leaf_map(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

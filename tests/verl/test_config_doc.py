@@ -1,4 +1,4 @@
-"""configs/ppo_trainer.yaml and docs/config.md are the output of ``python -m verl.config_doc``: guards against either
+"""configs/ppo_trainer.yaml and docs/config.md are the output of ``python -m verl.config.doc``: guards against either
 drifting from the declarations (a default changed, a key renamed, a choice registered, a spelling added)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from verl.config import DEFAULT_CONFIG, load_config
-from verl.config_doc import documented_keys, yaml_value
+from verl.config.doc import documented_keys, yaml_value
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_generated_files_are_current():
     """Run in a fresh process: only the built-in and the default recipe's registrations are listed (tests of this
     process register estimators of their own)."""
-    done = subprocess.run([sys.executable, "-m", "verl.config_doc", "--check"], cwd=ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "verl.config.doc", "--check"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-2000:] + " (run `make docs`)"
 

@@ -170,7 +170,7 @@ POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 def policy_loss_config(loss: PolicyLoss, actor_cfg: Any) -> Mapping[str, Any]:
     """``{key: value}`` of the ``actor_rollout_ref.actor`` keys that ``loss`` declared (``config_args``, dotted below
     the actor: ``policy_loss.loss_mode``), read-only; ``ConfigError`` naming the loss when one is not an actor
-    key. Called when the config is checked (``verl.config_checks.check_estimator``) and by the actor."""
+    key. Called when the config is checked (``verl.config.rl.check_estimator``) and by the actor."""
     values, unknown = {}, []
     for key in loss.config_args:
         node = actor_cfg

@@ -1,7 +1,7 @@
 """Entry point: ``python -m verl.trainer.main_sft [--config FILE ...] key=value ...`` (``search-r1-sft``).
 
 Builds the typed SFT config (``configs/sft_trainer.yaml``, then each ``--config`` YAML, then the overrides;
-``verl.config_sft``), builds the trainer (``SFTTrainer``) and calls ``fit()``. Exit status: 0 done, 2 unusable
+``verl.config.sft``), builds the trainer (``SFTTrainer``) and calls ``fit()``. Exit status: 0 done, 2 unusable
 input (a bad key or value, a missing or malformed data file, a trajectory longer than ``data.max_length``, a
 damaged checkpoint, a run directory holding another run), as ``main_ppo`` does.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from verl.config_sft import load_sft_config
+from verl.config import load_sft_config
 from verl.trainer import cli
 from verl.utils.tracking import check_loggers
 

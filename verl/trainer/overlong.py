@@ -32,8 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from verl.config import OverlongConfig
-from verl.config_schema import declared
+from verl.config import OverlongConfig, declared
 from verl.protocol import Batch
 from verl.trainer import columns
 from verl.trainer.reward import last_token_index

@@ -53,13 +53,13 @@ from verl.config import (
     Config,
     check_paths,
     recomputes_old_log_probs,
+    steering_keys,
     to_yaml,
     uses_critic,
     uses_lora,
     uses_reference,
     world_size,
 )
-from verl.config_schema import steering_keys
 from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic

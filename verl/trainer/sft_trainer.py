@@ -2,7 +2,8 @@
 
 One step = ``data.train_batch_size`` trajectories in the RL loop's token layout (``verl.utils.sft_dataset``), one
 AdamW step on the mean negative log-likelihood of their policy tokens (``loss_mask`` 1: the tokens the policy wrote;
-the prompt and the inserted ``<information>`` blocks are context, as under RL's state masking).
+the prompt and the blocks the environment inserted, for example a search's passages, are context, as under RL's
+state masking).
 
 Choices, and what is shared with the RL trainer (so a cold-started policy is trained as RL later trains it):
 - The model is built by ``model_utils.load_model`` (dropout off, LoRA through ``lora.py``, gradient checkpointing),
@@ -43,8 +44,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl.algorithms.core_algos import agg_loss
-from verl.config_schema import steering_keys
-from verl.config_sft import SFTConfig, sft_to_yaml
+from verl.config import SFTConfig, renamed_keys, steering_keys, to_yaml
 from verl.errors import ConfigError
 from verl.protocol import Batch
 from verl.utils import checkpoint, run_dir
@@ -78,8 +78,8 @@ class SFTTrainer:
                               "a Hugging Face model directory whose config.json, tokenizer and weights load)") from None
         self.out_dir = Path(t.default_local_dir)
         # checks only: config.yaml is written once every start-up check has passed (run_dir)
-        run_dir.claim(self.out_dir, sft_to_yaml(cfg), t.resume_mode, False, steering_keys(cfg),
-                      sft_to_yaml(type(cfg)()))
+        run_dir.claim(self.out_dir, to_yaml(cfg), t.resume_mode, False, steering_keys(cfg), to_yaml(type(cfg)()),
+                      renamed_keys(type(cfg)))
         self.resume_from = run_dir.resume_checkpoint(self.out_dir, t.resume_mode, [PART])
         self.tokenizer = AutoTokenizer.from_pretrained(m.partial_pretrain, trust_remote_code=m.trust_remote_code)
         self.train_set = TrajectoryDataset(d.train_files, self.tokenizer, d.max_length)
@@ -103,10 +103,8 @@ class SFTTrainer:
         # the prompt tokens all rows of a micro-batch start with (the instruction) run once; not under gradient
         # checkpointing, which turns the model's cache off in training
         self.share_prefix = not getattr(self.model, "is_gradient_checkpointing", False)
-        o = cfg.optim
-        self.state = TrainState(self.model, o.lr, o.weight_decay, o.warmup_steps_ratio, self.total_steps, o.clip_grad,
-                                betas=tuple(o.betas), schedule=o.lr_scheduler, min_lr_ratio=o.min_lr_ratio)
-        run_dir.record_config(self.out_dir, sft_to_yaml(cfg))
+        self.state = TrainState.from_optim(self.model, cfg.optim, self.total_steps, cfg.optim.clip_grad)
+        run_dir.record_config(self.out_dir, to_yaml(cfg))
         self.tracker = Tracker(t.logger, self.out_dir, t.project_name, t.experiment_name,
                                OmegaConf.to_container(OmegaConf.structured(cfg)))
         self.last_validation: dict[str, float] = {}
@@ -225,7 +223,7 @@ class SFTTrainer:
             state = {"step": self.step, "loader": self.loader.state_dict()}
             if self.mix_loader is not None:
                 state["mix_loader"] = self.mix_loader.state_dict()
-            path = checkpoint.commit(self.out_dir, tmp, self.step, state, sft_to_yaml(self.cfg))
+            path = checkpoint.commit(self.out_dir, tmp, self.step, state, to_yaml(self.cfg))
         logger.info("saved checkpoint %s", path)
         return path
 

@@ -1,8 +1,8 @@
 """The learning-rate schedule of ``verl.workers.train_utils.TrainState``: a linear warm-up, then constant or cosine.
 
-The RL actor and critic choose with ``optim.warmup_style`` (verl's key; its newer spelling ``optim.lr_scheduler_type``),
-the SFT trainer with ``optim.lr_scheduler`` (verl's SFT key). Kept apart from the optimiser so that the configs can
-name the allowed schedules (``SCHEDULES``) without importing the workers.
+The actor, the critic and the SFT trainer choose with ``optim.warmup_style`` (verl's key; its newer spelling
+``optim.lr_scheduler_type`` and verl's SFT spelling ``optim.lr_scheduler`` are accepted too). Kept apart from the
+optimiser so that the configs can name the allowed schedules (``SCHEDULES``) without importing the workers.
 """
 
 from __future__ import annotations

@@ -5,13 +5,14 @@
 
 * it is empty or new, or holds only a run that failed before its first step; or
 * it holds a run of the same config (keys that only steer the run, declared ``steers`` in the config's schema
-  (``verl.config_schema.steering_keys``): the step budget, loggers, validation and checkpoint frequency, a
+  (``verl.config.steering_keys``): the step budget, loggers, validation and checkpoint frequency, a
   service's address, the directory's own path (so a run directory can be moved or copied and continued), ...,
   may differ) and ``trainer.resume_mode=auto``
   finds a checkpoint there to continue from (the crash-and-rerun case), or the command only validates.
   A key the saved config lacks (the run was made before the key existed) counts as the same when the new config
   holds its declared default: a key is added with the default that keeps the earlier behaviour, so an upgrade
-  does not strand the runs made before it.
+  does not strand the runs made before it; a key saved under an earlier name that is now another spelling of it
+  (``renamed``) is read under its name now.
 
 Anything else (a different config; metrics of a run with no checkpoint to continue; ``resume_mode=disable``
 over an earlier run) is a ``RunDirError`` naming the directory, the reason and the way out, because starting
@@ -26,7 +27,7 @@ writes ``retrieval.json`` last). A refused command (exit 2) leaves every file of
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -53,11 +54,13 @@ def _flat(yaml_text: str) -> dict[str, object]:
 
 
 def config_differences(old_yaml: str, new_yaml: str, steering: Collection[str],
-                       defaults_yaml: str | None = None) -> list[str]:
+                       defaults_yaml: str | None = None, renamed: Mapping[str, str] | None = None) -> list[str]:
     """``key: old -> new`` for every key (outside ``steering``: the keys that only steer a run) whose value differs
     between two resolved configs. With ``defaults_yaml`` (the config of all defaults), a key ``old_yaml`` lacks
-    and ``new_yaml`` holds at its default is not a difference."""
+    and ``new_yaml`` holds at its default is not a difference. ``renamed``: a key's earlier name -> its name now
+    (``verl.config.renamed_keys``); ``old_yaml``'s keys are read under their names now."""
     old, new = _flat(old_yaml), _flat(new_yaml)
+    old = {(renamed or {}).get(key, key): value for key, value in old.items()}
     defaults = _flat(defaults_yaml) if defaults_yaml is not None else {}
     absent = object()
     keys = sorted((set(old) | set(new)) - set(steering))
@@ -84,9 +87,10 @@ def _holds_a_run(out: Path) -> bool:
 
 
 def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool, steering: Collection[str],
-          defaults_yaml: str | None = None) -> None:
+          defaults_yaml: str | None = None, renamed: Mapping[str, str] | None = None) -> None:
     """Check that a run with ``config_yaml`` may start in ``out`` (see the module docstring; ``steering``: the keys a
-    rerun may change; ``defaults_yaml``: the config of all defaults, for keys the saved config predates). Writes
+    rerun may change; ``defaults_yaml``: the config of all defaults, for keys the saved config predates;
+    ``renamed``: earlier names of keys -> their names now, for a saved config that predates a rename). Writes
     nothing: ``record_config`` does, once the run has passed every start-up check."""
     way_out = ("choose another directory (trainer.experiment_name=NAME or trainer.default_local_dir=DIR) or move "
                f"{out} aside")
@@ -95,7 +99,7 @@ def claim(out: Path, config_yaml: str, resume_mode: str, validate_only: bool, st
     if out.is_dir() and _holds_a_run(out) and not validate_only:
         saved = out / CONFIG_FILE
         if saved.exists():
-            differences = config_differences(saved.read_text(), config_yaml, steering, defaults_yaml)
+            differences = config_differences(saved.read_text(), config_yaml, steering, defaults_yaml, renamed)
             if differences:
                 shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6
                                                        else "")

@@ -80,9 +80,7 @@ class ActorWorker:
                                 offload=a.fsdp_config.offload)
         steps = total_steps * optimizer_steps_per_training_step(trajectories_per_step(cfg), a.ppo_mini_batch_size,
                                                                 a.ppo_epochs)
-        self.state = TrainState(self.model, a.optim.lr, a.optim.weight_decay, a.optim.lr_warmup_steps_ratio, steps,
-                                a.grad_clip, DTYPES[a.optim_state_dtype], schedule=a.optim.warmup_style,
-                                min_lr_ratio=a.optim.min_lr_ratio or 0.0)
+        self.state = TrainState.from_optim(self.model, a.optim, steps, a.grad_clip, DTYPES[a.optim_state_dtype])
         self.max_tokens = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
 
     def compute_log_prob(self, batch: Batch) -> Batch:

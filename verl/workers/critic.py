@@ -56,8 +56,7 @@ class CriticWorker:
                                 num_labels=1)
         steps = total_steps * optimizer_steps_per_training_step(trajectories_per_step(cfg), c.ppo_mini_batch_size,
                                                                 c.ppo_epochs)
-        self.state = TrainState(self.model, c.optim.lr, c.optim.weight_decay, c.optim.lr_warmup_steps_ratio, steps,
-                                c.grad_clip, schedule=c.optim.warmup_style, min_lr_ratio=c.optim.min_lr_ratio or 0.0)
+        self.state = TrainState.from_optim(self.model, c.optim, steps, c.grad_clip)
 
     def _values(self, micro: Batch) -> Tensor:
         """Values [b, R] at columns P-1 .. P+R-2 (padding columns 0), in the autograd graph if enabled."""

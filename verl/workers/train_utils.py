@@ -49,6 +49,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from verl.config import OptimConfig
 from verl.protocol import Batch
 from verl.utils.lr_schedule import lr_schedule_factor
 from verl.workers.model_utils import all_reduce_, map_large_host_allocations, release_host_memory, world
@@ -116,6 +117,15 @@ class TrainState:
         lr_schedule_factor(0, warmup, total_optimizer_steps, schedule, min_lr_ratio)  # an unknown schedule fails here
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_schedule_factor(s, warmup, total_optimizer_steps, schedule, min_lr_ratio))
+
+    @classmethod
+    def from_optim(cls, model: nn.Module, optim: OptimConfig, total_optimizer_steps: int, grad_clip: float | None,
+                   state_dtype: torch.dtype = torch.float32) -> TrainState:
+        """The state for an ``optim`` section (``verl.config.OptimConfig``: the actor's, the critic's or the SFT
+        trainer's), so every trainer reads the same knobs the same way."""
+        return cls(model, optim.lr, optim.weight_decay, optim.lr_warmup_steps_ratio, total_optimizer_steps, grad_clip,
+                   state_dtype, betas=(optim.betas[0], optim.betas[1]), schedule=optim.warmup_style,
+                   min_lr_ratio=optim.min_lr_ratio or 0.0)
 
     def update(self, batch: Batch, mini_batch_size: int, epochs: int,
                split_micro: Callable[[Batch], list[Batch]], loss_fn: LossFn) -> dict[str, float]:

@@ -25,8 +25,7 @@ from search_r1.reward import (
     normalize_answer,
     subem_check,
 )
-from verl.config import ConfigError, load_config
-from verl.config_schema import declared
+from verl.config import ConfigError, declared, load_config
 from verl.protocol import Batch
 
 

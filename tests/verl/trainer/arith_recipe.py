@@ -13,8 +13,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from verl.config import Config
-from verl.config_schema import section, setting
+from verl.config import Config, section, setting
 from verl.protocol import Batch
 from verl.trainer.recipe import Recipe
 from verl.utils.seq import pack_trajectories

@@ -22,7 +22,7 @@ from data_prep.qa_search import make_row, rows_to_parquet
 from search_r1.prompts import make_prompt
 from tests.entry_points import in_process
 from tests.verl.trainer.sft_test_utils import TEMPLATE, question, scripted_rows, tiny_sft_model, write_rows
-from verl.config_sft import load_sft_config
+from verl.config import load_sft_config
 from verl.trainer.sft_trainer import SFTTrainer
 from verl.utils import checkpoint
 from verl.utils.sft_dataset import TokenBudgetLoader, TrajectoryDataset

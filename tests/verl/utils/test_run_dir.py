@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verl.config import Config, to_yaml
-from verl.config_schema import steering_keys
+from verl.config import Config, steering_keys, to_yaml
 from verl.utils.run_dir import RunDirError, claim, config_differences
 
 

@@ -1,90 +1,54 @@
-"""Typed, validated configuration: the recipe's YAML of defaults + ``--config`` files + ``key=value`` -> a ``Config``.
+"""Layers of YAML and ``key=value`` -> a checked config: the recipe's YAML of defaults + ``--config`` files +
+``key=value`` -> a ``Config`` (``load_config``); the SFT trainer's config is merged and checked by the same
+functions (``merge_layers``, ``validate``; ``verl.config.sft``).
 
 Choices:
-- **The trainer knows no task.** ``Config`` holds the trainer's sections (data, actor_rollout_ref, critic,
-  algorithm, custom_reward_function, trainer; ``verl.config_sections``, the algorithm's ``verl.config_algorithm``)
-  and two keys that choose code: ``recipe`` (a module name: the task) and ``plugins`` (modules imported first). The
-  recipe module declares its config class (``CONFIG_CLASS``, a subclass of ``Config`` adding the task's sections;
-  default ``Config``) and its YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults). The search
-  recipe's are ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``.
+- **The trainer knows no task.** ``Config`` (``verl.config.rl``) holds the trainer's sections and two keys that
+  choose code: ``recipe`` (a module name: the task) and ``plugins`` (modules imported first). The recipe module
+  declares its config class (``CONFIG_CLASS``, a subclass of ``Config`` adding the task's sections; default
+  ``Config``) and its YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults); for example the
+  search recipe's are ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``.
 - **Code before keys.** ``load_config`` first reads ``recipe`` and ``plugins`` from the files and overrides, imports
   each plug-in and then the recipe module, and only then merges and checks the config against the recipe's class:
   whatever those modules register (an advantage estimator, a policy loss, a reward term) is then a valid value.
-- **One declaration per setting** (``verl.config_schema``): default, doc, allowed values and other spellings are
+- **One declaration per setting** (``verl.config.schema``): default, doc, allowed values and other spellings are
   the field's; ``validate`` is one walk of those declarations (``check_settings``) and then the config class's
   ``check`` (rules between keys; a subclass calls ``super().check()``).
 - OmegaConf merges the layers in struct mode, so an unknown key fails naming the key; types are checked by
-  OmegaConf. Other trainers' spellings are translated first (``verl.config_compat``). Library code receives the
-  typed objects and never falls back to defaults of its own.
+  OmegaConf. Other trainers' spellings are translated first (``verl.config.compat``), and a value refused under
+  another spelling is named as the user spelled it. Library code receives the typed objects and never falls back
+  to defaults of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.resources
 import logging
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from verl import config_checks
-from verl.config_algorithm import AlgorithmConfig, FilterGroupsConfig, KLControlConfig, OverlongConfig
-from verl.config_checks import (
-    adv_estimator,
-    max_sequence_length,
-    recomputes_old_log_probs,
-    rollout_world_size,
-    trajectories_per_step,
-    uses_critic,
-    uses_lora,
-    uses_reference,
-    world_size,
-)
-from verl.config_compat import CompatError, rules, translate
-from verl.config_schema import check_settings, did_you_mean, section, setting
-from verl.config_sections import (
-    DTYPE_NAMES,
-    LOGGERS,
-    ActorConfig,
-    ActorRolloutRefConfig,
-    CriticConfig,
-    CriticModelConfig,
-    CustomRewardConfig,
-    DataConfig,
-    FSDPConfig,
-    ModelConfig,
-    OptimConfig,
-    PolicyLossConfig,
-    RefConfig,
-    RefFSDPConfig,
-    RolloutConfig,
-    TrainerConfig,
-    ValKwargs,
-)
+from verl.config.compat import CompatError, rules, translate
+from verl.config.rl import Config, world_size
+from verl.config.schema import check_settings, did_you_mean
 from verl.errors import ConfigError
 
-__all__ = [  # the sections and helpers are re-exported: callers import them from here
-    "DTYPE_NAMES", "LOGGERS", "ActorConfig", "ActorRolloutRefConfig", "AlgorithmConfig", "Config", "ConfigError",
-    "CriticConfig", "CriticModelConfig", "CustomRewardConfig", "DataConfig", "FSDPConfig", "FilterGroupsConfig",
-    "KLControlConfig", "ModelConfig", "OptimConfig", "OverlongConfig", "PolicyLossConfig", "RefConfig",
-    "RefFSDPConfig", "RolloutConfig", "TrainerConfig", "ValKwargs", "adv_estimator", "check_paths", "import_plugins",
-    "load_config", "max_sequence_length", "recipe_config", "recipe_module", "recomputes_old_log_probs",
-    "rollout_world_size", "run_name", "to_yaml", "trajectories_per_step", "uses_critic", "uses_lora",
-    "uses_reference", "validate", "world_size",
-]
-
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _config_dir() -> Path:
     """``configs/`` of a checkout (editable installs included), else the copy an installed wheel ships as the
     package data ``verl.configs`` (setup.py maps it there)."""
-    checkout = Path(__file__).resolve().parent.parent / "configs"
+    checkout = Path(__file__).resolve().parents[2] / "configs"
     if (checkout / "ppo_trainer.yaml").is_file():
         return checkout
     return Path(str(importlib.resources.files("verl.configs")))
@@ -95,44 +59,10 @@ DEFAULT_CONFIG = CONFIG_DIR / "ppo_trainer.yaml"  # the search recipe's defaults
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"  # the embedded demo's paths and small values, layered over the defaults
 
 
-@dataclass
-class Config:
-    """The trainer's config: the recipe and plug-ins, then the trainer's sections."""
-
-    recipe: str = setting(
-        "search_r1.recipe", "Python module that plugs the task into the generic trainer: its build_recipe(cfg, "
-        "tokenizer, generator) returns the generation loop, the reward and the validation metrics "
-        "(verl.trainer.recipe.Recipe); its CONFIG_CLASS names the config's keys (this file's are search_r1.recipe's).")
-    plugins: list[str] = setting(
-        [], "Python modules imported before the config is checked (and in every worker), e.g. [my_estimators]: an "
-        "advantage estimator, policy loss, KL estimator or reward term they register is then a valid value of its "
-        "key.")
-    data: DataConfig = section(DataConfig)
-    actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig)
-    critic: CriticConfig = section(CriticConfig)
-    algorithm: AlgorithmConfig = section(AlgorithmConfig)
-    custom_reward_function: CustomRewardConfig = section(CustomRewardConfig)
-    trainer: TrainerConfig = section(TrainerConfig)
-
-    def check(self) -> None:
-        """The rules between keys (``verl.config_checks``); a recipe's subclass adds its own after
-        ``super().check()``."""
-        config_checks.check_trainer(self)
-
-    def check_paths(self) -> None:
-        """What a run needs when it starts (files exist; a subclass adds its own, e.g. a service's address)."""
-        config_checks.check_paths(self)
-
-
-def check_paths(cfg: Config) -> None:
-    """The files (and, per recipe, services) the run needs are named and exist; ConfigError naming the key.
-    Checked when a run starts, not in ``validate``, so configs can be built and checked anywhere."""
-    cfg.check_paths()
-
-
-def validate(cfg: Config) -> Config:
-    """Every setting against its declaration, then the rules between keys; ConfigError naming the key."""
-    check_settings(cfg)
+def validate(cfg: T, given_as: dict[str, str] | None = None) -> T:
+    """Every setting against its declaration, then the rules between keys (the config class's ``check``);
+    ConfigError naming the key (as the user spelled it: ``given_as``, see ``check_settings``)."""
+    check_settings(cfg, given_as)
     cfg.check()
     return cfg
 
@@ -187,7 +117,7 @@ def _chosen(layers: list[list[tuple[str, Any]]]) -> tuple[str, list[str]]:
                 plugins = value
     if not isinstance(recipe, str) or not recipe:
         raise ConfigError(f"config key recipe={recipe!r} is invalid: allowed the name of a Python module (e.g. "
-                          "search_r1.recipe)")
+                          "my_task.recipe)")
     if not isinstance(plugins, list) or not all(isinstance(p, str) and p for p in plugins):
         raise ConfigError(f"config key plugins={plugins!r} is invalid: allowed a list of Python module names (e.g. "
                           "plugins=[my_estimators])")
@@ -202,7 +132,8 @@ def _pairs(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [pair for key, value in node.items() for pair in _pairs(value, f"{prefix}.{key}" if prefix else str(key))]
 
 
-def _yaml_pairs(path: str | Path) -> list[tuple[str, Any]]:
+def yaml_pairs(path: str | Path) -> list[tuple[str, Any]]:
+    """A YAML file of keys as (dotted key, value) pairs, in the file's order."""
     return _pairs(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
 
 
@@ -256,81 +187,121 @@ def _put(tree: dict, key: str, value: Any) -> None:
     tree[last] = value
 
 
-def _get(cfg: Config, dotted: str) -> Any:
+@contextlib.contextmanager
+def config_errors() -> Iterator[None]:
+    """Turn what OmegaConf and the spelling rules raise while layers are read and merged into a ConfigError naming
+    the key (a ConfigError raised inside passes as it is)."""
+    try:
+        yield
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"config key {err.full_key!r}: {err.msg.splitlines()[0]}") from err
+    except CompatError as err:
+        raise ConfigError(str(err)) from err
+
+
+@dataclass
+class Layered(Generic[T]):
+    """A config merged from its layers (``merge_layers``), before its checks."""
+
+    cfg: T
+    global_counts: dict[str, tuple[str, int]] = field(default_factory=dict)  # our key -> (their key, global count)
+    notices: list[str] = field(default_factory=list)  # one line per foreign key that was used (compat)
+    given_as: dict[str, str] = field(default_factory=dict)  # our key -> the other spelling that set it last
+
+
+def merge_layers(schema: type[T], layers: list[list[tuple[str, Any]]], default_name: Callable[[T], str],
+                 takes: str) -> Layered[T]:
+    """``schema``'s defaults, then each layer ((key, value) pairs as given, in order; a later layer wins), each
+    first translated to our spellings (``compat.translate`` by ``compat.rules(schema)``); ``trainer.experiment_name``
+    null becomes ``default_name(cfg)``; interpolations resolved. ConfigError naming an unknown key (``takes``: which
+    keys the config takes, said after it) or a value of the wrong shape; the caller runs this in ``config_errors``."""
+    table = rules(schema)
+    merged, out, items = OmegaConf.structured(schema), Layered(None), []
+    try:
+        for pairs in layers:
+            layer, tree = translate(pairs, table), {}
+            items = layer.items
+            for key, value in layer.items:
+                _put(tree, key, value)
+                out.global_counts.pop(key, None)
+                out.given_as.pop(key, None)
+            try:
+                merged = OmegaConf.merge(merged, OmegaConf.create(tree))
+            except TypeError:  # "Cannot merge incompatible container types": a list given for a mapping, or back
+                raise _shape_error(merged, layer.items) from None
+            out.global_counts.update(layer.global_counts)
+            out.given_as.update(layer.given_as)
+            out.notices += layer.notices
+        if merged.trainer.experiment_name is None:
+            merged.trainer.experiment_name = default_name(OmegaConf.to_object(merged))
+        OmegaConf.resolve(merged)
+        out.cfg = OmegaConf.to_object(merged)
+    except ConfigKeyError as err:  # OmegaConf names the first unknown part ('trainr' of 'trainr.seed')
+        given = next((k for k, _ in items if k == err.full_key or k.startswith(f"{err.full_key}.")), err.full_key)
+        raise ConfigError(f"unknown config key {given!r}{did_you_mean(given, schema(), table)} ({takes})") from err
+    return out
+
+
+def log_notices(notices: list[str]) -> None:
+    """Each notice once, as a warning (a foreign key used: what it means here)."""
+    for notice in dict.fromkeys(notices):
+        logger.warning("config: %s", notice)
+
+
+def experiment_name(train_files: str | None, model_path: str | None, what: str) -> str:
+    """The default experiment name: ``<data>_<model>_<what>``, e.g. ``nq_hotpotqa_Qwen2.5-3B_grpo`` (data = the first
+    training file's directory, or its stem when that says more). The same command gives the same name, so a rerun
+    after a crash finds its checkpoints."""
+    first = Path((train_files or "data").split(",")[0].strip())
+    data = first.parent.name if first.stem in ("train", "training", "") and first.parent.name else first.stem
+    model = Path((model_path or "model").rstrip("/")).name
+    return re.sub(r"[^\w.+-]+", "-", f"{data}_{model}_{what}")
+
+
+def run_name(cfg: Config) -> str:
+    """The RL trainer's default experiment name, ``<data>_<model>_<adv_estimator>`` (``experiment_name``)."""
+    return experiment_name(cfg.data.train_files, cfg.actor_rollout_ref.model.path, cfg.algorithm.adv_estimator)
+
+
+def _get(cfg: Any, dotted: str) -> Any:
     obj = cfg
     for part in dotted.split("."):
         obj = getattr(obj, part)
     return obj
 
 
-def _set(cfg: Config, dotted: str, value: Any) -> None:
+def _set(cfg: Any, dotted: str, value: Any) -> None:
     *parents, last = dotted.split(".")
     setattr(_get(cfg, ".".join(parents)) if parents else cfg, last, value)
-
-
-def run_name(cfg: Config) -> str:
-    """The default experiment name: ``<data>_<model>_<adv_estimator>``, e.g. ``nq_hotpotqa_Qwen2.5-3B_grpo``
-    (data = the first training file's directory, or its stem when that says more). The same command gives
-    the same name, so a rerun after a crash finds its checkpoints."""
-    first = Path((cfg.data.train_files or "data").split(",")[0].strip())
-    data = first.parent.name if first.stem in ("train", "training", "") and first.parent.name else first.stem
-    model = Path((cfg.actor_rollout_ref.model.path or "model").rstrip("/")).name
-    return re.sub(r"[^\w.+-]+", "-", f"{data}_{model}_{cfg.algorithm.adv_estimator}")
 
 
 def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...] | list[str | Path] = ()) -> Config:
     """The recipe's YAML of defaults, then each YAML in ``files``, then the ``key=value`` overrides -> a validated
     config of the recipe's class (see the module docstring for the order in which modules are imported).
 
-    Keys spelled as Search-R1 or verl spell them are translated first (``config_compat``); each foreign key
+    Keys spelled as Search-R1 or verl spell them are translated first (``verl.config.compat``); each foreign key
     that changes nothing here is logged once as a notice.
     """
-    recipe, schema, base, items = None, Config, None, []
-    try:
-        given = [_yaml_pairs(f) for f in files]
+    with config_errors():
+        given = [yaml_pairs(f) for f in files]
         given.append([parse_override(item) for item in overrides or []])
         recipe, plugins = _chosen(given)
         import_plugins(plugins)
         schema, base = recipe_config(recipe)
-        table = rules(schema)
-        merged, global_counts, notices = OmegaConf.structured(schema), {}, []
-        for pairs in ([_yaml_pairs(base)] if base else []) + given:  # each layer overrides the ones before it
-            layer, tree = translate(pairs, table), {}
-            items = layer.items
-            for key, value in layer.items:
-                _put(tree, key, value)
-                global_counts.pop(key, None)
-            try:
-                merged = OmegaConf.merge(merged, OmegaConf.create(tree))
-            except TypeError:  # "Cannot merge incompatible container types": a list given for a mapping, or back
-                raise _shape_error(merged, layer.items) from None
-            global_counts.update(layer.global_counts)
-            notices += layer.notices
-        cfg = OmegaConf.to_object(merged)
-        if cfg.trainer.experiment_name is None:
-            merged.trainer.experiment_name = run_name(cfg)
-        OmegaConf.resolve(merged)
-        cfg = OmegaConf.to_object(merged)
-    except ConfigKeyError as err:  # OmegaConf names the first unknown part ('retriever' of 'retriever.url')
-        given = next((k for k, _ in items if k == err.full_key or k.startswith(f"{err.full_key}.")), err.full_key)
         keys = base.name if base else f"{schema.__module__}.{schema.__name__}"
-        raise ConfigError(f"unknown config key {given!r}{did_you_mean(given, schema(), rules(schema))} "
-                          f"(recipe={recipe} takes the keys of {keys}; docs/config.md lists them and the Search-R1 and "
-                          "verl spellings accepted)") from err
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"config key {err.full_key!r}: {err.msg.splitlines()[0]}") from err
-    except CompatError as err:
-        raise ConfigError(str(err)) from err
+        layered = merge_layers(schema, ([yaml_pairs(base)] if base else []) + given, run_name,
+                               f"recipe={recipe} takes the keys of {keys}; docs/config.md lists them and the "
+                               "Search-R1 and verl spellings accepted")
+    cfg, notices = layered.cfg, list(layered.notices)
     world = world_size(cfg)
-    for key, (theirs, count) in global_counts.items():
+    for key, (theirs, count) in layered.global_counts.items():
         _set(cfg, key, max(1, count // world))
         notices.append(f"{theirs}={count} is a global count (Search-R1, older verl): "
                        f"{key.rsplit('.', 1)[1]}={_get(cfg, key)} on each of {world} rank(s)")
-    for notice in dict.fromkeys(notices):
-        logger.warning("config: %s", notice)
-    return validate(cfg)
+    log_notices(notices)
+    return validate(cfg, layered.given_as)
 
 
-def to_yaml(cfg: Config) -> str:
+def to_yaml(cfg: Any) -> str:
     """The resolved config as YAML (saved next to checkpoints and logged at start)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))

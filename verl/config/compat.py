@@ -7,23 +7,25 @@ A config holds one name per setting, verl's (``actor_rollout_ref.actor.optim.lr`
 turns each ``key=value`` into ours before the config is merged, with three kinds of rule:
 
 * ``Alias``: another spelling of a setting, declared on the setting itself (``setting(..., spellings=(Alias(...),))``,
-  ``verl.config_schema``); the value is used as given, or through the alias's ``values`` map where their setting
+  ``verl.config.schema``); the value is used as given, or through the alias's ``values`` map where their setting
   is spelled differently (verl's ``reward_model.overlong_buffer.enable=true`` is
   ``algorithm.overlong.mode=soft_penalty``); a value outside that map is an error naming the allowed ones.
 * ``GlobalCount``: a global micro-batch size (Search-R1 and older verl divide it by the number of ranks), declared
   on our per-rank setting; the count is divided by the world size once the config is loaded.
 * ``NoEffect``: a key that names no setting here and changes nothing in this trainer (HDFS upload, CUDA graphs,
   profilers, ...); accepted with a one-line notice saying why. These are the one table of this module
-  (``NO_EFFECT``): they have no field to be declared on. Where a value would ask for something this trainer does
-  not do (``actor.strategy=megatron``, ``algorithm.no_think_rl=true``), ``allowed`` lists what it does, and any
-  other value is an error naming the key.
+  (``NO_EFFECT``, the RL config's ``no_effect_keys``): they have no field to be declared on. Where a value would
+  ask for something this trainer does not do (``actor.strategy=megatron``, ``algorithm.no_think_rl=true``),
+  ``allowed`` lists what it does, and any other value is an error naming the key.
 
 ``rules(schema)`` builds the map from every key spelled another way to its rule, from the declarations of the
-config class ``schema`` and ``NO_EFFECT``; a spelling declared twice, or one that is a key of the config, is an
-error there. Two spellings of one setting in one command line with different values are an error (which one was
+config class ``schema`` and its ``no_effect_keys``; a spelling declared twice, or one that is a key of the config,
+is an error there. Two spellings of one setting in one command line with different values are an error (which one was
 meant cannot be known). Units: ``ppo_mini_batch_size`` counts trajectories (prompts x ``rollout.n``), as Search-R1
 counts it with ``n_agent`` (its ``rollout.n`` stays 1); today's verl counts prompts and multiplies by
-``rollout.n``. See docs/config.md.
+``rollout.n``. See docs/config.md. The SFT config (``verl.config.sft``) shares the RL config's optimiser and run
+sections, so verl's SFT names of their keys (``optim.lr_scheduler``, ``optim.warmup_steps_ratio``) are
+``Alias``es declared there too; docs/config_sft.md lists them.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.config_schema import leaves
+from verl.config.schema import leaves
+
+RENAMED = "renamed: {to}"  # the note of an Alias that is a key's older name (said once when it is used)
 
 
 class CompatError(ValueError):
@@ -168,8 +172,10 @@ def _absolute(spelling: str, ours: str) -> str:
 @functools.cache
 def rules(schema: type) -> dict[str, Alias | GlobalCount | NoEffect]:
     """Every other spelling accepted for the config class ``schema``: the ``spellings`` declared on its settings
-    (``to`` filled in), then ``NO_EFFECT``. ValueError for a spelling declared twice or that is a key of the config
-    (it would hide the key)."""
+    (``to`` filled in), then the keys its class attribute ``no_effect_keys`` accepts and ignores (the RL config's
+    are ``NO_EFFECT``; the SFT config has none). ValueError for a spelling declared twice or that is a key of the
+    config (it would hide the key)."""
+    no_effect: dict[str, NoEffect] = schema.no_effect_keys
     found: dict[str, Alias | GlobalCount | NoEffect] = {}
     keys = {leaf.key for leaf in leaves(schema())}
     for leaf in leaves(schema()):
@@ -180,10 +186,16 @@ def rules(schema: type) -> dict[str, Alias | GlobalCount | NoEffect]:
                                  f"{schema.__name__}")
             note = {"note": spelling.note.replace("{to}", leaf.key)} if isinstance(spelling, Alias) else {}
             found[key] = dataclasses.replace(spelling, key=key, to=leaf.key, **note)
-    clash = sorted((found.keys() | keys) & NO_EFFECT.keys())
+    clash = sorted((found.keys() | keys) & no_effect.keys())
     if clash:
-        raise ValueError(f"NO_EFFECT names keys that are settings or spellings of {schema.__name__}: {clash}")
-    return {**found, **NO_EFFECT}
+        raise ValueError(f"{schema.__name__}.no_effect_keys names keys that are its settings or spellings: {clash}")
+    return {**found, **no_effect}
+
+
+def renamed_keys(schema: type) -> dict[str, str]:
+    """Other spelling -> our key, for every ``Alias`` of ``schema`` that takes the value as given: how a config
+    saved under those names (a run made before a key was renamed) reads now (``verl.utils.run_dir.claim``)."""
+    return {key: rule.to for key, rule in rules(schema).items() if isinstance(rule, Alias) and rule.values is None}
 
 
 def mapping(values: dict[Any, Any], ours: str) -> str:
@@ -198,6 +210,7 @@ class Translated:
     items: list[tuple[str, Any]] = field(default_factory=list)  # (our key, value), in order
     global_counts: dict[str, tuple[str, int]] = field(default_factory=dict)  # our key -> (their key, global count)
     notices: list[str] = field(default_factory=list)
+    given_as: dict[str, str] = field(default_factory=dict)  # our key -> the other spelling that set it (for errors)
 
 
 def _rule(key: str, table: dict[str, Alias | GlobalCount | NoEffect]) -> Alias | GlobalCount | NoEffect | None:
@@ -252,4 +265,8 @@ def translate(pairs: list[tuple[str, Any]], table: dict[str, Alias | GlobalCount
                               f"({ours}) to different values: give one of them")
         spelled_by[ours] = (key, value, given)
         out.items.append((ours, value))
+        if ours != key:
+            out.given_as[ours] = key
+        else:
+            out.given_as.pop(ours, None)
     return out

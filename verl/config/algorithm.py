@@ -1,18 +1,18 @@
 """The ``algorithm`` section of the trainer's config (advantage estimator, in-reward KL and its controller, dynamic
 sampling, overlong handling, turn-level credit), and the registry lookups every algorithm-valued setting takes its
-allowed names from (here and in the actor's section, ``verl.config_sections``).
+allowed names from (here and in the actor's section, ``verl.config.sections``).
 
 The names are read from the registries of ``verl.algorithms`` when the config is checked, not listed here: a name
 registered by a recipe or a plug-in is then valid, and no list can fall behind (``verl/algorithms/registry.py``).
-Each setting is declared once (``verl.config_schema.setting``), as in ``verl.config_sections``.
+Each setting is declared once (``verl.config.schema.setting``), as in ``verl.config.sections``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl.config_compat import Alias
-from verl.config_schema import section, setting
+from verl.config.compat import Alias
+from verl.config.schema import section, setting
 
 
 def _algorithms():

@@ -1,11 +1,12 @@
-"""The trainer's sections of the config, each setting declared once (``verl.config_schema.setting``).
+"""The trainer's sections of the config, each setting declared once (``verl.config.schema.setting``).
 
 Every field here carries its default, its doc (the comment above its key in the generated
 ``configs/ppo_trainer.yaml`` and its row in docs/config.md), the values it allows and the other spellings it is
-accepted under (``verl.config_compat``). The ``algorithm`` section is declared in ``verl.config_algorithm``, with
+accepted under (``verl.config.compat``). The ``algorithm`` section is declared in ``verl.config.algorithm``, with
 the registry lookups that the algorithm-valued settings here (policy loss, loss aggregation, KL estimator) take
-their allowed names from. The top-level ``Config`` (``verl.config``) holds these sections; a recipe adds its own
-in a subclass.
+their allowed names from; the sections the SFT trainer holds too (the optimiser, the run's keys of ``trainer``) in
+``verl.config.shared``. The top-level ``Config`` (``verl.config.rl``) holds these sections; a recipe adds its own in
+a subclass.
 
 Sections used in two places (``OptimConfig``, ``FSDPConfig``) are documented once for both; the critic's learning
 rate differs only in its default (``section(OptimConfig, lr=1e-5)``).
@@ -15,16 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl.config_algorithm import agg_mode_names, kl_estimator_names, policy_loss_names
-from verl.config_compat import Alias, GlobalCount
-from verl.config_schema import section, setting
-from verl.utils.lr_schedule import SCHEDULES
+from verl.config.algorithm import agg_mode_names, kl_estimator_names, policy_loss_names
+from verl.config.compat import RENAMED, Alias, GlobalCount
+from verl.config.schema import section, setting
+from verl.config.shared import DTYPE_NAMES, OptimConfig, RunConfig
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
-LOGGERS = ("console", "jsonl", "wandb", "tensorboard")
-
-
-_RENAMED = "renamed: {to}"
 _SEARCH_R1_MINI = ("rollout.n_agent (Search-R1) is rollout.n here: samples per prompt; ppo_mini_batch_size counts "
                    "trajectories, as in Search-R1")
 
@@ -90,24 +86,6 @@ class ModelConfig:
                                 low_open=True, what="LoRA's scale numerator")
     target_modules: list[str] = setting(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                         "Modules (by name) that get adapters.")
-
-
-@dataclass
-class OptimConfig:
-    lr: float = setting(1e-6, "AdamW learning rate (Search-R1, 3B-parameter models: 1e-6 for the actor, 1e-5 for the "
-                        "critic).", low=0, high=1, low_open=True, what="a learning rate (AdamW; typical 1e-6 .. 1e-5)",
-                        spellings=(Alias("../lr", _RENAMED),))
-    lr_warmup_steps_ratio: float = setting(
-        0.0, "Fraction of the run's optimiser steps spent warming the LR up linearly from 0; then optim.warmup_style.",
-        low=0, high=1, what="a fraction of the run's steps", spellings=(Alias("../lr_warmup_steps_ratio", _RENAMED),))
-    warmup_style: str = setting(
-        "constant", "The learning rate after the warm-up: constant | cosine (half a cosine from optim.lr down towards "
-        "optim.min_lr_ratio x optim.lr, reached just after the last optimiser step). verl's newer name "
-        "optim.lr_scheduler_type is the same key.", choices=SCHEDULES, spellings=(Alias("../optim.lr_scheduler_type"),))
-    min_lr_ratio: float | None = setting(None, "cosine: the floor of the learning rate, as a fraction of optim.lr.",
-                                         low=0, high=1, what="a fraction of optim.lr", null_means="0")
-    weight_decay: float = setting(0.0, "AdamW weight decay.", low=0, high=1, what="a decoupled weight decay",
-                                  spellings=(Alias("../weight_decay", _RENAMED),))
 
 
 @dataclass
@@ -317,7 +295,7 @@ class ActorRolloutRefConfig:
 @dataclass
 class CriticModelConfig:
     path: str | None = setting(None, "Critic backbone directory; null = actor_rollout_ref.model.path.",
-                               spellings=(Alias("critic.model_path", _RENAMED),))
+                               spellings=(Alias("critic.model_path", RENAMED),))
     enable_gradient_checkpointing: bool | None = setting(
         None, "Recompute activations in the backward pass; null = on for models above 1B parameters.")
     fsdp_config: FSDPConfig = section(FSDPConfig)
@@ -348,7 +326,9 @@ class CustomRewardConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(RunConfig):
+    """The run's keys (``RunConfig``, shared with the SFT trainer), then the RL trainer's own."""
+
     backend: str = setting("local", "Worker placement: local (in-process) | ray (Ray actors on a resource pool).",
                            choices=("local", "ray"))
     ray_timeout_s: float = setting(
@@ -358,10 +338,6 @@ class TrainerConfig:
     nnodes: int = setting(1, "Nodes in the Ray resource pool.", low=1)
     n_gpus_per_node: int = setting(1, "Workers per node (GPUs per node; CPU worker processes when there is no GPU).",
                                    low=1)
-    total_epochs: int = setting(1, "Passes over the training data.", low=1, steers=True)
-    total_training_steps: int | None = setting(
-        None, "Stop after this many steps (null = total_epochs worth of steps).", low=1,
-        null_means="trainer.total_epochs worth of steps", steers=True)
     critic_warmup: int = setting(
         0, "Steps that train the critic only: the actor is updated from step critic_warmup on (verl's rule; 0 or 1 = "
         "from the first step).", low=0)
@@ -388,33 +364,10 @@ class TrainerConfig:
     validation_data_rows: int = setting(
         512, "Rows of each validation kept there (whole groups, spread over the validation set; all when it has no "
         "more). 0 = none kept.", low=0, steers=True)
-    project_name: str = setting("search_r1", "Project name used by the trackers (W&B project) and the run directory.")
-    experiment_name: str | None = setting(
-        None, "Experiment name used by the trackers and the run directory. null = <data>_<model>_<estimator>, e.g. "
-        "nq_hotpotqa_Qwen2.5-3B_gae: the same command names the same directory, so a rerun resumes it.")
-    logger: list[str] = setting(
-        ["console", "jsonl"], "Trackers: any of {choices}. The run directory's metrics.jsonl is written whatever this "
-        "says (resume, curves.png and the summary read it). wandb needs WANDB_API_KEY, `wandb login` or "
-        "WANDB_MODE=offline (no network; logs under the run directory); checked before the model loads.",
-        choices=LOGGERS, steers=True)
-    test_freq: int = setting(10, "Validate every this many steps (-1 = never).", steers=True)
     val_before_train: bool = setting(True, "Validate once before the first step.", steers=True)
     val_only: bool = setting(
         False, "Only validate (the policy at actor_rollout_ref.model.path or the resumed checkpoint), then exit.",
         steers=True)
-    save_freq: int = setting(
-        -1, "Save a checkpoint every this many steps (-1 = never; the last step is always saved when > 0).",
-        steers=True)
-    resume_mode: str = setting(
-        "auto", "auto = resume from the newest checkpoint in default_local_dir | disable | a checkpoint path.",
-        steers=True)
-    default_local_dir: str = setting(
-        "outputs/${trainer.project_name}/${trainer.experiment_name}", "The run directory: config.yaml, "
-        "metrics.jsonl, curves.png, checkpoints, hf_model/. A directory that holds another run (a different config, "
-        "or metrics but no checkpoint to resume) is refused, never appended to.", steers=True)
-    seed: int = setting(1, "Seed of model init noise, sampling and dropout.")
-    device: str = setting("auto", "Device for the workers: auto (cuda if available) | cpu | cuda.",
-                          choices=("auto", "cpu", "cuda"), steers=True)
     peak_tflops: float | None = setting(
         None, "One device's dense matmul peak in TFLOP/s, the denominator of perf/mfu/*; null = measured on rank 0 at "
         "start-up in each pass's dtype (benchmarks/bench_peak.py prints it).", low=0, low_open=True,

@@ -8,8 +8,8 @@ declarations alone come
   values of mappings and lists included), values outside a setting's ``choices`` (each element of a list) and
   numbers outside its range. Errors name the key and say what is allowed (``allowed``). Rules that relate several
   keys are not declarations: they are the ``check`` method of the config class (a subclass calls ``super()``);
-* the documented YAML and docs/config.md (``verl.config_doc``: default, doc, allowed values);
-* the other spellings a key is accepted under (``verl.config_compat.rules`` reads ``spellings``);
+* the documented YAML and docs/config.md (``verl.config.doc``: default, doc, allowed values);
+* the other spellings a key is accepted under (``verl.config.compat.rules`` reads ``spellings``);
 * the keys that only steer a run (``steering_keys``: a rerun may change them and continue the run, ``run_dir``).
 
 Choices:
@@ -31,7 +31,7 @@ import difflib
 import functools
 import math
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import Any
@@ -54,7 +54,7 @@ class Setting:
     null_means: str = ""
     off: int | None = None
     what: str = ""
-    spellings: tuple = ()  # verl.config_compat.Alias / GlobalCount
+    spellings: tuple = ()  # verl.config.compat.Alias / GlobalCount
     steers: bool = False
 
     def allowed_choices(self) -> tuple[str, ...]:
@@ -69,7 +69,7 @@ def setting(default: Any, doc: str, *, choices: tuple[str, ...] | Callable[[], I
     """A dataclass field for one setting: its default, its doc (the YAML comment above the key), the values it
     allows (``choices``, or a range ``low``..``high`` whose bounds are included unless ``low_open``/``high_open``;
     ``what`` names the quantity in the error), what null means where the annotation allows null, an ``off``
-    value outside the range, other spellings of the key (``verl.config_compat``) and whether it only steers a
+    value outside the range, other spellings of the key (``verl.config.compat``) and whether it only steers a
     run (``steers``: a rerun may change it and still continue the run)."""
     meta = {_SETTING: Setting(doc, choices, low, high, low_open, high_open, null_means, off, what, tuple(spellings),
                               steers)}
@@ -164,8 +164,8 @@ def _integer(hint: Any) -> bool:
     return int in args and float not in args
 
 
-def _range_text(s: Setting, integer: bool) -> str:
-    kind = "an integer" if integer else "a number"
+def _range_text(s: Setting, integer: bool, plural: bool = False) -> str:
+    kind = ("integers" if integer else "numbers") if plural else "an integer" if integer else "a number"
     if s.low is not None and s.high is not None:
         text = f"{kind} in {'(' if s.low_open else '['}{s.low:g}, {s.high:g}{')' if s.high_open else ']'}"
     elif s.low is not None:
@@ -177,7 +177,8 @@ def _range_text(s: Setting, integer: bool) -> str:
 
 def allowed(s: Setting, hint: Any) -> str:
     """What the setting allows, in words: ``null (= clip_ratio) or a number in (0, 1)``, ``one of sync, async``,
-    ``a list of console, jsonl``, ``a mapping of em, f1, ... to a number >= 0``; "" when only its type is checked."""
+    ``a list of console, jsonl``, ``a list of numbers in [0, 1)``, ``a mapping of em, f1, ... to a number >= 0``; ""
+    when only its type is checked."""
     if s.choices is None and s.low is None and s.high is None:
         return ""
     parts = []
@@ -192,7 +193,8 @@ def allowed(s: Setting, hint: Any) -> str:
     if container is dict:
         parts.append(f"a mapping of {names or 'names'} to {number or 'values'}")
     elif container is list:
-        parts.append(f"a list of {names or number}")
+        item_is_int = typing.get_args(inner) == (int,)
+        parts.append(f"a list of {names or _range_text(s, item_is_int, plural=True)}")
     else:
         parts += [f"one of {names}"] if names else []
         parts += [number] if number else []
@@ -217,8 +219,18 @@ def _floats(value: Any, key: str) -> Iterator[tuple[str, float]]:
             yield from _floats(v, key)
 
 
-def _invalid(key: str, value: Any, what: str) -> ConfigError:
-    return ConfigError(f"config key {key}={value!r} is invalid: allowed {what}")
+def invalid(key: str, value: object, allowed: str, ours: str = "") -> ConfigError:
+    """``config key KEY=VALUE is invalid: allowed ALLOWED``: the one wording of a refused value, for the declarations'
+    walk and the rules between keys alike. ``ours``: our name of the key when ``key`` is another spelling of it
+    (said after the value: ``config key optim.lr_scheduler='linear' (optim.warmup_style here) is invalid``)."""
+    here = f" ({ours} here)" if ours else ""
+    return ConfigError(f"config key {key}={value!r}{here} is invalid: allowed {allowed}")
+
+
+def require(ok: bool, key: str, value: object, allowed: str) -> None:
+    """``invalid(key, value, allowed)`` raised unless ``ok``."""
+    if not ok:
+        raise invalid(key, value, allowed)
 
 
 def _parts(key: str, value: Any) -> list[tuple[str, Any, Any]]:
@@ -231,22 +243,32 @@ def _parts(key: str, value: Any) -> list[tuple[str, Any, Any]]:
     return [(key, value, value)]
 
 
-def check_settings(cfg: Any) -> None:
+def _refused(key: str, leaf_key: str, given_as: Mapping[str, str], value: object, what: str) -> ConfigError:
+    """``invalid`` for ``key`` (a leaf's key or a part of it, ``reward.terms.em``), named as the user spelled its
+    leaf when that was another spelling (``given_as``), with ours after the value."""
+    theirs = given_as.get(leaf_key)
+    if theirs is None:
+        return invalid(key, value, what)
+    return invalid(theirs + key[len(leaf_key):], value, what, ours=key)
+
+
+def check_settings(cfg: Any, given_as: Mapping[str, str] | None = None) -> None:
     """Every setting of ``cfg`` against its declaration: finite, among its choices (each item of a list, each key
     of a mapping), within its range (each number of a list or mapping); ConfigError naming the first key that is
-    not."""
+    not, as the user spelled it (``given_as``: our key -> the other spelling it was set under,
+    ``verl.config.compat.Translated.given_as``)."""
+    given_as = given_as or {}
     for leaf in leaves(cfg):
         for key, number in _floats(leaf.value, leaf.key):
             if not math.isfinite(number):
-                raise ConfigError(f"config key {key}={number} is invalid: allowed a finite number (not nan or inf)")
+                raise _refused(key, leaf.key, given_as, number, "a finite number (not nan or inf)")
         s = leaf.setting
         if s is None or leaf.value is None:
             continue
         names = s.allowed_choices() if s.choices is not None else None
         bounded = s.low is not None or s.high is not None
         for key, name, number in _parts(leaf.key, leaf.value):
-            if names is not None and name not in names:
-                raise _invalid(key, number, allowed(s, leaf.hint))
             numeric = isinstance(number, int | float) and not isinstance(number, bool)
-            if bounded and numeric and number != s.off and not _in_range(number, s):
-                raise _invalid(key, number, allowed(s, leaf.hint))
+            if (names is not None and name not in names) or \
+                    (bounded and numeric and number != s.off and not _in_range(number, s)):
+                raise _refused(key, leaf.key, given_as, number, allowed(s, leaf.hint))

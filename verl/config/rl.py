@@ -1,33 +1,73 @@
-"""The rules that relate several keys of the trainer's sections, and the quantities derived from several keys.
+"""The RL trainer's config (``Config``), the quantities derived from several of its keys, and the rules between keys.
 
-Everything about one key alone (type, choices, range, finiteness) is its declaration
-(``verl.config_sections``, checked by ``verl.config_schema.check_settings``). What is left are the rules
-between keys, each a named function that ``check_trainer`` calls (``Config.check``; a recipe's config adds its
-own rules and calls ``super().check()``), and ``check_paths``: the files a run reads exist, checked when a run
-starts rather than when a config is built, so configs can be built and checked anywhere. What an estimator needs
-(a critic, groups of rollout.n >= 2, ``algorithm.*`` keys) is asked of its registration
+Everything about one key alone (type, choices, range, finiteness) is its declaration (``verl.config.sections``,
+``verl.config.algorithm``; checked by ``verl.config.schema.check_settings``); a rule within one section is that
+section's ``check`` method (``OptimConfig``, ``RunConfig``), shared with the SFT config. What is left are the rules
+between keys, each a named function that ``check_trainer`` calls (``Config.check``; a recipe's config adds its own
+rules and calls ``super().check()``), and ``check_trainer_paths``: the files a run reads exist, checked when a run
+starts rather than when a config is built, so configs can be built and checked anywhere (``verl.config.paths``).
+What an estimator needs (a critic, groups of rollout.n >= 2, ``algorithm.*`` keys) is asked of its registration
 (``verl.algorithms.registry``), never listed here.
+
+``Config`` and the functions over it share this module so that nothing in the package imports back up to it: the
+loader (``verl.config.load``) imports it, and it imports only the declarations below it.
 """
 
 from __future__ import annotations
 
-import difflib
-import re
-from pathlib import Path
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import ClassVar
 
 from verl.algorithms.registry import ADV_ESTIMATORS, POLICY_LOSSES, AdvEstimator, policy_loss_config
-from verl.config_sections import DataConfig
+from verl.config.algorithm import AlgorithmConfig
+from verl.config.compat import NO_EFFECT, NoEffect
+from verl.config.paths import check_files, check_model_dir
+from verl.config.schema import require, section, setting
+from verl.config.sections import (
+    ActorRolloutRefConfig,
+    CriticConfig,
+    CustomRewardConfig,
+    DataConfig,
+    TrainerConfig,
+)
 from verl.errors import ConfigError
 
-if TYPE_CHECKING:
-    from verl.config import Config
+
+@dataclass
+class Config:
+    """The trainer's config: the recipe and plug-ins, then the trainer's sections."""
+
+    # other trainers' keys that change nothing here, accepted with a notice (verl.config.compat)
+    no_effect_keys: ClassVar[dict[str, NoEffect]] = NO_EFFECT
+
+    recipe: str = setting(
+        "search_r1.recipe", "Python module that plugs the task into the generic trainer: its build_recipe(cfg, "
+        "tokenizer, generator) returns the generation loop, the reward and the validation metrics "
+        "(verl.trainer.recipe.Recipe); its CONFIG_CLASS names the config's keys (this file's are search_r1.recipe's).")
+    plugins: list[str] = setting(
+        [], "Python modules imported before the config is checked (and in every worker), e.g. [my_estimators]: an "
+        "advantage estimator, policy loss, KL estimator or reward term they register is then a valid value of its "
+        "key.")
+    data: DataConfig = section(DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig)
+    critic: CriticConfig = section(CriticConfig)
+    algorithm: AlgorithmConfig = section(AlgorithmConfig)
+    custom_reward_function: CustomRewardConfig = section(CustomRewardConfig)
+    trainer: TrainerConfig = section(TrainerConfig)
+
+    def check(self) -> None:
+        """The rules between keys (``check_trainer``); a recipe's subclass adds its own after ``super().check()``."""
+        check_trainer(self)
+
+    def check_paths(self) -> None:
+        """What a run needs when it starts (files exist; a subclass adds its own, e.g. a service's address)."""
+        check_trainer_paths(self)
 
 
-def require(ok: bool, key: str, value: object, allowed: str) -> None:
-    """ConfigError ``config key KEY=VALUE is invalid: allowed ALLOWED`` unless ``ok``."""
-    if not ok:
-        raise ConfigError(f"config key {key}={value!r} is invalid: allowed {allowed}")
+def check_paths(cfg: Config) -> None:
+    """The files (and, per recipe, services) the run needs are named and exist; ConfigError naming the key.
+    Checked when a run starts, not in ``validate``, so configs can be built and checked anywhere."""
+    cfg.check_paths()
 
 
 # ------------------------------------------------------------------ quantities derived from several keys
@@ -103,7 +143,9 @@ def check_trainer(cfg: Config) -> None:
     check_pipeline(cfg)
     check_overlong(cfg)
     check_lora(cfg)
-    check_resume_mode(cfg)
+    cfg.trainer.check("trainer")
+    cfg.actor_rollout_ref.actor.optim.check("actor_rollout_ref.actor.optim")
+    cfg.critic.optim.check("critic.optim")
 
 
 def check_lengths(cfg: Config) -> None:
@@ -190,61 +232,15 @@ def check_lora(cfg: Config) -> None:
             model.target_modules, "a non-empty list of module names (e.g. [q_proj, v_proj]) when lora_rank > 0")
 
 
-def check_resume_mode(cfg: Config) -> None:
-    """trainer.resume_mode: a word or a path that exists (one key, but its allowed values are not a list)."""
-    mode = cfg.trainer.resume_mode
-    require(mode in ("auto", "disable") or Path(mode).exists(), "trainer.resume_mode", mode,
-            "auto, disable or an existing checkpoint path")
-
-
 # ------------------------------------------------------------------ the files a run reads
-DEMO_DATA = Path("data/demo")  # where `make demo` builds the demo's policy, corpus and parquet (configs/demo.yaml)
-
-
-def _nearest_model_dirs(missing: Path) -> str:
-    """``; did you mean A?`` naming the model directories (holding config.json) beside ``missing`` whose names are
-    nearest to its name; "" when its parent does not exist or none is near."""
-    parent = missing.parent
-    if not parent.is_dir():
-        return ""
-    try:
-        names = [d.name for d in parent.iterdir() if (d / "config.json").is_file()]
-    except OSError:
-        return ""
-    near = difflib.get_close_matches(missing.name, names, n=3, cutoff=0.6)
-    return f"; did you mean {' or '.join(str(parent / name) for name in near)}?" if near else ""
-
-
-def _check_model_dir(key: str, path: str | None) -> None:
-    """A local model directory must exist and hold config.json; a missing path that looks like a hub id
-    (``owner/name``) is left to transformers."""
-    if path is None:
-        raise ConfigError(f"config key {key} is not set: name the policy (a Hugging Face model directory with "
-                          f"config.json, tokenizer and weights, e.g. {key}=/models/Qwen2.5-3B); the embedded demo "
-                          "sets it with --config configs/demo.yaml (what `make demo` runs)")
-    p = Path(path)
-    hub_like = re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and not path.startswith(".")
-    if not p.exists() and not hub_like:
-        raise ConfigError(f"config key {key}={path!r} is invalid: no such directory{_nearest_model_dirs(p)} "
-                          "(allowed: a Hugging Face model directory with config.json, tokenizer and weights; "
-                          + ("the demo's policy is built by `make demo`)" if p.parts[:2] == DEMO_DATA.parts else
-                             "a GGUF file is converted into one by search-r1-import-model)"))
-    if p.exists() and not (p / "config.json").is_file():
-        raise ConfigError(f"config key {key}={path!r} is invalid: the directory has no config.json (allowed: a "
-                          "Hugging Face model directory with config.json, tokenizer and weights)")
-
-
-def check_paths(cfg: Config) -> None:
+def check_trainer_paths(cfg: Config) -> None:
     """The files the run reads exist: model directories and parquet files (ConfigError naming the key)."""
-    _check_model_dir("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
+    check_model_dir("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
     if cfg.critic.model.path is not None and uses_critic(cfg):
-        _check_model_dir("critic.model.path", cfg.critic.model.path)
+        check_model_dir("critic.model.path", cfg.critic.model.path)
     for key, value in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         if value is None:
             raise ConfigError(f"config key {key} is not set: name your parquet file(s) (comma-separated, in the "
                               "Search-R1 schema, e.g. from `python -m data_prep.qa_search`); the embedded demo sets it "
                               "with --config configs/demo.yaml")
-        for name in [f.strip() for f in value.split(",") if f.strip()] or [value]:
-            if not Path(name).is_file():
-                raise ConfigError(f"config key {key}={value!r} is invalid: {name!r} does not exist (allowed: "
-                                  "comma-separated parquet files in the Search-R1 schema, e.g. from data_prep)")
+        check_files(key, value, "comma-separated parquet files in the Search-R1 schema, e.g. from data_prep")
