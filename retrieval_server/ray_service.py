@@ -51,8 +51,8 @@ from pathlib import Path
 
 import httpx
 
-from retrieval_server.manifest import MANIFEST_NAME, Manifest
-from retrieval_server.shards import SHARD_DIR
+from retrieval_server.index.manifest import MANIFEST_NAME, Manifest
+from retrieval_server.index.shards import SHARD_DIR
 
 logger = logging.getLogger("retrieval_server.ray_service")
 

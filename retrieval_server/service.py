@@ -33,8 +33,6 @@ from typing import Protocol
 
 import numpy as np
 
-from retrieval_server.bm25 import BM25Retriever
-from retrieval_server.corpus import CorpusStore, scan_corpus
 from retrieval_server.devices import (
     Placement,
     check_cuda_device,
@@ -43,8 +41,10 @@ from retrieval_server.devices import (
     measured,
     visible_gpus_note,
 )
-from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
-from retrieval_server.manifest import Manifest, check_corpus, check_encoder
+from retrieval_server.index.bm25 import BM25Retriever
+from retrieval_server.index.corpus import CorpusStore, scan_corpus
+from retrieval_server.index.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
+from retrieval_server.index.manifest import Manifest, check_corpus, check_encoder
 from retrieval_server.query_cache import CachedSearch
 
 logger = logging.getLogger(__name__)
@@ -120,8 +120,8 @@ def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOpti
         return retriever
     import faiss
 
-    from retrieval_server.dense import DenseRetriever
-    from retrieval_server.encoder import Encoder
+    from retrieval_server.index.dense import DenseRetriever
+    from retrieval_server.index.encoder import Encoder
 
     if options.threads > 0:
         import torch
@@ -201,8 +201,8 @@ class SearchService:
         """What is served (for ``GET /health``); ``recall``: tuning.served_recall (null where not measured)."""
         dense = self.manifest.retriever == "dense"
         if dense:  # both modules import FAISS, which a BM25 service runs without (a machine may lack it)
-            from retrieval_server.index_kinds import search_params
-            from retrieval_server.tuning import served_recall
+            from retrieval_server.index.kinds import search_params
+            from retrieval_server.index.tuning import served_recall
 
         encoder = getattr(self.retriever, "encoder", None)
         parts = {p.part: p.as_dict() for p in self.placements()}
@@ -274,13 +274,13 @@ def _plan_dense_index(manifest: Manifest, options: ServeOptions) -> Placement:
         raise ValueError(f"--faiss-gpu {options.gpu_mode}: FAISS sees no GPU ({visible_gpus_note()}; the CPU build, "
                          "faiss-cpu, never does: pip install faiss-gpu-cu12 for GPU search); leave --faiss-gpu off "
                          "to search on the CPU")
-    from retrieval_server.index_kinds import HNSW_KINDS
+    from retrieval_server.index.kinds import HNSW_KINDS
 
     if manifest.index in HNSW_KINDS:
         return Placement("index", "cpu", "faiss; FAISS has no GPU HNSW")
     if manifest.index_params.get("refine", "none") != "none":
         return Placement("index", "cpu", "faiss; a refined index stays on the CPU")
-    from retrieval_server.dense import check_gpu_budget
+    from retrieval_server.index.dense import check_gpu_budget
 
     check_gpu_budget(manifest.index, manifest.dim, manifest.count, n_gpus, options.gpu_mode, options.gpu_fp16,
                      options.gpu_budget_gb)

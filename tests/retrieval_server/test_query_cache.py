@@ -10,8 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
+from retrieval_server.index.manifest import Manifest
 from retrieval_server.launcher import ServerProcess
-from retrieval_server.manifest import Manifest
 from retrieval_server.query_cache import CachedSearch
 from retrieval_server.service import ServeOptions, load_retriever
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from retrieval_server import build_index, import_index
-from retrieval_server.manifest import MANIFEST_NAME, Manifest
+from retrieval_server.index import build, import_faiss
+from retrieval_server.index.manifest import MANIFEST_NAME, Manifest
 
 pytestmark = pytest.mark.slow  # encoders and FAISS builds
 
@@ -41,7 +41,7 @@ def good(flat_index, tmp_path) -> Path:
 
 def test_auto_with_a_budget_that_holds_no_candidate(good, flat_index, corpus_path, capsys):
     before, names = digest(good), siblings(good)
-    code = build_index.main(["--corpus", str(corpus_path), "--out", str(good), "--index", "auto", "--from-flat",
+    code = build.main(["--corpus", str(corpus_path), "--out", str(good), "--index", "auto", "--from-flat",
                              str(flat_index), "--target-recall", "0.9", "--memory-budget", "0.0000001"])
     assert code == 2
     assert digest(good) == before and siblings(good) == names
@@ -52,7 +52,7 @@ def test_a_shard_build_whose_encoder_does_not_load(good, corpus_path, tmp_path):
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "bert", "hidden_')
     before, names = digest(good), siblings(good)
-    code = build_index.main(["--corpus", str(corpus_path), "--out", str(good), "--shards", "2", "--model",
+    code = build.main(["--corpus", str(corpus_path), "--out", str(good), "--shards", "2", "--model",
                              str(broken)])
     assert code == 2
     assert digest(good) == before and siblings(good) == names
@@ -63,7 +63,7 @@ def test_import_of_a_corrupt_faiss_file(good, corpus_path, tmp_path):
     corrupt.write_bytes((good / "faiss.index").read_bytes()[:1000])
     before, names = digest(good), siblings(good)
     for shards in ("1", "2"):
-        code = import_index.main(["--faiss", str(corrupt), "--corpus", str(corpus_path), "--out", str(good),
+        code = import_faiss.main(["--faiss", str(corrupt), "--corpus", str(corpus_path), "--out", str(good),
                                   "--shards", shards])
         assert code == 2
         assert digest(good) == before and siblings(good) == names
@@ -73,12 +73,12 @@ def test_a_bm25_build_over_a_dense_index_that_fails_on_a_bad_line(good, tmp_path
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "a", "contents": "x"}\n{"id": "b", "contents": 7}\n')
     before, names = digest(good), siblings(good)
-    assert build_index.main(["--corpus", str(corpus), "--out", str(good), "--retriever", "bm25"]) == 2
+    assert build.main(["--corpus", str(corpus), "--out", str(good), "--retriever", "bm25"]) == 2
     assert digest(good) == before and siblings(good) == names
 
 
 def test_a_successful_rebuild_replaces_the_index_and_leaves_no_staging(good, corpus_path):
     names = siblings(good)
-    assert build_index.main(["--corpus", str(corpus_path), "--out", str(good), "--retriever", "bm25"]) == 0
+    assert build.main(["--corpus", str(corpus_path), "--out", str(good), "--retriever", "bm25"]) == 0
     assert Manifest.load(good).retriever == "bm25" and (good / MANIFEST_NAME).exists()
     assert siblings(good) == names

@@ -16,7 +16,7 @@ count, corpus checksum). Choices:
 - ``--shards N`` (dense) writes N row-range shards ``DIR/shard-i`` instead of one index, from the same
   encoding pass (``shards.py``).
 - FAISS (an optional dependency) is imported only for a dense build: a BM25 build runs without it, and a dense build
-  without it stops at once with exit status 2 naming the package to install (``index_kinds.require_faiss``).
+  without it stops at once with exit status 2 naming the package to install (``kinds.require_faiss``).
 """
 
 from __future__ import annotations
@@ -33,14 +33,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from retrieval_server.bm25 import build_bm25_index
-from retrieval_server.corpus import CorpusError, CorpusScan, iter_passages, scan_corpus
-from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, Encoder, EncoderError
-from retrieval_server.index_kinds import INDEX_KINDS, REFINES, FaissMissing, require_faiss
-from retrieval_server.logs import configure_logging
-from retrieval_server.manifest import INDEX_FILE, RETRIEVERS, Manifest, ManifestError
-from retrieval_server.staging import staged
-from retrieval_server.tuning import (
+from retrieval_server.index.bm25 import build_bm25_index
+from retrieval_server.index.corpus import CorpusError, CorpusScan, iter_passages, scan_corpus
+from retrieval_server.index.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, Encoder, EncoderError
+from retrieval_server.index.kinds import INDEX_KINDS, REFINES, FaissMissing, require_faiss
+from retrieval_server.index.manifest import INDEX_FILE, RETRIEVERS, Manifest, ManifestError
+from retrieval_server.index.staging import staged
+from retrieval_server.index.tuning import (
     DEFAULT_QUERIES,
     RECALL_KS,
     TuningError,
@@ -49,6 +48,7 @@ from retrieval_server.tuning import (
     record_recall,
     sample_rows,
 )
+from retrieval_server.logs import configure_logging
 
 logger = logging.getLogger("retrieval_server.build_index")
 
@@ -98,8 +98,8 @@ def make_out_dir(out: Path) -> None:
 class IndexChoice:
     """Which dense index to build and how its recall is measured and tuned (``--index`` and friends)."""
 
-    kind: str = "flat"  # index_kinds.INDEX_KINDS or "auto"
-    refine: str = "none"  # index_kinds.REFINES
+    kind: str = "flat"  # kinds.INDEX_KINDS or "auto"
+    refine: str = "none"  # kinds.REFINES
     target_recall: float | None = None  # tune the search parameter to reach it (required for auto)
     recall_k: int = 3  # the k of the target recall
     memory_budget_gb: float | None = None  # auto: GiB the index may keep in memory (a refine store counts as disk)
@@ -115,7 +115,7 @@ class IndexChoice:
 
     @property
     def search(self) -> dict:
-        """The search parameters set by hand, under their manifest names (``index_kinds.SEARCH_PARAMS``)."""
+        """The search parameters set by hand, under their manifest names (``kinds.SEARCH_PARAMS``)."""
         given = {"nprobe": self.nprobe, "efSearch": self.ef_search, "k_factor": self.k_factor}
         return {name: value for name, value in given.items() if value is not None}
 
@@ -156,7 +156,7 @@ def _held_out(choice: IndexChoice, scan: CorpusScan, encoder: Encoder | None, fr
         return encoder.encode_queries(load_tune_queries(choice.tune_queries)), f"questions of {choice.tune_queries}"
     rows = sample_rows(scan.count)
     if from_flat is not None:
-        from retrieval_server.dense import read_index
+        from retrieval_server.index.dense import read_index
 
         flat = read_index(source.index_path(from_flat))
         return np.stack([flat.reconstruct(int(r)) for r in rows]), f"{len(rows)} stored passages (seeded sample)"
@@ -171,8 +171,8 @@ def _build_dense(scan: CorpusScan, out: Path, model: str, choice: IndexChoice, e
                  from_flat: Path | None, progress: bool, shards: int = 1) -> Manifest | list[Manifest]:
     import faiss  # here, with the dense machinery, not at the top: a BM25 build runs without FAISS
 
-    from retrieval_server.dense import build_dense_index, build_measured_index, flat_batches
-    from retrieval_server.shards import write_dense_shards
+    from retrieval_server.index.dense import build_dense_index, build_measured_index, flat_batches
+    from retrieval_server.index.shards import write_dense_shards
 
     source, encoder = None, None
     if from_flat is not None:
@@ -251,7 +251,7 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "dense", m
                 shards: int = 1) -> Manifest | list[Manifest]:
     """Build the index of ``corpus`` into ``out`` and return its manifest (also written to ``out``); with ``shards``
     > 1, build ``out/shard-0 ...`` instead and return their manifests (``shards.py``; dense only). ``index``: a
-    kind (``index_kinds.INDEX_KINDS``) or an ``IndexChoice`` (refine, target recall, auto)."""
+    kind (``kinds.INDEX_KINDS``) or an ``IndexChoice`` (refine, target recall, auto)."""
     choice = index if isinstance(index, IndexChoice) else IndexChoice(kind=index)
     if retriever not in RETRIEVERS:
         raise ValueError(f"retriever must be one of {RETRIEVERS}, got {retriever!r}")
@@ -299,7 +299,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "ivf, ivfsq8, ivfpq, opq = approximate; "
                         "auto = the fastest within --memory-budget reaching --target-recall (needs --from-flat "
                         "FLAT_DIR: each candidate is built from that flat index's vectors, one pass each). Sizes and "
-                        "parameters: retrieval_server/index_kinds.py")
+                        "parameters: retrieval_server/index/kinds.py")
     p.add_argument("--refine", choices=REFINES, default="none",
                    help="approximate kinds: re-rank the candidates with a stored copy of the vectors in this precision")
     p.add_argument("--target-recall", type=float, default=None,
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         build_index(args.corpus, args.out, args.retriever, args.model, choice, args.e5_prefixes,
                     args.batch_size, args.from_flat, shards=args.shards)
     except (CorpusError, ManifestError, EncoderError, TuningError, FaissMissing,
-            ValueError) as e:  # ValueError: index_kinds
+            ValueError) as e:  # ValueError: kinds
         logger.error("%s", e)
         return 2
     return 0

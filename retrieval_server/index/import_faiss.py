@@ -38,13 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_server.build_index import load_encoder, make_out_dir
-from retrieval_server.corpus import CorpusError, CorpusScan, CorpusStore, scan_corpus
-from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, EncoderError
-from retrieval_server.index_kinds import FaissMissing, require_faiss
+from retrieval_server.index.build import load_encoder, make_out_dir
+from retrieval_server.index.corpus import CorpusError, CorpusScan, CorpusStore, scan_corpus
+from retrieval_server.index.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, EncoderError
+from retrieval_server.index.kinds import FaissMissing, require_faiss
+from retrieval_server.index.manifest import Manifest, ManifestError
+from retrieval_server.index.staging import staged
 from retrieval_server.logs import configure_logging
-from retrieval_server.manifest import Manifest, ManifestError
-from retrieval_server.staging import staged
 
 logger = logging.getLogger("retrieval_server.import_index")
 
@@ -165,8 +165,8 @@ def _import(faiss_file: Path, corpus: Path, out: Path, model: str, e5_prefixes: 
     """``import_index``'s checks and writes, into the staging directory ``out``."""
     import faiss
 
-    from retrieval_server.dense import HNSW_EF_SEARCH, build_dense_index, flat_batches, index_kind, read_index
-    from retrieval_server.shards import write_dense_shards
+    from retrieval_server.index.dense import HNSW_EF_SEARCH, build_dense_index, flat_batches, index_kind, read_index
+    from retrieval_server.index.shards import write_dense_shards
 
     try:
         index = read_index(faiss_file)  # memory-mapped: nothing is loaded yet

@@ -3,7 +3,7 @@
 Choices:
 - The index kinds (exact ``flat``; scalar-quantised ``fp16``, ``sq8``; graph ``hnsw``; inverted-file ``ivf``,
   ``ivfsq8``, ``ivfpq``, ``opq``; any approximate one optionally ``refine``d), their sizes and search parameters
-  are in ``index_kinds.py``; the recall each approximate index was measured at, in ``tuning.py``.
+  are in ``kinds.py``; the recall each approximate index was measured at, in ``tuning.py``.
 - The build streams: embeddings arrive in batches and are added as they come (kinds that learn buffer only
   their training sample, taken from the first rows), so peak memory is the index itself.
   ``build_measured_index`` also keeps the exact top-k of held-out queries in that pass and records the recall.
@@ -37,8 +37,8 @@ import faiss
 import numpy as np
 
 from retrieval_server.devices import Placement, measured
-from retrieval_server.encoder import Encoder
-from retrieval_server.index_kinds import (  # noqa: F401  (HNSW_EF_SEARCH, INDEX_KINDS: re-exported)
+from retrieval_server.index.encoder import Encoder
+from retrieval_server.index.kinds import (  # noqa: F401  (HNSW_EF_SEARCH, INDEX_KINDS: re-exported)
     HNSW_EF_SEARCH,
     HNSW_KINDS,
     INDEX_KINDS,
@@ -49,7 +49,7 @@ from retrieval_server.index_kinds import (  # noqa: F401  (HNSW_EF_SEARCH, INDEX
     new_index,
     train_projection,
 )
-from retrieval_server.tuning import (
+from retrieval_server.index.tuning import (
     RECALL_KS,
     StreamingTopK,
     exact_recall,
@@ -65,7 +65,7 @@ def build_dense_index(batches: Iterable[np.ndarray] | np.ndarray, kind: str, dim
                       refine: str = "none", nlist: int | None = None,
                       hnsw_m: int | None = None) -> tuple[faiss.Index, dict]:
     """Add embedding batches (each ``[n, dim]`` float32, unit norm, in corpus order; or one ``[count, dim]`` array)
-    to a new index of ``kind`` (``index_kinds.INDEX_KINDS``; ``refine``: ``index_kinds.REFINES``). Kinds that learn
+    to a new index of ``kind`` (``kinds.INDEX_KINDS``; ``refine``: ``kinds.REFINES``). Kinds that learn
     (IVF, PQ, SQ8) buffer the first ``train_size`` rows, train on them, then add everything.
 
     ``nlist`` / ``hnsw_m``: an IVF kind's lists / an HNSW kind's links per node, where not the kind's default.
@@ -98,7 +98,7 @@ def build_measured_index(batches: Iterable[np.ndarray] | np.ndarray, kind: str, 
                          ) -> tuple[faiss.Index, dict]:
     """``build_dense_index`` that also measures recall, in the same pass: the exact top-10 of the held-out
     ``queries`` ``[q, dim]`` (described by ``source``) is kept while the vectors stream through. The search
-    parameters are ``search`` where given (e.g. ``{"nprobe": 64}``, ``index_kinds.check_search_params``), else tuned
+    parameters are ``search`` where given (e.g. ``{"nprobe": 64}``, ``kinds.check_search_params``), else tuned
     to reach recall@``recall_k`` >= ``target_recall`` where given, else the kind's defaults; ``params["recall"]``
     holds recall@3 and @10 at them (``tuning.record_recall``; flat: exact, ``queries`` unused and may be None).
 
@@ -141,7 +141,7 @@ def read_index(path: str | Path) -> faiss.Index:
 
 
 def index_kind(index: faiss.Index) -> str:
-    """The kind (``index_kinds.INDEX_KINDS``) of a loaded index; ``ValueError`` for a type this service does not
+    """The kind (``kinds.INDEX_KINDS``) of a loaded index; ``ValueError`` for a type this service does not
     serve."""
     return kind_of(index)[0]
 
