@@ -175,7 +175,8 @@ def measure(index_file: Path, queries_file: Path, truth_file: Path, params_json:
     and batch 1, measure recall; the memory the index added (``mib``) and, for ``cold``, after the warm-up."""
     import faiss
 
-    from retrieval_server.index.dense import apply_search_params, read_index
+    from retrieval_server.index.dense import read_index
+    from retrieval_server.index.kinds import apply_search_params
     from retrieval_server.index.tuning import recall_at
 
     queries, truth = np.load(queries_file), np.load(truth_file)  # [q, dim], [q, 10]

@@ -326,7 +326,7 @@ def part_rss(data: Path, corpus: Path, queries: list[str], args: argparse.Namesp
 def part_overhead(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[Figures]:
     """In-process ``retriever.search`` vs the service (x1 alternating, then x8) per retriever, cache off."""
     from retrieval_server.index.manifest import Manifest
-    from retrieval_server.service import ServeOptions, load_retriever
+    from retrieval_server.search.service import ServeOptions, load_retriever
 
     figures = []
     for name in ("dense-flat", "dense-hnsw", "bm25"):

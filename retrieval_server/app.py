@@ -49,9 +49,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from retrieval_server.batcher import Coalescer
-from retrieval_server.documents import DocumentIndex, UnknownDocument, parse_doc_request
 from retrieval_server.logs import RequestStats, log_summaries
-from retrieval_server.service import BackendError, Hit, SearchService
+from retrieval_server.search.documents import DocumentIndex, UnknownDocument, parse_doc_request
+from retrieval_server.search.service import BackendError, Hit, SearchService
 
 logger = logging.getLogger(__name__)
 

@@ -37,15 +37,15 @@ from pathlib import Path
 import uvicorn
 
 from retrieval_server.app import Limits, create_app
-from retrieval_server.devices import describe_placements, keep_jax_off_devices
 from retrieval_server.index.corpus import CorpusError
 from retrieval_server.index.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
 from retrieval_server.index.kinds import FaissMissing, require_faiss
 from retrieval_server.index.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
 from retrieval_server.logs import configure_logging
-from retrieval_server.online.backend import OnlineService, add_online_args, online_options, read_api_key
-from retrieval_server.online.engines import ENGINES
-from retrieval_server.service import GPU_MODES, ServeOptions, load_service, plan_devices
+from retrieval_server.search.devices import describe_placements, keep_jax_off_devices
+from retrieval_server.search.online.backend import OnlineService, add_online_args, online_options, read_api_key
+from retrieval_server.search.online.engines import ENGINES
+from retrieval_server.search.service import GPU_MODES, ServeOptions, load_service, plan_devices
 from retrieval_server.slow_clients import request_head_protocol
 
 logger = logging.getLogger("retrieval_server.serve")

@@ -165,7 +165,8 @@ def _import(faiss_file: Path, corpus: Path, out: Path, model: str, e5_prefixes: 
     """``import_index``'s checks and writes, into the staging directory ``out``."""
     import faiss
 
-    from retrieval_server.index.dense import HNSW_EF_SEARCH, build_dense_index, flat_batches, index_kind, read_index
+    from retrieval_server.index.dense import build_dense_index, flat_batches, index_kind, read_index
+    from retrieval_server.index.kinds import HNSW_EF_SEARCH
     from retrieval_server.index.shards import write_dense_shards
 
     try:

@@ -21,7 +21,7 @@ QUERIES = ["Which river flows into the Sallow Sea?", "who made glass in Kelbrook
 
 def _top1_and_vectors(flat_index, dtype: str):
     from retrieval_server.index.manifest import Manifest  # not at module level: the GPU test runs without FAISS
-    from retrieval_server.service import ServeOptions, load_retriever
+    from retrieval_server.search.service import ServeOptions, load_retriever
 
     retriever = load_retriever(flat_index, Manifest.load(flat_index), ServeOptions(threads=1, encoder_dtype=dtype))
     _, rows = retriever.search(QUERIES, 1)

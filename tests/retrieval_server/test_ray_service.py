@@ -24,7 +24,7 @@ from ray.cluster_utils import Cluster
 
 from retrieval_server import ray_service
 from retrieval_server.ray_service import DeploymentError, DeploymentSpec
-from retrieval_server.service import ServeOptions, load_service
+from retrieval_server.search.service import ServeOptions, load_service
 from search_r1.search import RetrievalClient, RetrievalUnavailable
 from search_r1.tools import OPEN_SCHEMA, ToolEnv
 from tests.entry_points import main_ppo_in_process
