@@ -15,27 +15,25 @@ The vectors (``--vectors`` rows, dimension 384, the bundled all-MiniLM-L6-v2):
   ``meta.json``.
 - Queries are real too: questions about random passages of the corpus (``retrieval_corpus.make_queries``),
   encoded by the query encoder; 1000 tune an index's search parameter (the smallest that reaches
-  ``--target-recall`` at recall@3 on them, ``retrieval_server.tuning``), 1000 others measure it. The profile
+  ``--target-recall`` at recall@3 on them, ``retrieval_server.index.tuning``), 1000 others measure it. The profile
   printed first compares those queries' best scores over the real vectors and over as many sampled ones.
 
 Part ``kinds``: per index kind (``KIND[:M<links>][+REFINE]``: ``hnswsq8:M8+fp32`` is hnswsq8 with 8 links per node
-instead of its default, refined by an fp32 store), built from the cached vectors by ``retrieval_server.dense`` (the code
-``build_index`` runs), written to ``--out``, then measured in a fresh process per mode: read into memory (so the
-resident memory is the index's), memory-mapped (as the service loads it: private and file-backed memory apart),
-and for a refined kind ``cold`` (memory-mapped after the file is dropped from the page cache, only the base index
-warmed up: the refine store is read from disk while timed, and the memory is what searching needs, not what the
-page cache happened to hold). Figures: bytes per vector (file size / rows), resident memory added by the index
-(VmRSS after loading and searching minus before), build seconds (training included), queries/s at batch 512
-(the 1000 measuring queries) and batch 1 (200 of them) for top-3 (the service's default), recall@3 and @10
-against exact search (each from a search for that many results). ``--reuse`` tunes and measures again the
-indexes an earlier run built in ``--out`` (their build time and parameters are kept beside each index), e.g. to
-measure on an idle machine what was built beside other work, or after a change to the tuning.
-Part ``shards``: the flat index split in 1, 2 and 3 row-range shards (``import_index --shards``), each served
-by its own ``retrieval_server.serve`` process, queried through the multi-endpoint client (which fans out and
-merges): queries/s at batch 512 end to end, encoder included; the top-3 must equal the unsharded one.
-Part ``projection``: the arithmetic from the measured figures to 21M passages of dimension 768 on 1 and 4
-nodes, printed with its assumptions. Figures, not pass/fail.
-"""
+instead of its default, refined by an fp32 store), built from the cached vectors by ``retrieval_server.index.dense``
+(the code ``build_index`` runs), written to ``--out``, then measured in a fresh process per mode: read into memory (so
+the resident memory is the index's), memory-mapped (as the service loads it: private and file-backed memory apart), and
+for a refined kind ``cold`` (memory-mapped after the file is dropped from the page cache, only the base index warmed up:
+the refine store is read from disk while timed, and the memory is what searching needs, not what the page cache happened
+to hold). Figures: bytes per vector (file size / rows), resident memory added by the index (VmRSS after loading and
+searching minus before), build seconds (training included), queries/s at batch 512 (the 1000 measuring queries) and
+batch 1 (200 of them) for top-3 (the service's default), recall@3 and @10 against exact search (each from a search for
+that many results). ``--reuse`` tunes and measures again the indexes an earlier run built in ``--out`` (their build time
+and parameters are kept beside each index), e.g. to measure on an idle machine what was built beside other work, or
+after a change to the tuning. Part ``shards``: the flat index split in 1, 2 and 3 row-range shards (``import_index
+--shards``), each served by its own ``retrieval_server.serve`` process, queried through the multi-endpoint client (which
+fans out and merges): queries/s at batch 512 end to end, encoder included; the top-3 must equal the unsharded one. Part
+``projection``: the arithmetic from the measured figures to 21M passages of dimension 768 on 1 and 4 nodes, printed with
+its assumptions. Figures, not pass/fail. """
 
 from __future__ import annotations
 

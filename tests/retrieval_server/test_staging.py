@@ -1,4 +1,5 @@
-"""A build or import that fails leaves the index already in ``--out`` byte for byte (``retrieval_server/staging.py``).
+"""A build or import that fails leaves the index already in ``--out`` byte for byte
+(``retrieval_server/index/staging.py``).
 
 Guards against the data losses of the bad-input run: ``build_index --index auto`` with a budget that holds no
 candidate, and ``import_index`` of a corrupt FAISS file, both given ``--out`` pointing at a good index, deleted that
