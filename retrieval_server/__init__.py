@@ -1,7 +1,6 @@
 """Retrieval service: dense (FAISS) and BM25 search over a JSONL corpus, served over HTTP.
 
-Grouped by job, imports pointing one way (``serve`` -> ``search`` -> ``index``; ``tests/retrieval_server/
-test_layout.py`` checks it):
+Grouped by job, imports pointing one way (``serve`` -> ``search`` -> ``index``; ``tests/test_layout.py`` checks it):
 
 - ``index/``: what an index is on disk and the commands that write one (``python -m retrieval_server.build_index``
   builds an index directory, ``python -m retrieval_server.import_index`` writes the manifest of a FAISS index built
