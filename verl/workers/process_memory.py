@@ -49,7 +49,7 @@ def release_host_memory() -> None:
     """Give the host allocator's free pages back to the system (glibc's ``malloc_trim(0)``, every arena); a no-op
     where there is none. Freed tensors of one size rarely fit the next micro-batch's other sizes, and the generation
     thread's arena is not reused by the training thread's, so without it the resident set grows to the sum of the
-    phases' peaks (measured: docs/results.md, "Memory over a long run")."""
+    phases' peaks (measured: docs/results.md, "Memory over a run")."""
     trim = _glibc("malloc_trim")
     if trim is not None:
         trim(0)
