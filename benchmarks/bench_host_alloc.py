@@ -29,7 +29,7 @@ CHILD = """
 import json, sys, time, torch
 from transformers import AutoModelForCausalLM
 from verl.algorithms.logprobs import logprobs_and_entropy
-from verl.workers.model_utils import map_large_host_allocations, peak_memory_metrics, release_host_memory
+from verl.workers.process_memory import map_large_host_allocations, peak_memory_metrics, release_host_memory
 model_dir, mapped, steps, micro = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
 lengths, dtype = [int(x) for x in sys.argv[5].split(",")], getattr(torch, sys.argv[6])
 if mapped:

@@ -15,27 +15,25 @@ The vectors (``--vectors`` rows, dimension 384, the bundled all-MiniLM-L6-v2):
   ``meta.json``.
 - Queries are real too: questions about random passages of the corpus (``retrieval_corpus.make_queries``),
   encoded by the query encoder; 1000 tune an index's search parameter (the smallest that reaches
-  ``--target-recall`` at recall@3 on them, ``retrieval_server.tuning``), 1000 others measure it. The profile
+  ``--target-recall`` at recall@3 on them, ``retrieval_server.index.tuning``), 1000 others measure it. The profile
   printed first compares those queries' best scores over the real vectors and over as many sampled ones.
 
 Part ``kinds``: per index kind (``KIND[:M<links>][+REFINE]``: ``hnswsq8:M8+fp32`` is hnswsq8 with 8 links per node
-instead of its default, refined by an fp32 store), built from the cached vectors by ``retrieval_server.dense`` (the code
-``build_index`` runs), written to ``--out``, then measured in a fresh process per mode: read into memory (so the
-resident memory is the index's), memory-mapped (as the service loads it: private and file-backed memory apart),
-and for a refined kind ``cold`` (memory-mapped after the file is dropped from the page cache, only the base index
-warmed up: the refine store is read from disk while timed, and the memory is what searching needs, not what the
-page cache happened to hold). Figures: bytes per vector (file size / rows), resident memory added by the index
-(VmRSS after loading and searching minus before), build seconds (training included), queries/s at batch 512
-(the 1000 measuring queries) and batch 1 (200 of them) for top-3 (the service's default), recall@3 and @10
-against exact search (each from a search for that many results). ``--reuse`` tunes and measures again the
-indexes an earlier run built in ``--out`` (their build time and parameters are kept beside each index), e.g. to
-measure on an idle machine what was built beside other work, or after a change to the tuning.
-Part ``shards``: the flat index split in 1, 2 and 3 row-range shards (``import_index --shards``), each served
-by its own ``retrieval_server.serve`` process, queried through the multi-endpoint client (which fans out and
-merges): queries/s at batch 512 end to end, encoder included; the top-3 must equal the unsharded one.
-Part ``projection``: the arithmetic from the measured figures to 21M passages of dimension 768 on 1 and 4
-nodes, printed with its assumptions. Figures, not pass/fail.
-"""
+instead of its default, refined by an fp32 store), built from the cached vectors by ``retrieval_server.index.dense``
+(the code ``build_index`` runs), written to ``--out``, then measured in a fresh process per mode: read into memory (so
+the resident memory is the index's), memory-mapped (as the service loads it: private and file-backed memory apart), and
+for a refined kind ``cold`` (memory-mapped after the file is dropped from the page cache, only the base index warmed up:
+the refine store is read from disk while timed, and the memory is what searching needs, not what the page cache happened
+to hold). Figures: bytes per vector (file size / rows), resident memory added by the index (VmRSS after loading and
+searching minus before), build seconds (training included), queries/s at batch 512 (the 1000 measuring queries) and
+batch 1 (200 of them) for top-3 (the service's default), recall@3 and @10 against exact search (each from a search for
+that many results). ``--reuse`` tunes and measures again the indexes an earlier run built in ``--out`` (their build time
+and parameters are kept beside each index), e.g. to measure on an idle machine what was built beside other work, or
+after a change to the tuning. Part ``shards``: the flat index split in 1, 2 and 3 row-range shards (``import_index
+--shards``), each served by its own ``retrieval_server.serve`` process, queried through the multi-endpoint client (which
+fans out and merges): queries/s at batch 512 end to end, encoder included; the top-3 must equal the unsharded one. Part
+``projection``: the arithmetic from the measured figures to 21M passages of dimension 768 on 1 and 4 nodes, printed with
+its assumptions. Figures, not pass/fail. """
 
 from __future__ import annotations
 
@@ -77,8 +75,8 @@ CHUNK = 262_144  # rows per streamed batch
 # ---------------------------------------------------------------- data
 def real_vectors(data: Path, n_real: int) -> tuple[np.ndarray, Path]:
     """The flat index's vectors of the ``n_real``-passage benchmark corpus ``[n_real, 384]``, and the corpus."""
-    from retrieval_server.dense import read_index
-    from retrieval_server.manifest import Manifest
+    from retrieval_server.index.dense import read_index
+    from retrieval_server.index.manifest import Manifest
 
     corpus = ensure_indexes(data, n_real, ["dense-flat"])
     index_dir = data / "index_dense-flat"
@@ -91,8 +89,8 @@ def encode_queries(data: Path, corpus: Path, n: int) -> np.ndarray:
     path = data / f"queries_{n}.npy"
     if path.exists():
         return np.load(path)
-    from retrieval_server.encoder import Encoder
-    from retrieval_server.manifest import Manifest
+    from retrieval_server.index.encoder import Encoder
+    from retrieval_server.index.manifest import Manifest
 
     manifest = Manifest.load(data / "index_dense-flat")
     encoder = Encoder(manifest.model, manifest.query_prefix, manifest.passage_prefix)
@@ -151,7 +149,7 @@ def exact_topk(vectors: np.ndarray, queries: np.ndarray, k: int, cache: Path) ->
     """Row ids ``[q, k]`` of the exact inner-product top-k (ties by row id), streamed over ``vectors``."""
     if cache.exists():
         return np.load(cache)
-    from retrieval_server.tuning import StreamingTopK
+    from retrieval_server.index.tuning import StreamingTopK
 
     top = StreamingTopK(queries, k)
     for batch in batches(vectors, 65536):  # [q, 65536] scores per step
@@ -175,8 +173,9 @@ def measure(index_file: Path, queries_file: Path, truth_file: Path, params_json:
     and batch 1, measure recall; the memory the index added (``mib``) and, for ``cold``, after the warm-up."""
     import faiss
 
-    from retrieval_server.dense import apply_search_params, read_index
-    from retrieval_server.tuning import recall_at
+    from retrieval_server.index.dense import read_index
+    from retrieval_server.index.kinds import apply_search_params
+    from retrieval_server.index.tuning import recall_at
 
     queries, truth = np.load(queries_file), np.load(truth_file)  # [q, dim], [q, 10]
     if mode == "cold":  # drop the file's clean pages (no process maps it now); root is not needed
@@ -210,9 +209,9 @@ def part_kinds(args: argparse.Namespace, vectors: np.ndarray, tune_q: np.ndarray
                out: Path) -> list[dict]:
     import faiss
 
-    from retrieval_server.dense import build_dense_index
-    from retrieval_server.index_kinds import search_params
-    from retrieval_server.tuning import TuningError, tune_search_params
+    from retrieval_server.index.dense import build_dense_index
+    from retrieval_server.index.kinds import search_params
+    from retrieval_server.index.tuning import TuningError, tune_search_params
 
     tune_truth = exact_topk(vectors, tune_q, 10, out / "truth_tune.npy")
     eval_truth = exact_topk(vectors, eval_q, 10, out / "truth_eval.npy")
@@ -319,7 +318,7 @@ def scale_corpus(data: Path, n: int) -> Path:
 
 def part_shards(args: argparse.Namespace, data: Path, real_corpus: Path, out: Path) -> list[dict]:
     """Flat shards of the ``--vectors`` set, each served by its own process, queried through the client."""
-    from retrieval_server.import_index import import_index
+    from retrieval_server.index.import_faiss import import_index
     from retrieval_server.launcher import ServerProcess
     from search_r1.search.client import RetrievalClient
 
@@ -362,11 +361,11 @@ def part_shards(args: argparse.Namespace, data: Path, real_corpus: Path, out: Pa
 
 def part_projection(rows: list[dict], n: int, dim: int) -> None:
     """21M x 768 on 1 and 4 nodes, from the measured rows (assumptions printed with the table)."""
-    from retrieval_server.index_kinds import bytes_per_vector
+    from retrieval_server.index.kinds import bytes_per_vector
 
     scale = (TARGET_N / n) * (TARGET_DIM / dim)  # work per query grows with rows x dimension
     print(f"\nprojection to {TARGET_N / 1e6:.0f}M passages x {TARGET_DIM} (e5-base): memory = rows x bytes per "
-          f"vector at d={TARGET_DIM} (index_kinds.bytes_per_vector); q/s = measured q/s at batch {BATCH} / {scale:.1f} "
+          f"vector at d={TARGET_DIM} (kinds.bytes_per_vector); q/s = measured q/s at batch {BATCH} / {scale:.1f} "
           f"(rows x dimension: every kind here scans a share of the rows that stays about constant at the same "
           f"recall, so its work grows with N x d), per node with this machine's 2 cores; 4 nodes hold 1/4 of the rows "
           "each (shards) and answer in parallel: 4x the q/s of one node, less the client's merge")

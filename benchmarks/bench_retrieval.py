@@ -167,19 +167,19 @@ def part_encoder(data: Path, corpus: Path, queries: list[str], args: argparse.Na
     with fp32 on all ``queries`` (exact search over the corpus vectors)."""
     import torch
 
-    from retrieval_server.encoder import DEFAULT_MODEL, Encoder
+    from retrieval_server.index.encoder import DEFAULT_MODEL, Encoder
 
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
     fp32 = Encoder(DEFAULT_MODEL, dtype="fp32", batch_size=512, backend="torch")
     if (data / "index_dense-flat").exists():
-        from retrieval_server.dense import read_index
-        from retrieval_server.manifest import Manifest
+        from retrieval_server.index.dense import read_index
+        from retrieval_server.index.manifest import Manifest
 
         flat = read_index(Manifest.load(data / "index_dense-flat").index_path(data / "index_dense-flat"))
         passages = torch.from_numpy(flat.reconstruct_n(0, flat.ntotal))  # [N, dim]
     else:  # no FAISS index here (GPU machine): encode the corpus
-        from retrieval_server.corpus import iter_passages
+        from retrieval_server.index.corpus import iter_passages
 
         passages = torch.from_numpy(fp32.encode_passages(list(iter_passages(corpus))))
     passages = passages.to(device)
@@ -220,7 +220,7 @@ def torch_cuda_available() -> bool:
 
 
 def part_service(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[Figures]:
-    from retrieval_server.encoder import cpu_has_bf16
+    from retrieval_server.index.encoder import cpu_has_bf16
 
     configs = {"fp32 torch": ["--encoder-dtype", "fp32", "--encoder-backend", "torch", "--cache-size", "0"]}
     if not torch_cuda_available():
@@ -283,8 +283,8 @@ def _serve_and_measure(index_dir: Path, corpus: Path, args: list[str], queries: 
 
 
 def part_rss(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[str]:
-    from retrieval_server.import_index import import_index
-    from retrieval_server.manifest import INDEX_FILE, Manifest
+    from retrieval_server.index.import_faiss import import_index
+    from retrieval_server.index.manifest import INDEX_FILE, Manifest
 
     n = Manifest.load(data / "index_dense-flat").count
     tiled_corpus, tiled_faiss = ensure_tiled(data, copies=10)
@@ -325,8 +325,8 @@ def part_rss(data: Path, corpus: Path, queries: list[str], args: argparse.Namesp
 
 def part_overhead(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[Figures]:
     """In-process ``retriever.search`` vs the service (x1 alternating, then x8) per retriever, cache off."""
-    from retrieval_server.manifest import Manifest
-    from retrieval_server.service import ServeOptions, load_retriever
+    from retrieval_server.index.manifest import Manifest
+    from retrieval_server.search.service import ServeOptions, load_retriever
 
     figures = []
     for name in ("dense-flat", "dense-hnsw", "bm25"):

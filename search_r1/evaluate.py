@@ -74,7 +74,7 @@ def agent_config(model: str, engine: str, retriever_url: str, seed: int, overrid
 def build_agent(cfg: SearchConfig, tokenizer) -> LLMGenerationManager:
     """The training loop over this process's engine and the retrieval service (health-checked first: EvalInputError
     if it does not answer)."""
-    from verl.workers.model_utils import check_positions
+    from verl.workers.model_files import check_positions
     from verl.workers.rollout import build_rollout  # heavy import (torch, transformers), once inputs are checked
 
     try:
@@ -121,7 +121,7 @@ def trajectory_fields(tokenizer, traj: Trajectory, record: dict, prompt_ids: lis
 
 def check_model_dir(model: str) -> None:
     """A Hugging Face model directory whose config, tokenizer and weights files load (checked without loading)."""
-    from verl.workers.model_utils import check_model_files  # heavy import (torch, transformers)
+    from verl.workers.model_files import check_model_files  # transformers, when it checks
 
     path = Path(model)
     if not path.is_dir():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from retrieval_server.launcher import ServerProcess
 from tests.retrieval_server.retrieval_test_corpus import corpus_lines
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.tiny_model import save_tiny_model
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from search_r1.prompts import make_prompt
 
 

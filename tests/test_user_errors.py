@@ -25,7 +25,7 @@ import pytest
 from data_prep import qa_search
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.tiny_model import save_tiny_model
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from retrieval_server.launcher import free_port
 from search_r1 import evaluate
 from search_r1.prompts import make_prompt

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from retrieval_server.launcher import ServerProcess, free_port
 from tests.entry_points import in_process, main_ppo_in_process
 from tests.test_user_errors import assert_refused, run, tiny_workspace, train_args

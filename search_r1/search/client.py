@@ -165,7 +165,7 @@ class RetrievalClient:
 
     def _post_doc(self, payload: dict) -> tuple[httpx.Response | None, str, str]:
         """One ``POST /doc``: (an answer below 500, its URL, "") or (None, where, the problem). Every replica gets the
-        full ``timeout``: a service's first ``/doc`` builds its id map (``retrieval_server/documents.py``)."""
+        full ``timeout``: a service's first ``/doc`` builds its id map (``retrieval_server/search/documents.py``)."""
         if not self.several:
             endpoint = self.url + "/doc"
             try:
@@ -406,7 +406,7 @@ def _rejected(endpoint: str, response: httpx.Response) -> RetrievalError:
 
 def _final(response: httpx.Response) -> bool:
     """A 5xx whose body says ``"retryable": false``: the service cannot answer and waiting will not change that (an
-    online backend's spent request budget or refused API key; ``retrieval_server/online/backend.py``)."""
+    online backend's spent request budget or refused API key; ``retrieval_server/search/online/backend.py``)."""
     try:
         body = response.json()
     except ValueError:

@@ -3,12 +3,12 @@
 Choices:
 - ``retriever.url`` stays one string (so launch overrides still work): endpoints separated by commas,
   ``http://h1:8001,http://h2:8001``; an entry ``ray://NAME`` stands for the endpoints that the deployment ``NAME``
-  (``retrieval_server/ray_service.py``) lists now. The client reaches it through Ray's own API, as the service's
+  (``retrieval_server/serve/ray_actors.py``) lists now. The client reaches it through Ray's own API, as the service's
   command line does: the detached actor named ``NAME`` in the namespace ``RAY_NAMESPACE``, its ``endpoints()``
   method. The name, the namespace and that method are the contract, like ``/retrieve`` over HTTP; the service's
   module is not imported (``search_r1`` imports only ``verl``: ``tests/test_import_rules.py``).
 - The client groups the endpoints itself from what each one's ``GET /health`` says it serves: equal
-  shard info (``retrieval_server/shards.py``: index, of, start, end, total, set) = replicas of one shard.
+  shard info (``retrieval_server/index/shards.py``: index, of, start, end, total, set) = replicas of one shard.
   The endpoints must form one set: one corpus (checksum), one encoder (model and fingerprint hash), one
   retriever and index kind, shards of one build (set id) whose row ranges cover ``[0, total)``, none
   missing. Anything else is refused with a message naming the mismatch and the URLs.
@@ -17,7 +17,7 @@ Choices:
   of a shard is down, all are tried again (a later success brings a replica back up).
 - Merge (``merge_hits``): per query, all shards' hits by score descending, equal scores by corpus row
   ascending, the first ``topk``: what one flat index over all rows answers, since the server orders its
-  own ties by ascending row too (``retrieval_server.service``).
+  own ties by ascending row too (``retrieval_server.search.service``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 RAY_SCHEME = "ray://"
-RAY_NAMESPACE = "search_r1_retrieval"  # = retrieval_server.ray_service.NAMESPACE (a test checks they agree)
+RAY_NAMESPACE = "search_r1_retrieval"  # = retrieval_server.serve.ray_deploy.NAMESPACE (a test checks)
 RAY_ANSWER_TIMEOUT_S = 60.0  # how long the deployment may take to list its endpoints
 
 

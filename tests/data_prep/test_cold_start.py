@@ -27,7 +27,7 @@ from data_prep.cold_start import HermesTurns, scripted_cold_start
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.sft_rows import rows_to_sft_parquet, sft_row
 from data_prep.tiny_model import save_tiny_model, train_tokenizer
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.llm_agent.formatting import information_block, policy_turn
 from search_r1.prompts import HERMES_TEMPLATE

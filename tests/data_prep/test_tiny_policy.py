@@ -25,7 +25,7 @@ from data_prep.tiny_policy import (
     shared_prefix_length,
     trajectory_texts,
 )
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from retrieval_server.launcher import ServerProcess
 from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN
 from search_r1.search.client import RetrievalClient

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from retrieval_server.launcher import ServerProcess
 from tests.gpu.gpu_helpers import DEVICE, cuda_only, driver_held_bytes
 from tests.retrieval_server.test_rerank import _tiny_cross_encoder

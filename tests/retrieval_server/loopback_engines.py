@@ -78,7 +78,7 @@ class LoopbackEngines:
         self.fail_all: int | None = None  # a status (429, 500) every request gets while set: an engine in trouble
         self._retriever = self._rows = None
         if index is not None:
-            from retrieval_server.bm25 import BM25Retriever
+            from retrieval_server.search.bm25 import BM25Retriever
 
             self._retriever = BM25Retriever.load(index, threads=1)
             self._rows = [json.loads(line) for line in Path(corpus).read_text().splitlines() if line.strip()]

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from retrieval_server.batcher import Coalescer
+from retrieval_server.serve.batcher import Coalescer
 
 
 class RecordingSearch:

@@ -8,7 +8,7 @@ import re
 import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
 
-from retrieval_server.bm25 import BM25Retriever
+from retrieval_server.search.bm25 import BM25Retriever
 from tests.retrieval_server.retrieval_test_corpus import PASSAGES, RARE_TERM
 
 

@@ -16,9 +16,9 @@ import httpx
 import numpy as np
 import pytest
 
-from retrieval_server.build_index import IndexChoice, build_index, load_encoder, load_tune_queries, main, parse_args
-from retrieval_server.dense import build_dense_index, build_measured_index, read_index
-from retrieval_server.index_kinds import (
+from retrieval_server.index.build import IndexChoice, build_index, load_encoder, load_tune_queries, main, parse_args
+from retrieval_server.index.dense import build_dense_index, build_measured_index, read_index
+from retrieval_server.index.kinds import (
     INDEX_KINDS,
     apply_search_params,
     bytes_per_vector,
@@ -27,9 +27,8 @@ from retrieval_server.index_kinds import (
     nlist_for,
     resident_bytes_per_vector,
 )
-from retrieval_server.launcher import ServerProcess
-from retrieval_server.manifest import Manifest, ManifestError
-from retrieval_server.tuning import (
+from retrieval_server.index.manifest import Manifest, ManifestError
+from retrieval_server.index.tuning import (
     StreamingTopK,
     TuningError,
     choose_index,
@@ -38,6 +37,7 @@ from retrieval_server.tuning import (
     served_recall,
     tune_search_params,
 )
+from retrieval_server.launcher import ServerProcess
 from tests.retrieval_server.conftest import SERVER_ARGS
 
 pytestmark = pytest.mark.slow  # trains and builds FAISS indexes of every kind, a server: not in `make test-fast`
@@ -175,7 +175,7 @@ def test_a_larger_k_factor_is_kept_only_when_clearly_faster(data, monkeypatch):
     a larger k_factor reads from a memory-mapped store (cold, at 2M vectors, k_factor 16 served a third of what 2
     did, having timed about as fast in memory: docs/results.md), so a larger k_factor must be KFACTOR_GAIN times
     faster than the one kept. The timings are scripted (seconds per k_factor); the recall is real."""
-    import retrieval_server.tuning as tuning
+    import retrieval_server.index.tuning as tuning
 
     vectors, queries, truth = data
     index, params = build_dense_index([vectors], "hnswsq8", DIM, N, "fp32")

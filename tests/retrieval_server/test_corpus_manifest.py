@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval_server.build_index import build_index
-from retrieval_server.corpus import CorpusError, CorpusStore, iter_passages, parse_passage, scan_corpus
-from retrieval_server.encoder import DEFAULT_MODEL, Encoder
-from retrieval_server.manifest import (
+from retrieval_server.index.build import build_index
+from retrieval_server.index.corpus import CorpusError, CorpusStore, iter_passages, parse_passage, scan_corpus
+from retrieval_server.index.encoder import DEFAULT_MODEL, Encoder
+from retrieval_server.index.manifest import (
     MANIFEST_NAME,
     Manifest,
     ManifestError,
@@ -131,7 +131,7 @@ def test_corpus_truncated_after_load_is_an_error_not_garbage(tmp_path):
 
 CORPUS_RSS_SCRIPT = """
 import json, sys, numpy as np
-from retrieval_server.corpus import CorpusStore, scan_corpus
+from retrieval_server.index.corpus import CorpusStore, scan_corpus
 def anon_kb():
     return int(next(l for l in open("/proc/self/status") if l.startswith("RssAnon")).split()[1])
 before = anon_kb()

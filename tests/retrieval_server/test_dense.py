@@ -6,11 +6,11 @@ import faiss
 import numpy as np
 import pytest
 
-from retrieval_server.build_index import build_index
-from retrieval_server.dense import build_dense_index
-from retrieval_server.encoder import DEFAULT_MODEL, Encoder
-from retrieval_server.manifest import INDEX_FILE, Manifest
-from retrieval_server.service import load_retriever
+from retrieval_server.index.build import build_index
+from retrieval_server.index.dense import build_dense_index
+from retrieval_server.index.encoder import DEFAULT_MODEL, Encoder
+from retrieval_server.index.manifest import INDEX_FILE, Manifest
+from retrieval_server.search.service import load_retriever
 from tests.retrieval_server.retrieval_test_corpus import PASSAGES
 
 
@@ -92,7 +92,7 @@ def test_gpu_memory_per_gpu_is_the_stored_vectors_share(kind, fp16, per_vector):
     """Guards the GPU budget's arithmetic (no GPU here, so the placement itself is unmeasured): 21M wiki-18 vectors
     of e5-base sharded over 8 GPUs hold ceil(21M / 8) rows each; replicated, all of them; fp16 halves only the
     flat / IVF-flat vectors (an SQ8 or PQ code is the same size on GPU)."""
-    from retrieval_server.dense import gpu_bytes_per_gpu
+    from retrieval_server.search.dense import gpu_bytes_per_gpu
 
     rows = 21_000_017  # not a multiple of 8: a shard holds the rounded-up share
     assert gpu_bytes_per_gpu(kind, 768, rows, 8, "shard", fp16) == per_vector * 2_625_003
@@ -103,7 +103,7 @@ def test_an_index_over_the_gpu_budget_is_refused_naming_the_need_and_the_ways_ou
     """Guards against a retriever that takes the GPU memory training needs: a flat wiki-18 index (64.5 GB) sharded
     over 4 GPUs needs 15.02 GiB each; with 10 GiB left for it the placement is refused, naming fp16 (7.51 GiB
     fits) and the other ways out; CPU-only placements (no GPU, --faiss-gpu off, HNSW) are never refused."""
-    from retrieval_server.dense import check_gpu_budget
+    from retrieval_server.search.dense import check_gpu_budget
 
     need = 4 * 768 * 21_000_000 / 4 / 2**30
     with pytest.raises(ValueError) as err:

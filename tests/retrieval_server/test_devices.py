@@ -102,7 +102,7 @@ def test_a_gpu_that_cannot_be_used_is_refused_before_loading(flat_index, corpus_
 def test_jax_env_is_set_for_the_service_and_its_children():
     """Guards against a library of the service starting JAX on a GPU after all: the service's ``main`` sets
     JAX_PLATFORMS=cpu and XLA_PYTHON_CLIENT_PREALLOCATE=false first (kept where the user set them)."""
-    code = ("import json, os, sys; from retrieval_server import serve; sys.argv = ['serve', '--help']\n"
+    code = ("import json, os, sys; from retrieval_server.serve import cli as serve; sys.argv = ['serve', '--help']\n"
             "try:\n    serve.main()\nexcept SystemExit:\n    pass\n"
             "print(json.dumps({k: os.environ.get(k) for k in ('JAX_PLATFORMS', 'XLA_PYTHON_CLIENT_PREALLOCATE')}))")
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE")}

@@ -7,10 +7,10 @@ import httpx
 import numpy as np
 import pytest
 
-from retrieval_server.encoder import DEFAULT_MODEL, Encoder, EncoderError
+from retrieval_server.index.encoder import DEFAULT_MODEL, Encoder, EncoderError
+from retrieval_server.index.manifest import Manifest
 from retrieval_server.launcher import ServerProcess
-from retrieval_server.manifest import Manifest
-from retrieval_server.service import ServeOptions, load_retriever
+from retrieval_server.search.service import ServeOptions, load_retriever
 from tests.retrieval_server.test_encoder_dtype import QUERIES
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`

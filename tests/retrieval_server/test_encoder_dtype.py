@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from retrieval_server.encoder import DEFAULT_MODEL, Encoder, EncoderError
+from retrieval_server.index.encoder import DEFAULT_MODEL, Encoder, EncoderError
 from tests.retrieval_server.retrieval_test_corpus import PASSAGES
 
 QUERIES = ["Which river flows into the Sallow Sea?", "who made glass in Kelbrook", "cheese aged in caves",
@@ -20,8 +20,8 @@ QUERIES = ["Which river flows into the Sallow Sea?", "who made glass in Kelbrook
 
 
 def _top1_and_vectors(flat_index, dtype: str):
-    from retrieval_server.manifest import Manifest  # not at module level: the GPU test runs without FAISS
-    from retrieval_server.service import ServeOptions, load_retriever
+    from retrieval_server.index.manifest import Manifest  # not at module level: the GPU test runs without FAISS
+    from retrieval_server.search.service import ServeOptions, load_retriever
 
     retriever = load_retriever(flat_index, Manifest.load(flat_index), ServeOptions(threads=1, encoder_dtype=dtype))
     _, rows = retriever.search(QUERIES, 1)

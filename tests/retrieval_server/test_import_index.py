@@ -13,10 +13,10 @@ import httpx
 import numpy as np
 import pytest
 
-from retrieval_server.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX
-from retrieval_server.import_index import import_index
+from retrieval_server.index.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX
+from retrieval_server.index.import_faiss import import_index
+from retrieval_server.index.manifest import MANIFEST_NAME, Manifest, ManifestError
 from retrieval_server.launcher import ServerProcess
-from retrieval_server.manifest import MANIFEST_NAME, Manifest, ManifestError
 from tests.retrieval_server.retrieval_test_corpus import PASSAGES
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`
@@ -145,7 +145,7 @@ def test_imported_file_replaced_later_is_refused_before_binding(passage_vectors,
 
 RSS_SCRIPT = """
 import sys, numpy as np
-from retrieval_server.dense import read_index
+from retrieval_server.index.dense import read_index
 def anon_kb():
     return int(next(l for l in open("/proc/self/status") if l.startswith("RssAnon")).split()[1])
 before = anon_kb()

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from retrieval_server.launcher import ServerProcess, free_port
-from retrieval_server.online.backend import NO_RESULTS
-from retrieval_server.serve import parse_args
+from retrieval_server.search.online.backend import NO_RESULTS
+from retrieval_server.serve.cli import parse_args
 from search_r1.search.client import RetrievalClient, RetrievalError, RetrievalUnavailable
 from search_r1.search.identity import record_retrieval
 from tests.retrieval_server.loopback_engines import ENGINE_PATHS, LoopbackEngines

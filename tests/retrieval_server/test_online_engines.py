@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrieval_server.online.engines import ENGINES, EngineError, error_text, plain_text
+from retrieval_server.search.online.engines import ENGINES, EngineError, error_text, plain_text
 
 
 def test_results_become_search_r1_passages():

@@ -10,10 +10,10 @@ import httpx
 import numpy as np
 import pytest
 
+from retrieval_server.index.manifest import Manifest
 from retrieval_server.launcher import ServerProcess
-from retrieval_server.manifest import Manifest
-from retrieval_server.query_cache import CachedSearch
-from retrieval_server.service import ServeOptions, load_retriever
+from retrieval_server.search.query_cache import CachedSearch
+from retrieval_server.search.service import ServeOptions, load_retriever
 
 QUERIES = ["river into the Sallow Sea", "glassmakers of Kelbrook", "cheese in limestone caves", "brass telescope",
            "ferryman ballad", "bridge engineer", "comet year", "harbour lighthouse"]

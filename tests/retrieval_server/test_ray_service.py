@@ -22,9 +22,9 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from retrieval_server import ray_service
-from retrieval_server.ray_service import DeploymentError, DeploymentSpec
-from retrieval_server.service import ServeOptions, load_service
+from retrieval_server.search.service import ServeOptions, load_service
+from retrieval_server.serve import ray_deploy
+from retrieval_server.serve.ray_actors import DeploymentError, DeploymentSpec, index_dirs
 from search_r1.search import RetrievalClient, RetrievalUnavailable
 from search_r1.tools import OPEN_SCHEMA, ToolEnv
 from tests.entry_points import main_ppo_in_process
@@ -63,9 +63,9 @@ def cluster():
 def deployment(cluster, sharded_index, corpus_path):
     spec = DeploymentSpec(name=NAME, index=str(sharded_index), corpus=str(corpus_path), num_cpus=0,
                           resources={"retrieval": 1}, serve_args=["--threads", "1"], health_interval_s=1.0)
-    ray_service.deploy(spec, wait_s=300)
+    ray_deploy.deploy(spec, wait_s=300)
     yield spec
-    ray_service.undeploy(NAME)
+    ray_deploy.undeploy(NAME)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_shards_are_placed_on_both_nodes_and_searched_as_one_index(cluster, depl
     """Guards against replicas that ignore their resource request (both on one node), and against ray://NAME
     resolving to a partial or wrong set: the client finds both shards through the cluster and answers what the
     unsharded flat index answers."""
-    slots = ray_service.deployment_status(NAME)["slots"]
+    slots = ray_deploy.deployment_status(NAME)["slots"]
     assert [(s["shard"], s["state"]) for s in slots] == [(0, "up"), (1, "up")]
     assert len({s["node_id"] for s in slots}) == 2
     assert {s["node_id"] for s in slots} == {node["NodeID"] for node in ray.nodes() if node["Alive"]}
@@ -96,7 +96,7 @@ def test_a_killed_server_is_restarted_and_no_request_is_lost(deployment, referen
     """Guards against a dead replica staying dead (no health check or restart) and against the client holding on
     to the old URL: the server of shard 0 is killed while a client keeps searching; every search returns the flat
     index's answer, the deployment starts a new server (restarts == 1, a new URL) and the client follows it."""
-    before = ray_service.deployment_status(NAME)["slots"][0]
+    before = ray_deploy.deployment_status(NAME)["slots"][0]
     want = _want(reference, QUERIES[:8], 3)
     results, errors = [], []
     with RetrievalClient(f"ray://{NAME}", topk=3, max_batch=8, outage_timeout_s=240) as client:
@@ -116,7 +116,7 @@ def test_a_killed_server_is_restarted_and_no_request_is_lost(deployment, referen
         os.kill(before["pid"], signal.SIGKILL)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            after = ray_service.deployment_status(NAME)["slots"][0]
+            after = ray_deploy.deployment_status(NAME)["slots"][0]
             if after["restarts"] == 1 and after["state"] == "up":
                 break
             time.sleep(0.5)
@@ -129,7 +129,7 @@ def test_a_killed_server_is_restarted_and_no_request_is_lost(deployment, referen
     assert after["restarts"] == 1 and after["state"] == "up" and after["url"] != before["url"]
     assert "server exited with status -9" in after["last_problem"]
     assert len(results) >= n_before + 2 and all(r == want for r in results)
-    assert after["url"] in ray_service.resolve_endpoints(f"ray://{NAME}")
+    assert after["url"] in ray_deploy.resolve_endpoints(f"ray://{NAME}")
 
 
 def test_open_reads_whole_documents_from_the_deployments_replicas(deployment, corpus_path):
@@ -151,15 +151,15 @@ def test_bad_deployments_are_refused_with_what_is_wrong(cluster, deployment, sha
     """Guards against a second deployment silently replacing a running one, a partial shard set being served, and
     an unknown name failing late or vaguely."""
     with pytest.raises(DeploymentError, match="already running"):
-        ray_service.deploy(DeploymentSpec(name=NAME, index=str(sharded_index), corpus=str(corpus_path)))
+        ray_deploy.deploy(DeploymentSpec(name=NAME, index=str(sharded_index), corpus=str(corpus_path)))
     partial = tmp_path / "partial"
     (partial / "shard-1").mkdir(parents=True)
     for name in os.listdir(sharded_index / "shard-1"):
         (partial / "shard-1" / name).symlink_to(sharded_index / "shard-1" / name)
     with pytest.raises(DeploymentError, match="not one complete set"):
-        ray_service.index_dirs(partial)
+        index_dirs(partial)
     with pytest.raises(DeploymentError, match="no manifest.json"):
-        ray_service.index_dirs(tmp_path)
+        index_dirs(tmp_path)
     with RetrievalClient("ray://nobody-here", topk=3) as client:
         with pytest.raises(RetrievalUnavailable, match="no retrieval deployment named 'nobody-here'.*ray_service up"):
             client.check_health()

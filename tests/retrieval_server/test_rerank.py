@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from retrieval_server.launcher import ServerProcess
-from retrieval_server.rerank import Reranker, RerankerError
+from retrieval_server.search.rerank import Reranker, RerankerError
 from tests.retrieval_server.retrieval_test_corpus import PASSAGES
 
 pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `make test-fast`

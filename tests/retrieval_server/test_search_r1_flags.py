@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from retrieval_server.launcher import free_port
-from retrieval_server.serve import translate_search_r1_flags
+from retrieval_server.serve.cli import translate_search_r1_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from retrieval_server.encoder import DEFAULT_MODEL, Encoder
+from retrieval_server.index.encoder import DEFAULT_MODEL, Encoder
 from retrieval_server.launcher import ServerProcess
 from tests.retrieval_server.retrieval_test_corpus import PASSAGES, RARE_TERM
 

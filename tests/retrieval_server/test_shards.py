@@ -14,11 +14,11 @@ import httpx
 import numpy as np
 import pytest
 
-from retrieval_server.build_index import build_index
-from retrieval_server.import_index import import_index
-from retrieval_server.manifest import Manifest, ManifestError
-from retrieval_server.service import ServeOptions, load_service, probe_hash
-from retrieval_server.shards import shard_ranges, split_rows
+from retrieval_server.index.build import build_index
+from retrieval_server.index.import_faiss import import_index
+from retrieval_server.index.manifest import Manifest, ManifestError
+from retrieval_server.index.shards import shard_ranges, split_rows
+from retrieval_server.search.service import ServeOptions, load_service, probe_hash
 from search_r1.search import RetrievalClient, RetrievalError
 from search_r1.search.endpoints import EndpointSetError, Served, group_replicas, merge_hits
 from tests.retrieval_server.retrieval_test_corpus import PASSAGES, corpus_lines

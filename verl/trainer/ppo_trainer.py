@@ -83,7 +83,7 @@ from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.flops import MfuMeter
 from verl.workers.memory import MemoryMeter
-from verl.workers.model_utils import check_models, check_positions
+from verl.workers.model_files import check_models, check_positions
 from verl.workers.reference import RefWorker
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout_worker import RolloutWorker

@@ -55,7 +55,8 @@ from verl.utils.sft_dataset import TextDataset, TokenBudgetLoader, TrajectoryDat
 from verl.utils.tracking import Tracker, read_metrics
 from verl.workers.export import save_hf_model
 from verl.workers.lora import LoraSpec
-from verl.workers.model_utils import DTYPES, check_model_files, load_model, resolve_device, response_log_probs
+from verl.workers.model_files import check_model_files
+from verl.workers.model_utils import DTYPES, load_model, resolve_device, response_log_probs
 from verl.workers.shared_prefix import MIN_PREFIX, batch_prefix_length, shared_prefix_log_probs
 from verl.workers.train_utils import GlobalCounts, TrainState
 

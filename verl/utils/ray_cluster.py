@@ -4,7 +4,7 @@
 
 ``ray.init(address=...)`` retries a cluster that is not there for ever ("Failed to connect to GCS" every 5 s).
 Here a ``host:port`` address is first probed over TCP (nothing listening fails at once); the join then runs in a
-daemon thread, abandoned at the deadline. ``retrieval_server.ray_service.connect`` does the same for the service's
+daemon thread, abandoned at the deadline. ``retrieval_server.serve.ray_deploy.connect`` does the same for the service's
 command line (that package imports nothing of the project, so it keeps its own copy).
 
 Ray is imported only when a join is attempted.

@@ -37,17 +37,11 @@ from verl.algorithms.core_algos import agg_loss, kl_penalty, masked_mean, rollou
 from verl.algorithms.registry import POLICY_LOSSES, PolicyLossInputs, policy_loss_config
 from verl.config import Config, trajectories_per_step, uses_lora
 from verl.protocol import Batch
+from verl.workers.distributed import gather_full_state_dict
 from verl.workers.flops import measure_peak_flops
 from verl.workers.lora import LoraSpec
-from verl.workers.model_utils import (
-    DTYPES,
-    gather_full_state_dict,
-    load_model,
-    micro_batches,
-    peak_memory_metrics,
-    resolve_device,
-    response_log_probs,
-)
+from verl.workers.model_utils import DTYPES, load_model, micro_batches, resolve_device, response_log_probs
+from verl.workers.process_memory import peak_memory_metrics
 from verl.workers.train_utils import (
     GlobalCounts,
     TrainState,

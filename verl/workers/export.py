@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from verl.workers.distributed import gather_full_state_dict, world
 from verl.workers.lora import LoraSpec, merge_lora
-from verl.workers.model_utils import gather_full_state_dict, world
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,13 @@
-"""Model code shared by the actor, critic and reference workers: loading, sharding, forward, micro-batching.
+"""Model code shared by the actor, critic and reference workers: loading, the forward over the response,
+micro-batching.
+
+What a model directory must hold is checked by ``model_files.py``; devices, ranks and FSDP2 sharding are in
+``distributed.py``; this process's memory (peaks, the host allocator) in ``process_memory.py``.
 
 Choices:
 
 * **Any Hugging Face model** loaded with an ``AutoModel*`` class; the actor and the reference use
   ``AutoModelForCausalLM``, the critic ``AutoModelForTokenClassification`` (see ``critic.py``).
-* **Checked before loading.** ``check_model_files`` (``check_models`` for a config) reads a model
-  directory's JSON files, config and tokenizer and the weights files' headers and sizes, so a damaged
-  directory is one error naming the file before any worker starts, not a traceback from a worker.
 * **Dropout off.** Every ``nn.Dropout`` gets ``p = 0``: the log-probs of ``compute_log_prob`` and of
   the update must be the same function of the weights (PPO ratio exactly 1 before the first step),
   and data-parallel ranks must agree. Trainable models stay in train mode so gradient checkpointing
@@ -15,10 +16,8 @@ Choices:
   float16 (``actor.fsdp_config.dtype``, ``critic.model.fsdp_config.dtype``) runs the forward under
   ``torch.autocast``. The frozen reference is loaded in ``ref.fsdp_config.dtype``. The rollout engine's
   dtype (``rollout.dtype``) is its own.
-* **Sharding.** With ``torch.distributed`` initialised and world size > 1, each decoder layer (the
-  classes the model lists in ``_no_split_modules``) and then the root are wrapped with FSDP2
-  ``fully_shard`` on a 1-D mesh (gloo on CPU, nccl on GPU). Every rank seeds identically before
-  building, so the shards come from one initialisation.
+* **Sharding** (``distributed.shard_model``): with torch.distributed initialised and world size > 1 (or CPU offload),
+  the loaded model is sharded with FSDP2 layer by layer.
 * **Response slice.** Rows are ``[left-padded prompt | right-padded response]`` (``verl.utils.seq``);
   token t of the response is predicted by the output at column P-1+t, so a forward returns the
   outputs at columns P-1 .. P+R-2. Before the forward, columns that are padding in every row of the
@@ -31,36 +30,21 @@ Choices:
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import json
 import logging
-import os
-import resource
-import zipfile
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
 from verl.algorithms.logprobs import logprobs_and_entropy
-from verl.config import Config, ConfigError, max_sequence_length, uses_critic
 from verl.protocol import Batch
+from verl.workers.distributed import all_reduce_, init_single_process_group, shard_model, world
 from verl.workers.lora import LoraSpec, add_lora
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-# ----------------------------------------------------------------------------------------------
-# Devices and processes
-# ----------------------------------------------------------------------------------------------
 
 
 def resolve_device(name: str) -> torch.device:
@@ -70,106 +54,8 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def world() -> tuple[int, int]:
-    """(rank, world_size) of the default process group; (0, 1) when torch.distributed is not initialised."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-_lifetime_peak_kib = 0  # the process's peak resident set before the last high-water-mark reset
-
-
-def peak_memory_metrics(device: torch.device) -> dict[str, float]:
-    """This rank's peak memory since the previous call (one training step when called once per step), then reset:
-    on a GPU the most allocated (``perf/max_memory_allocated_gb``); on the host the peak resident set
-    (``perf/step_max_rss_gb``, Linux: the kernel's high-water mark, reset through ``/proc/self/clear_refs``).
-    Also the process's peak resident set since it started (``perf/max_rss_gb``, never reset) and its resident set
-    now (``perf/rss_gb``: what the allocator keeps between steps)."""
-    global _lifetime_peak_kib
-    # the kernel's peak (also what getrusage reports) since the last reset here; the lifetime peak is kept apart
-    _lifetime_peak_kib = max(_lifetime_peak_kib, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    metrics = {"perf/max_rss_gb": _lifetime_peak_kib / (1 << 20)}  # KiB -> GiB
-    status = _proc_status()
-    if "VmHWM" in status:
-        metrics["perf/step_max_rss_gb"] = status["VmHWM"] / (1 << 20)
-        metrics["perf/rss_gb"] = status["VmRSS"] / (1 << 20)
-        _reset_high_water_mark()
-    if device.type == "cuda":
-        metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / (1 << 30)
-        torch.cuda.reset_peak_memory_stats(device)
-    return metrics
-
-
-def release_host_memory() -> None:
-    """Give the host allocator's free pages back to the system (glibc's ``malloc_trim(0)``, every arena); a no-op
-    where there is none. Freed tensors of one size rarely fit the next micro-batch's other sizes, and the generation
-    thread's arena is not reused by the training thread's, so without it the resident set grows to the sum of the
-    phases' peaks (measured: docs/results.md, "Memory over a long run")."""
-    trim = _glibc("malloc_trim")
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _glibc(name: str) -> Callable[..., int] | None:
-    """glibc's function ``name``, or None where there is no glibc (or no such function)."""
-    try:
-        return getattr(ctypes.CDLL("libc.so.6"), name)
-    except (OSError, AttributeError):
-        return None
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-HOST_MMAP_THRESHOLD = 1 << 20  # bytes
-
-
-def map_large_host_allocations(threshold: int = HOST_MMAP_THRESHOLD) -> bool:
-    """Serve every host allocation of ``threshold`` bytes or more from its own mapping, unmapped when freed (glibc's
-    ``mallopt(M_MMAP_THRESHOLD)``); True when set. glibc raises its threshold to the size of each mapped block freed
-    (up to 32 MiB), so after the first freed activations every tensor below 32 MiB comes from the heap, where one
-    micro-batch's freed tensors leave holes the next one's sizes do not fit, and a step's peak grows by what the holes
-    hold (measured on the real model: 7.8 -> 6.4 GiB on the same batches; docs/results.md, "Memory over a run"). A
-    fixed threshold also stops the raise. Left alone where glibc is absent or the user set it
-    (``MALLOC_MMAP_THRESHOLD_``, or ``mmap_threshold`` in ``GLIBC_TUNABLES``)."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
-        return False
-    mallopt = _glibc("mallopt")
-    return mallopt is not None and mallopt(M_MMAP_THRESHOLD, threshold) == 1
-
-
-
-def _proc_status() -> dict[str, int]:
-    """VmHWM / VmRSS of this process in KiB (Linux /proc/self/status; empty elsewhere)."""
-    try:
-        with open("/proc/self/status") as status:
-            return {line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith(("VmHWM", "VmRSS"))}
-    except OSError:
-        return {}
-
-
-def _reset_high_water_mark() -> None:
-    """Reset VmHWM to the current resident set (Linux >= 4.0: writing 5 to clear_refs); silently kept elsewhere."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        pass
-
-
-def all_reduce_(x: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
-    """In-place all-reduce over the default group (through the GPU under nccl); a no-op in a single
-    process. Returns ``x``."""
-    if world()[1] > 1:
-        on_gpu = dist.get_backend() == "nccl"
-        y = x.to(torch.device("cuda", torch.cuda.current_device())) if on_gpu else x
-        dist.all_reduce(y, op=op)
-        x.copy_(y)
-    return x
-
-
 # ----------------------------------------------------------------------------------------------
-# Loading and sharding
+# Loading
 # ----------------------------------------------------------------------------------------------
 
 
@@ -216,145 +102,6 @@ def load_model(auto_cls: type, path: str, *, device: torch.device, dtype: torch.
     if world()[1] > 1 or offload:
         shard_model(model, device, offload)
     return model
-
-
-JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json")
-WEIGHTS_HINT = ("model.safetensors, model-*.safetensors shards with model.safetensors.index.json, or "
-                "pytorch_model.bin")
-
-
-def check_model_files(path: str, trust_remote_code: bool = False, tokenizer: bool = True) -> None:
-    """Check, without loading the weights, that the model at ``path`` will load: its JSON files parse,
-    transformers reads its config (and ``tokenizer``), and every weights file is whole (a safetensors file's
-    header and size, a zipped ``.bin``'s directory). A Hub id (no such local directory) gets the config and
-    tokenizer checks only. Raises ValueError naming the file and what is wrong, so a damaged model directory
-    is one message before any worker starts, not a traceback from inside a worker's ``from_pretrained``."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig  # heavy import
-
-    local = Path(path)
-    if local.is_dir():
-        for name in JSON_FILES:
-            if (local / name).is_file():
-                try:
-                    json.loads((local / name).read_bytes())
-                except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
-                    raise ValueError(f"{name} is not valid JSON ({err})") from None
-        _check_weights(local)
-    remote = {"trust_remote_code": trust_remote_code}
-    loads = [("config.json", lambda: AutoConfig.from_pretrained(path, **remote))]
-    if tokenizer:
-        loads.append(("the tokenizer", lambda: AutoTokenizer.from_pretrained(path, **remote)))
-    if (local / "generation_config.json").is_file():
-        loads.append(("generation_config.json", lambda: GenerationConfig.from_pretrained(path)))
-    for what, load in loads:
-        try:
-            load()
-        except Exception as err:  # transformers raises OSError, ValueError, KeyError, ... for a bad file
-            where = "" if local.is_dir() else " (not a local directory; looked up on the Hugging Face Hub)"
-            raise ValueError(f"{what} does not load{where}: {type(err).__name__}: {err}") from None
-
-
-def _check_weights(model_dir: Path) -> None:
-    """Every weights file of ``model_dir`` (and every shard its ``*.index.json`` names) is there and whole."""
-    files = set(model_dir.glob("*.safetensors")) | set(model_dir.glob("pytorch_model*.bin"))
-    for index in model_dir.glob("*.index.json"):
-        try:
-            shards = set(json.loads(index.read_bytes())["weight_map"].values())
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(f"{index.name} is not a weights index (JSON with a weight_map): {err!r}") from None
-        missing = sorted(name for name in shards if not (model_dir / name).is_file())
-        if missing:
-            raise ValueError(f"{index.name} names {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
-                             "missing: copy the whole model directory")
-        files |= {model_dir / name for name in shards}
-    if not files:
-        raise ValueError(f"the directory holds no weights (allowed: {WEIGHTS_HINT})")
-    from safetensors import safe_open
-
-    for file in sorted(files):
-        if file.suffix == ".safetensors":
-            try:
-                with safe_open(str(file), framework="pt"):  # reads the header; checks the file covers it
-                    pass
-            except Exception as err:  # SafetensorError, OSError
-                raise ValueError(f"{file.name} is damaged or truncated ({file.stat().st_size:,} bytes: {err}); copy "
-                                 "or save the model again") from None
-        elif _starts_with(file, b"PK") and not zipfile.is_zipfile(file):  # torch.save's zip format, cut off
-            raise ValueError(f"{file.name} is damaged or truncated ({file.stat().st_size:,} bytes: no zip directory "
-                             "at its end); copy or save the model again")
-
-
-def _starts_with(file: Path, magic: bytes) -> bool:
-    with file.open("rb") as f:
-        return f.read(len(magic)) == magic
-
-
-def check_models(cfg: Config) -> None:
-    """``check_model_files`` for the policy (``actor_rollout_ref.model.path``, with its tokenizer) and a critic
-    with its own ``critic.model.path``; ConfigError naming the key otherwise."""
-    paths = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, True)]
-    if cfg.critic.model.path is not None and uses_critic(cfg):
-        paths.append(("critic.model.path", cfg.critic.model.path, False))
-    for key, path, with_tokenizer in paths:
-        try:
-            check_model_files(path, cfg.actor_rollout_ref.model.trust_remote_code, tokenizer=with_tokenizer)
-        except ValueError as err:
-            raise ConfigError(f"config key {key}={path!r} is invalid: {err} (allowed: a Hugging Face model directory "
-                              "whose config.json, tokenizer and weights load)") from None
-
-
-def check_positions(cfg: Config) -> None:
-    """The longest sequence the lengths allow (``verl.config.max_sequence_length``) fits the policy's (and a critic's)
-    ``max_position_embeddings``; else ConfigError naming the keys and the limit, for either engine (vLLM refuses such
-    a request with a traceback; the HF engine would run past the trained positions silently)."""
-    from transformers import AutoConfig  # heavy import
-
-    d = cfg.data
-    need = max_sequence_length(d)
-    paths = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)]
-    if cfg.critic.model.path is not None and uses_critic(cfg):
-        paths.append(("critic.model.path", cfg.critic.model.path))
-    for key, path in paths:
-        hf = AutoConfig.from_pretrained(path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
-        limit = getattr(hf, "max_position_embeddings", None)
-        if limit is not None and need > limit:
-            raise ConfigError(
-                f"the lengths allow sequences of {need} tokens, more than the model's max_position_embeddings={limit} "
-                f"({key}={path!r}): min(data.max_prompt_length + data.max_response_length = "
-                f"{d.max_prompt_length} + {d.max_response_length}, data.max_start_length + data.max_trajectory_length "
-                f"= {d.max_start_length} + {d.max_trajectory_length}) must be at most {limit}; lower these keys "
-                "(docs/design.md, Lengths)")
-
-
-def init_single_process_group(device: torch.device) -> None:
-    """A torch.distributed world of this process alone, unless one exists (FSDP2 needs a process group)."""
-    if not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-
-
-def shard_model(model: nn.Module, device: torch.device, offload: bool = False) -> None:
-    """FSDP2: ``fully_shard`` every decoder layer, then the root (embeddings, head, tied weights);
-    with ``offload`` the shards live in host memory (``CPUOffloadPolicy``)."""
-    mesh = init_device_mesh(device.type, (world()[1],))
-    policy = {"offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")} if offload else {}
-    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} lists no decoder layer classes in _no_split_modules; "
-                         "cannot shard it layer by layer")
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, **policy)
-    fully_shard(model, mesh=mesh, **policy)
-
-
-def gather_full_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """HF-named full weights as CPU tensors. Sharded models gather them (a collective: call on every
-    rank); the full dict is returned on rank 0 and ``{}`` on other ranks."""
-    if isinstance(model, FSDPModule):
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(model, options=options)
-    return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> torch.autocast:

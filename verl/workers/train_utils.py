@@ -52,8 +52,9 @@ from torch.distributed.tensor import DTensor
 from verl.config import OptimConfig
 from verl.protocol import Batch
 from verl.utils.lr_schedule import lr_schedule_factor
-from verl.workers.model_utils import all_reduce_, map_large_host_allocations, release_host_memory, world
+from verl.workers.distributed import all_reduce_, world
 from verl.workers.optim import LowPrecisionStateAdamW
+from verl.workers.process_memory import map_large_host_allocations, release_host_memory
 
 logger = logging.getLogger(__name__)
 

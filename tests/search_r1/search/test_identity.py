@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from data_prep import demo_kb
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from retrieval_server.launcher import ServerProcess
 from search_r1.search.client import RetrievalClient
 from search_r1.search.identity import DEMO_CORPUS_SHA256, RECORD_FILE, record_retrieval, warn_if_demo_corpus

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from retrieval_server import ray_service
+from retrieval_server.serve import ray_deploy as ray_service
 from search_r1.search import endpoints
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from retrieval_server.launcher import ServerProcess
 from search_r1.search import RetrievalClient, RetrievalUnavailable
 from tests.retrieval_server.retrieval_test_corpus import PASSAGES, corpus_lines

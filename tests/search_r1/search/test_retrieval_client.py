@@ -8,7 +8,7 @@ import logging
 import httpx
 import pytest
 
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.search import RetrievalClient, RetrievalError, RetrievalUnavailable
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from data_prep.qa_search import make_row, rows_to_parquet
-from retrieval_server.build_index import build_index
+from retrieval_server.index.build import build_index
 from retrieval_server.launcher import ServerProcess, free_port
 from search_r1.llm_agent.formatting import INFO_CLOSE
 from tests.entry_points import main_ppo_in_process

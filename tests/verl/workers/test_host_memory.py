@@ -29,7 +29,7 @@ def test_release_host_memory_returns_freed_tensors_pages():
     before, freed, released = run("""
         import torch
         from verl.workers.memory import resident_bytes
-        from verl.workers.model_utils import release_host_memory
+        from verl.workers.process_memory import release_host_memory
         resident_gib = lambda: resident_bytes() / (1 << 30)
         x = torch.ones(1 << 20)  # a freed 4 MiB block raises glibc's mmap threshold: 2 MiB blocks then share the heap
         del x
@@ -50,7 +50,7 @@ def test_step_peak_is_reset_after_each_read():
     first 'step' shows in that step's peak only."""
     first, second, lifetime = run("""
         import torch
-        from verl.workers.model_utils import peak_memory_metrics
+        from verl.workers.process_memory import peak_memory_metrics
         device = torch.device("cpu")
         peak_memory_metrics(device)
         x = torch.ones(1 << 28); del x  # 1 GiB, touched, freed (mmapped: given back at once)
@@ -68,7 +68,7 @@ def test_large_host_allocations_are_mapped_and_given_back_when_freed():
     before, freed = run("""
         import torch
         from verl.workers.memory import resident_bytes
-        from verl.workers.model_utils import map_large_host_allocations
+        from verl.workers.process_memory import map_large_host_allocations
         resident_gib = lambda: resident_bytes() / (1 << 30)
         assert map_large_host_allocations()
         x = torch.ones(1 << 20)
@@ -84,7 +84,7 @@ def test_large_host_allocations_are_mapped_and_given_back_when_freed():
 
 def test_a_threshold_the_user_set_is_kept(monkeypatch):
     """Guards against overriding the user's own glibc setting (returns before calling mallopt: safe in-process)."""
-    from verl.workers.model_utils import map_large_host_allocations
+    from verl.workers.process_memory import map_large_host_allocations
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
     assert map_large_host_allocations() is False
     monkeypatch.delenv("GLIBC_TUNABLES")

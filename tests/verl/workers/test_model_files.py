@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from data_prep.tiny_model import save_tiny_model
-from verl.workers.model_utils import check_model_files
+from verl.workers.model_files import check_model_files
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ without vLLM (e.g. the GPU machine, which has transformers but no vLLM).
 from __future__ import annotations
 
 from verl.config import Config, max_sequence_length
-from verl.workers.model_utils import resolve_device, world
+from verl.workers.distributed import world
+from verl.workers.model_utils import resolve_device
 from verl.workers.rollout.base import GenerationOutput, Generator, RolloutEngine, SamplingParams
 
 __all__ = ["GenerationOutput", "Generator", "RolloutEngine", "SamplingParams", "build_rollout"]

@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from retrieval_server.manifest import MANIFEST_NAME
-from retrieval_server.shards import SHARD_DIR, clear_shard_manifests
+from retrieval_server.index.manifest import MANIFEST_NAME
+from retrieval_server.index.shards import SHARD_DIR, clear_shard_manifests
 
 
 @contextlib.contextmanager

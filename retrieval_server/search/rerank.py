@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_server.devices import Placement
+from retrieval_server.search.devices import Placement
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,11 @@ Choices:
   returns them too, as Search-R1's own server does. ``return_scores`` / ``return_rows`` (optional,
   false by default: Search-R1's shape) add each hit's score / corpus row.
 - Each ``/retrieve`` answer (its status, query count and wall time) is recorded in a ``RequestStats`` that a
-  task of the app summarises in one log line every ``log_interval_s`` (see ``logs.py``); 0 records nothing. A
-  backend with totals of its own (the online backend: engine requests, cache hit rate, cost) adds them to the line.
-- A backend that searches elsewhere (``online/backend.py``) and cannot answer raises ``BackendError``: answered with
-  its status (502/503) and ``{"detail": message, "retryable": bool}``.
+  task of the app summarises in one log line every ``log_interval_s`` (see ``retrieval_server/logs.py``); 0 records
+  nothing. A backend with totals of its own (the online backend: engine requests, cache hit rate, cost) adds them to
+  the line.
+- A backend that searches elsewhere (``search/online/backend.py``) and cannot answer raises ``BackendError``:
+  answered with its status (502/503) and ``{"detail": message, "retryable": bool}``.
 - FastAPI's generated API docs (``/docs``, ``/redoc``, ``/openapi.json``) answer 404 unless ``serve --docs`` asks
   for them: a service reachable beyond loopback shows no more than its API.
 """
@@ -48,10 +49,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from retrieval_server.batcher import Coalescer
-from retrieval_server.documents import DocumentIndex, UnknownDocument, parse_doc_request
 from retrieval_server.logs import RequestStats, log_summaries
-from retrieval_server.service import BackendError, Hit, SearchService
+from retrieval_server.search.documents import DocumentIndex, UnknownDocument, parse_doc_request
+from retrieval_server.search.service import BackendError, Hit, SearchService
+from retrieval_server.serve.batcher import Coalescer
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ class _State:
     def __init__(self) -> None:
         self.service: SearchService | None = None
         self.coalescer: Coalescer | None = None
-        self.documents: DocumentIndex | None = None  # POST /doc (documents.py)
+        self.documents: DocumentIndex | None = None  # POST /doc (search/documents.py)
         self.error: str | None = None
 
 
@@ -315,7 +316,7 @@ def create_app(load: Callable[[], SearchService], limits: Limits,
 
     @app.post("/doc")
     async def doc(request: Request) -> Response:
-        """Whole documents by id (retrieval_server/documents.py)."""
+        """Whole documents by id (retrieval_server/search/documents.py)."""
         if state.service is None:
             return JSONResponse({"detail": "the index is still loading; poll GET /health"}, status_code=503)
         body = await read_body(request, limits.max_body_bytes, limits.client_timeout_s)

@@ -10,10 +10,10 @@ Choices:
   (``query_cache.py``: a cached answer is the final, reranked one), then turns row ids into passages
   (their corpus lines, as raw JSON). ``k`` is capped at the index's size. Equal scores come in ascending
   corpus row order (``_retrieve``).
-- A row-range shard (``shards.py``) is served with the whole corpus: its row ids are moved by the
+- A row-range shard (``index/shards.py``) is served with the whole corpus: its row ids are moved by the
   shard's start before passages are fetched, and ``describe`` (``/health``) says which rows it holds,
   the corpus checksum and a hash of the encoder fingerprint, so a client can check a set of shards.
-- ``ServeOptions`` holds every serving choice, typed and validated once, here; ``serve.py`` fills it
+- ``ServeOptions`` holds every serving choice, typed and validated once, here; ``serve/cli.py`` fills it
   from the command line.
 - Devices (``devices.py``): nothing goes on a GPU unless asked (``encoder_device``, default cpu, for the encoder and
   the re-ranker; ``gpu_mode``, default off, for a FAISS index). ``plan_devices`` checks, before loading, that what is
@@ -33,9 +33,11 @@ from typing import Protocol
 
 import numpy as np
 
-from retrieval_server.bm25 import BM25Retriever
-from retrieval_server.corpus import CorpusStore, scan_corpus
-from retrieval_server.devices import (
+from retrieval_server.index.corpus import CorpusStore, scan_corpus
+from retrieval_server.index.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
+from retrieval_server.index.manifest import Manifest, check_corpus, check_encoder
+from retrieval_server.search.bm25 import BM25Retriever
+from retrieval_server.search.devices import (
     Placement,
     check_cuda_device,
     check_device_name,
@@ -43,9 +45,7 @@ from retrieval_server.devices import (
     measured,
     visible_gpus_note,
 )
-from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
-from retrieval_server.manifest import Manifest, check_corpus, check_encoder
-from retrieval_server.query_cache import CachedSearch
+from retrieval_server.search.query_cache import CachedSearch
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class ServeOptions:
 
     model: str | None = None  # encoder path overriding the manifest's (must embed identically)
     threads: int = 0  # CPU threads of torch, FAISS and numba; 0 = library default
-    encoder_dtype: str = "auto"  # one of ENCODER_DTYPES (encoder.py says what auto picks)
+    encoder_dtype: str = "auto"  # one of ENCODER_DTYPES (index/encoder.py says what auto picks)
     encoder_backend: str = "auto"  # one of ENCODER_BACKENDS: auto = ONNX Runtime on a CPU in fp32, else torch
     cache_size: int = 65536  # (query, k) answers kept by the LRU cache; 0 = off (repeats in a batch still merge)
     reranker: str | None = None  # cross-encoder directory; None = no rerank stage
@@ -120,8 +120,8 @@ def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOpti
         return retriever
     import faiss
 
-    from retrieval_server.dense import DenseRetriever
-    from retrieval_server.encoder import Encoder
+    from retrieval_server.index.encoder import Encoder
+    from retrieval_server.search.dense import DenseRetriever
 
     if options.threads > 0:
         import torch
@@ -201,8 +201,8 @@ class SearchService:
         """What is served (for ``GET /health``); ``recall``: tuning.served_recall (null where not measured)."""
         dense = self.manifest.retriever == "dense"
         if dense:  # both modules import FAISS, which a BM25 service runs without (a machine may lack it)
-            from retrieval_server.index_kinds import search_params
-            from retrieval_server.tuning import served_recall
+            from retrieval_server.index.kinds import search_params
+            from retrieval_server.index.tuning import served_recall
 
         encoder = getattr(self.retriever, "encoder", None)
         parts = {p.part: p.as_dict() for p in self.placements()}
@@ -274,13 +274,13 @@ def _plan_dense_index(manifest: Manifest, options: ServeOptions) -> Placement:
         raise ValueError(f"--faiss-gpu {options.gpu_mode}: FAISS sees no GPU ({visible_gpus_note()}; the CPU build, "
                          "faiss-cpu, never does: pip install faiss-gpu-cu12 for GPU search); leave --faiss-gpu off "
                          "to search on the CPU")
-    from retrieval_server.index_kinds import HNSW_KINDS
+    from retrieval_server.index.kinds import HNSW_KINDS
 
     if manifest.index in HNSW_KINDS:
         return Placement("index", "cpu", "faiss; FAISS has no GPU HNSW")
     if manifest.index_params.get("refine", "none") != "none":
         return Placement("index", "cpu", "faiss; a refined index stays on the CPU")
-    from retrieval_server.dense import check_gpu_budget
+    from retrieval_server.search.dense import check_gpu_budget
 
     check_gpu_budget(manifest.index, manifest.dim, manifest.count, n_gpus, options.gpu_mode, options.gpu_fp16,
                      options.gpu_budget_gb)
@@ -306,7 +306,7 @@ def load_service(index_dir: str | Path, corpus: str | Path, options: ServeOption
         raise RuntimeError(f"index {index_dir} holds {retriever.num_passages} passages, manifest says {manifest.count}")
     reranker = None
     if options.reranker is not None:
-        from retrieval_server.rerank import Reranker
+        from retrieval_server.search.rerank import Reranker
 
         with measured(next(p for p in plan if p.part == "reranker")) as placement:
             reranker = Reranker(options.reranker, device=options.encoder_device)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retrieval_server.corpus import CorpusStore, parse_passage
+from retrieval_server.index.corpus import CorpusStore, parse_passage
 
 
 class UnknownDocument(KeyError):

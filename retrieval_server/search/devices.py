@@ -8,11 +8,11 @@ Choices:
 - JAX stays out of the service. ``bm25s`` imports ``jax.lax`` when it is imported, if JAX is installed, and runs a
   top-k with it at once (``bm25s/selection.py``), which starts JAX's GPU backend; JAX then preallocates 75 % of the
   first GPU (105 GiB of an H200, issue 56), although our BM25 search uses bm25s's numba kernels and never JAX.
-  ``jax_hidden`` makes that import fail as if JAX were not installed (a ``None`` entry in ``sys.modules``: Python
-  raises ImportError without searching the path), so bm25s records JAX as unavailable; ``bm25.py`` imports bm25s
-  under it. ``keep_jax_off_devices`` (called first by the service's ``main``) also sets ``JAX_PLATFORMS=cpu`` and
-  ``XLA_PYTHON_CLIENT_PREALLOCATE=false``, which JAX reads when it starts a backend, for any other library of the
-  service (or a child process) that might start JAX: it would stay on the CPU.
+  ``index/bm25.py`` imports bm25s under ``jax_hidden``, which makes that import fail as if JAX were not installed (a
+  ``None`` entry in ``sys.modules``: Python raises ImportError without searching the path), so bm25s records JAX as
+  unavailable (a BM25 build is covered too). ``keep_jax_off_devices`` (called first by the service's ``main``) also
+  sets ``JAX_PLATFORMS=cpu`` and ``XLA_PYTHON_CLIENT_PREALLOCATE=false``, which JAX reads when it starts a backend,
+  for any other library of the service (or a child process) that might start JAX: it would stay on the CPU.
 - ``CUDA_VISIBLE_DEVICES`` is honoured as torch and FAISS honour it (an empty value: no GPU; ``cuda:0`` is the first
   device it lists). A device asked for that this process cannot see is refused before the port is bound, and the
   message names the variable's value.
@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -34,22 +33,6 @@ GIB = 1 << 30
 # JAX reads these when it starts a backend: CPU only, and no preallocation of a device (see the module docstring).
 JAX_ENV = {"JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
-
-
-@contextlib.contextmanager
-def jax_hidden() -> Iterator[None]:
-    """Inside: ``import jax`` (and ``import jax.lax``) raise ImportError, whether JAX is installed or already imported;
-    after: the process's own JAX modules, if it had any, are back in ``sys.modules``."""
-    saved = {name: module for name, module in sys.modules.items() if name == "jax" or name.startswith("jax.")}
-    for name in saved:
-        del sys.modules[name]
-    sys.modules["jax"] = None  # type: ignore[assignment]  # Python's own marker: "import of jax halted"
-    try:
-        yield
-    finally:
-        if sys.modules.get("jax", 0) is None:
-            del sys.modules["jax"]
-        sys.modules.update(saved)
 
 
 def keep_jax_off_devices() -> None:

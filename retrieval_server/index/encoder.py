@@ -145,7 +145,7 @@ class Encoder:
 
     def _pick_backend(self, requested: str, threads: int) -> str:
         """Set up ONNX Runtime if ``requested`` (or ``auto``) asks for it and it can run here; the backend's name."""
-        from retrieval_server import onnx_backend
+        from retrieval_server.index import onnx_backend
 
         on_gpu = self.model.device.type == "cuda"
         if requested == "torch" or (requested == "auto" and (on_gpu or self.dtype != "fp32"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_server.manifest import INDEX_FILE, MANIFEST_NAME, Manifest
+from retrieval_server.index.manifest import INDEX_FILE, MANIFEST_NAME, Manifest
 
 SHARD_DIR = "shard-{}"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_server.corpus import CorpusScan
+from retrieval_server.index.corpus import CorpusScan
 
 FORMAT_VERSION = 2  # the newest version this code reads and writes (see ``Manifest.save``)
 READABLE_VERSIONS = (1, 2)
@@ -48,7 +48,7 @@ class Manifest:
     corpus_path: str  # the file it was built from (informational; the checksum is what is checked)
     model: str | None = None  # dense: sentence-transformers model path or name
     dim: int | None = None  # dense: embedding size
-    index: str | None = None  # dense: a kind of index_kinds.INDEX_KINDS ("flat", "ivfpq", ...)
+    index: str | None = None  # dense: a kind of kinds.INDEX_KINDS ("flat", "ivfpq", ...)
     query_prefix: str = ""  # dense: prepended to queries ("query: " for e5 models)
     passage_prefix: str = ""  # dense: prepended to passages ("passage: " for e5 models)
     index_params: dict = field(default_factory=dict)  # FAISS / BM25 parameters used

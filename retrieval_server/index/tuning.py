@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from retrieval_server.index_kinds import (
+from retrieval_server.index.kinds import (
     HNSW_KINDS,
     apply_search_params,
     bytes_per_vector,
@@ -66,7 +66,7 @@ TIME_BATCH = 512
 # the graphs (pcahnswsq8 + fp32 refine was the fastest at recall@3 0.99 on 2M vectors, and the smallest of those
 # reaching it, then hnswsq8 + fp32: docs/results.md), and flat
 # last (exact: reaches any target if it fits the budget). Every candidate that fits is built and timed, so the order
-# decides only which are built first, not which wins. The budget is resident memory (index_kinds.
+# decides only which are built first, not which wins. The budget is resident memory (kinds.
 # resident_bytes_per_vector): a refine store is memory-mapped and read k x k_factor rows a query, so it counts as
 # disk (each report row gives both); everything a search scans or walks counts in full.
 AUTO_CANDIDATES = (("ivfpq", "sq8"), ("ivfsq8", "none"), ("opq", "sq8"), ("ivfpq", "fp16"), ("sq8", "none"),

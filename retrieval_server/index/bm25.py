@@ -1,4 +1,4 @@
-"""Sparse retrieval: BM25 with ``bm25s`` (scores precomputed into a sparse matrix, numba top-k).
+"""BM25 index files: written and read with ``bm25s`` (scores precomputed into a sparse matrix, numba top-k).
 
 Choices:
 - bm25s defaults: the Lucene BM25 variant with k1=1.5, b=0.75 (the scorer Pyserini, used by
@@ -8,9 +8,9 @@ Choices:
   index; query words outside it are dropped.
 - A query with no indexed word scores 0 on every passage and gets k arbitrary passages with score 0
   (passages with no indexed word are stored empty, so the tokenizer's "empty" token matches none).
-- Retrieval uses the numba backend; ``threads=1`` selects its serial kernel, which releases the GIL.
-- bm25s is imported with JAX hidden (``devices.jax_hidden``): bm25s imports JAX at import time where it is installed
-  and runs a top-k with it, which takes 75 % of the first GPU; our search never uses it (numba's top-k).
+- bm25s is imported with JAX hidden (``jax_hidden``): bm25s imports JAX at import time where it is installed and
+  runs a top-k with it, which takes 75 % of the first GPU; our search never uses it (numba's top-k). The rest of
+  the service keeps JAX off the devices too (``search/devices.py``).
   bm25s JIT-compiles its kernels without numba's on-disk cache, which costs seconds to tens of seconds at
   every server start (measured figures: docs/results.md); ``_cache_numba_kernels`` turns that cache on for the two
   retrieval kernels, so only the first start on a machine pays (numba invalidates the cache itself
@@ -19,15 +19,30 @@ Choices:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
-from retrieval_server.devices import Placement, jax_hidden
+
+@contextlib.contextmanager
+def jax_hidden() -> Iterator[None]:
+    """Inside: ``import jax`` (and ``import jax.lax``) raise ImportError, whether JAX is installed or already imported;
+    after: the process's own JAX modules, if it had any, are back in ``sys.modules``."""
+    saved = {name: module for name, module in sys.modules.items() if name == "jax" or name.startswith("jax.")}
+    for name in saved:
+        del sys.modules[name]
+    sys.modules["jax"] = None  # type: ignore[assignment]  # Python's own marker: "import of jax halted"
+    try:
+        yield
+    finally:
+        if sys.modules.get("jax", 0) is None:
+            del sys.modules["jax"]
+        sys.modules.update(saved)
+
 
 with jax_hidden():  # bm25s/selection.py: `import jax.lax` at import time, then a top-k on the first GPU
     import bm25s
@@ -80,30 +95,12 @@ def _cache_numba_kernels() -> None:
     retrieve_utils._retrieve_internal_jitted_parallel.enable_caching()
 
 
-class BM25Retriever:
-    """Tokenise queries, score with BM25: ``search(queries, k)`` -> (scores, row ids)."""
-
-    def __init__(self, retriever: bm25s.BM25, tokenizer: Tokenizer, threads: int):
-        self.retriever = retriever
-        self.tokenizer = tokenizer
-        self.threads = threads
-        self.num_passages = int(retriever.scores["num_docs"])
-        self.placements: list[Placement] = []  # where the index runs (the CPU): set by service.load_retriever
-
-    @classmethod
-    def load(cls, index_dir: str | Path, threads: int = 0) -> BM25Retriever:
-        """``threads`` = 0: all cores; 1: the serial numba kernel."""
-        _cache_numba_kernels()
-        save_dir = str(Path(index_dir) / BM25_DIR)
-        retriever = bm25s.BM25.load(save_dir, show_progress=False, backend="numba")
-        tokenizer = Tokenizer(stopwords=STOPWORDS)
-        tokenizer.load_vocab(save_dir)
-        tokenizer.load_stopwords(save_dir)
-        return cls(retriever, tokenizer, threads if threads > 0 else (os.cpu_count() or 1))
-
-    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``[B]`` queries -> scores ``[B, k]`` float32 (descending) and row ids ``[B, k]`` int64."""
-        # Never grows the vocabulary; a query with no known word becomes [id of ""], which no passage has.
-        ids_per_query = self.tokenizer.tokenize(queries, update_vocab=False, return_as="ids", show_progress=False)
-        rows, scores = self.retriever.retrieve(ids_per_query, k=k, show_progress=False, n_threads=self.threads)
-        return scores, rows.astype(np.int64)
+def load_bm25(index_dir: str | Path) -> tuple[bm25s.BM25, Tokenizer]:
+    """The BM25 index under ``index_dir/bm25`` (numba backend, its kernels cached on disk) and its tokenizer."""
+    _cache_numba_kernels()
+    save_dir = str(Path(index_dir) / BM25_DIR)
+    retriever = bm25s.BM25.load(save_dir, show_progress=False, backend="numba")
+    tokenizer = Tokenizer(stopwords=STOPWORDS)
+    tokenizer.load_vocab(save_dir)
+    tokenizer.load_stopwords(save_dir)
+    return retriever, tokenizer

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from retrieval_server.service import BackendError, Hit
+from retrieval_server.search.service import BackendError, Hit
 
 logger = logging.getLogger(__name__)
 

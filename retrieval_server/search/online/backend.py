@@ -46,9 +46,9 @@ from pathlib import Path
 
 import httpx
 
-from retrieval_server.online.engines import ENGINES, Engine, EngineError, error_text
-from retrieval_server.online.response_cache import ResponseCache
-from retrieval_server.service import BackendError, Hit
+from retrieval_server.search.online.engines import ENGINES, Engine, EngineError, error_text
+from retrieval_server.search.online.response_cache import ResponseCache
+from retrieval_server.search.service import BackendError, Hit
 
 logger = logging.getLogger(__name__)
 

@@ -3,10 +3,10 @@
 Choices:
 - Binds 127.0.0.1 unless ``--host`` says otherwise: the service has no authentication.
 - The retriever kind (dense / BM25), the encoder and its prefixes come from the index manifest. A
-  shard (``--index OUT/shard-i``, see ``shards.py``) is served with the whole ``--corpus``.
+  shard (``--index OUT/shard-i``, see ``index/shards.py``) is served with the whole ``--corpus``.
 - Serving choices (encoder dtype, query cache, reranker, FAISS GPU placement) are flags, collected
   into one ``ServeOptions`` (validated once); ``/health`` reports them.
-- Devices (``devices.py``): the CPU unless asked (``--encoder-device`` for the encoder and the re-ranker,
+- Devices (``search/devices.py``): the CPU unless asked (``--encoder-device`` for the encoder and the re-ranker,
   ``--faiss-gpu`` for a dense index); a device that cannot be used here is refused before the port is bound (status
   2). The start line names each part's device, the ready line adds the device memory each took, and ``/health``
   holds both. JAX is kept off the devices (``keep_jax_off_devices``, first thing in ``main``).
@@ -18,9 +18,9 @@ Choices:
 - One process, one event loop: the index is held once in memory and all search work goes through
   one worker thread (see ``batcher.py``).
 - No log line per request: one summary line per ``--log-interval`` (requests, queries, q/s, p50/p99 latency,
-  errors; see ``logs.py``), and library chatter (FAISS's build probes, httpx requests) below INFO.
+  errors; see ``retrieval_server/logs.py``), and library chatter (FAISS's build probes, httpx requests) below INFO.
 - ``--backend serpapi|google|serper|brave --api-key-env VAR`` serves an online search engine instead of an index
-  (``online/backend.py``: cache, budget, backoff, cost); the API, limits and summary line are the same. A missing
+  (``search/online/backend.py``: cache, budget, backoff, cost); the API, limits and summary line are the same. A missing
   key variable is refused before the port is bound (status 2).
 """
 
@@ -36,17 +36,17 @@ from pathlib import Path
 
 import uvicorn
 
-from retrieval_server.app import Limits, create_app
-from retrieval_server.corpus import CorpusError
-from retrieval_server.devices import describe_placements, keep_jax_off_devices
-from retrieval_server.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
-from retrieval_server.index_kinds import FaissMissing, require_faiss
+from retrieval_server.index.corpus import CorpusError
+from retrieval_server.index.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
+from retrieval_server.index.kinds import FaissMissing, require_faiss
+from retrieval_server.index.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
 from retrieval_server.logs import configure_logging
-from retrieval_server.manifest import Manifest, ManifestError, check_corpus_size, check_index_file
-from retrieval_server.online.backend import OnlineService, add_online_args, online_options, read_api_key
-from retrieval_server.online.engines import ENGINES
-from retrieval_server.service import GPU_MODES, ServeOptions, load_service, plan_devices
-from retrieval_server.slow_clients import request_head_protocol
+from retrieval_server.search.devices import describe_placements, keep_jax_off_devices
+from retrieval_server.search.online.backend import OnlineService, add_online_args, online_options, read_api_key
+from retrieval_server.search.online.engines import ENGINES
+from retrieval_server.search.service import GPU_MODES, ServeOptions, load_service, plan_devices
+from retrieval_server.serve.app import Limits, create_app
+from retrieval_server.serve.slow_clients import request_head_protocol
 
 logger = logging.getLogger("retrieval_server.serve")
 
@@ -274,6 +274,3 @@ def prepare_index(args: argparse.Namespace) -> tuple[Callable[[], object], str] 
     rows = f" (shard {shard['index']} of {shard['of']}: rows {shard['start']}..{shard['end'] - 1})" if shard else ""
     return (lambda: load_service(args.index, args.corpus, args.options, plan),
             f"{manifest.retriever} index {args.index}{rows} ({describe_placements(plan)})")
-
-if __name__ == "__main__":
-    sys.exit(main())

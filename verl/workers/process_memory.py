@@ -1,0 +1,101 @@
+"""This process's memory: peaks measured per step, and the host allocator's rules for a model trained on the host.
+
+Choices:
+
+* **Peaks per step.** ``peak_memory_metrics`` reports, then resets, the most memory a step took: on a GPU torch's
+  allocated peak, on the host the kernel's resident high-water mark (``VmHWM``, reset through
+  ``/proc/self/clear_refs``), beside the process's lifetime peak and its resident set now.
+* **Freed host pages go back** (``release_host_memory``, glibc's ``malloc_trim``) and **large host allocations are
+  mapped on their own** (``map_large_host_allocations``, glibc's ``M_MMAP_THRESHOLD``): without them the resident set
+  of a model trained on the host grows to the sum of the phases' peaks (docs/results.md, "Memory over a run"). Both
+  are no-ops where there is no glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import resource
+from collections.abc import Callable
+
+import torch
+
+_lifetime_peak_kib = 0  # the process's peak resident set before the last high-water-mark reset
+
+
+def peak_memory_metrics(device: torch.device) -> dict[str, float]:
+    """This rank's peak memory since the previous call (one training step when called once per step), then reset:
+    on a GPU the most allocated (``perf/max_memory_allocated_gb``); on the host the peak resident set
+    (``perf/step_max_rss_gb``, Linux: the kernel's high-water mark, reset through ``/proc/self/clear_refs``).
+    Also the process's peak resident set since it started (``perf/max_rss_gb``, never reset) and its resident set
+    now (``perf/rss_gb``: what the allocator keeps between steps)."""
+    global _lifetime_peak_kib
+    # the kernel's peak (also what getrusage reports) since the last reset here; the lifetime peak is kept apart
+    _lifetime_peak_kib = max(_lifetime_peak_kib, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    metrics = {"perf/max_rss_gb": _lifetime_peak_kib / (1 << 20)}  # KiB -> GiB
+    status = _proc_status()
+    if "VmHWM" in status:
+        metrics["perf/step_max_rss_gb"] = status["VmHWM"] / (1 << 20)
+        metrics["perf/rss_gb"] = status["VmRSS"] / (1 << 20)
+        _reset_high_water_mark()
+    if device.type == "cuda":
+        metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / (1 << 30)
+        torch.cuda.reset_peak_memory_stats(device)
+    return metrics
+
+
+def release_host_memory() -> None:
+    """Give the host allocator's free pages back to the system (glibc's ``malloc_trim(0)``, every arena); a no-op
+    where there is none. Freed tensors of one size rarely fit the next micro-batch's other sizes, and the generation
+    thread's arena is not reused by the training thread's, so without it the resident set grows to the sum of the
+    phases' peaks (measured: docs/results.md, "Memory over a run")."""
+    trim = _glibc("malloc_trim")
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _glibc(name: str) -> Callable[..., int] | None:
+    """glibc's function ``name``, or None where there is no glibc (or no such function)."""
+    try:
+        return getattr(ctypes.CDLL("libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+HOST_MMAP_THRESHOLD = 1 << 20  # bytes
+
+
+def map_large_host_allocations(threshold: int = HOST_MMAP_THRESHOLD) -> bool:
+    """Serve every host allocation of ``threshold`` bytes or more from its own mapping, unmapped when freed (glibc's
+    ``mallopt(M_MMAP_THRESHOLD)``); True when set. glibc raises its threshold to the size of each mapped block freed
+    (up to 32 MiB), so after the first freed activations every tensor below 32 MiB comes from the heap, where one
+    micro-batch's freed tensors leave holes the next one's sizes do not fit, and a step's peak grows by what the holes
+    hold (measured on the real model: 7.8 -> 6.4 GiB on the same batches; docs/results.md, "Memory over a run"). A
+    fixed threshold also stops the raise. Left alone where glibc is absent or the user set it
+    (``MALLOC_MMAP_THRESHOLD_``, or ``mmap_threshold`` in ``GLIBC_TUNABLES``)."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and mallopt(M_MMAP_THRESHOLD, threshold) == 1
+
+
+
+def _proc_status() -> dict[str, int]:
+    """VmHWM / VmRSS of this process in KiB (Linux /proc/self/status; empty elsewhere)."""
+    try:
+        with open("/proc/self/status") as status:
+            return {line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith(("VmHWM", "VmRSS"))}
+    except OSError:
+        return {}
+
+
+def _reset_high_water_mark() -> None:
+    """Reset VmHWM to the current resident set (Linux >= 4.0: writing 5 to clear_refs); silently kept elsewhere."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
