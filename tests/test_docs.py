@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,10 @@ def missing_sections(doc: Path, cited: dict[str, list[str]]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def citing_files() -> list[Path]:
-    return [p for p in sorted(ROOT.rglob("*")) if p.suffix in CITING and p.is_file() and p != Path(__file__)
+    """The repository's own files (``git ls-files``: not a build directory, a virtual environment or outputs)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    paths = [ROOT / name for name in listed.decode().split("\0") if name]
+    return [p for p in sorted(paths) if p.suffix in CITING and p.is_file() and p != Path(__file__)
             and not SKIP_DIRS & set(p.relative_to(ROOT).parts)]
 
 
