@@ -11,7 +11,7 @@ key ``recipe`` names the module that provides generation, reward and metrics (``
 Every phase reads, adds and replaces the batch's columns as the column table says (``columns.py``: one
 checked ``write`` for every column; the recipe's generated batch is checked at the seam against the generate
 phase, ``recipe.check_generated``); the advantage estimator is called with what its registration declares
-(``advantages.py``, ``registry.AdvantageInputs``). The driver's
+(``reward.py``, ``registry.AdvantageInputs``). The driver's
 traffic is metered by the worker groups: each step logs ``perf/driver_bytes_to_workers`` and
 ``perf/driver_bytes_from_workers`` (every call's arguments and results) and ``perf/sync_bytes_driver``
 (those of the weight sync alone). What a step logs beyond the workers' own metrics is computed from the batch by
@@ -20,7 +20,7 @@ traffic is metered by the worker groups: each step logs ``perf/driver_bytes_to_w
 Masks: ``loss_mask = response_mask * info_mask`` when ``actor.state_masking`` (else
 ``response_mask``) is computed once, right after generation, and is the only mask the reward
 placement, advantages, losses and token metrics use. Right after the reward, ``algorithm.overlong``
-may zero it on the rows the length budget cut, or add a length penalty to the reward (``overlong``).
+may zero it on the rows the length budget cut, or add a length penalty to the reward (``reward.apply_overlong``).
 
 Stability (docs/design.md, "Faults and what the trainer does"): every step logs the rollout/trainer
 mismatch over the policy tokens (``rollout/*``, from the engines' log-probs); a NaN/Inf advantage skips the
@@ -66,12 +66,10 @@ from verl.single_controller.roles import ActorGroup, CriticGroup, RefGroup, Roll
 from verl.single_controller.rollout import GroupRollout
 from verl.tools import run_tool_specs
 from verl.trainer import columns, step_metrics
-from verl.trainer.advantages import compute_advantages
 from verl.trainer.health import HealthMonitor, TrainingStopped
-from verl.trainer.overlong import apply_overlong
 from verl.trainer.pipeline import Generated, InlineRollout, PipelinedRollout, fill_batch, round_seed, staleness
 from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated, expected_row_lengths
-from verl.trainer.reward import RewardManager, load_custom_score_fn
+from verl.trainer.reward import RewardManager, apply_overlong, compute_advantages, load_custom_score_fn
 from verl.trainer.step_metrics import StepResult, StepTimings, timed
 from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader

@@ -22,12 +22,10 @@ from verl.algorithms import core_algos
 from verl.config import load_config
 from verl.protocol import Batch
 from verl.trainer import columns
-from verl.trainer.advantages import compute_advantages
 from verl.trainer.columns import PHASES, STEP, Column, ColumnError, Phase
-from verl.trainer.overlong import apply_overlong
 from verl.trainer.pipeline import Generated, fill_batch
 from verl.trainer.recipe import RecipeOutputError, check_generated
-from verl.trainer.reward import RewardManager
+from verl.trainer.reward import RewardManager, apply_overlong, compute_advantages
 from verl.utils.seq import pack_trajectories
 
 ROWS, N = 4, 2  # 4 rows = 2 prompts x n = 2
