@@ -117,11 +117,12 @@ class WorkerGroup:
     def method_name(self, method: Callable) -> str:
         """The name the ranks call ``method`` by; TypeError unless it is a method of the workers' class (its own or
         inherited), so a call meant for another role fails here, naming both, before any rank runs it."""
-        name = getattr(method, "__name__", None)
-        if name is None or not any(vars(cls).get(name) is method for cls in self.worker_cls.__mro__):
-            raise TypeError(f"{getattr(method, '__qualname__', method)!r} is not a method of "
-                            f"{self.worker_cls.__name__}, the class of this group's workers")
-        return name
+        for cls in self.worker_cls.__mro__:
+            name = next((name for name, value in vars(cls).items() if value is method), None)
+            if name is not None:
+                return name
+        raise TypeError(f"{getattr(method, '__qualname__', method)!r} is not a method of "
+                        f"{self.worker_cls.__name__}, the class of this group's workers")
 
     def _call(self, method: Callable, args_per_rank: list[tuple], kwargs: dict[str, Any] | None = None,
               ranks: list[int] | None = None) -> list:

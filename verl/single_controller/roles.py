@@ -14,10 +14,14 @@ every rank runs, and a type checker sees both. The proxy also says how the call 
 
 A role's proxy holds its ``WorkerGroup`` (``group``: the trainer meters its traffic and shuts it down). The
 engines' calls (``generate``, ``engine_step``, ...) go through ``rollout.GroupRollout``, the engines' own typed
-handle, which spreads one generation over the engines instead of over the ranks.
+handle, which spreads one generation over the engines instead of over the ranks. Two calls span roles: the weight
+channel from the actor to the rollout ranks (``open_weight_channel``) and the weight sync (``sync_engines``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from verl.protocol import Batch
 from verl.single_controller.base import WorkerGroup
@@ -134,3 +138,31 @@ class RolloutRanks:
     def receive_weights(self) -> WeightSyncStats:
         """Every rank streams what training rank 0 sends into its engine; rank 0's share."""
         return self.group.execute_all(RolloutWorker.receive_weights)[0]
+
+
+def concurrently(*calls: Callable[[], object]) -> list:
+    """Run the calls in threads at once (calls to different worker groups that meet in one collective); results in
+    order; the first error is raised."""
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
+
+
+def open_weight_channel(actor: ActorGroup, rollout_ranks: RolloutRanks) -> None:
+    """Connect training rank 0 (the sender, member 0) with every rollout rank (``WeightChannel``); both sides join
+    at once."""
+    host, port = actor.weight_channel_address()
+    members = 1 + rollout_ranks.group.world_size
+    concurrently(lambda: actor.join_weight_channel(host, port, members),
+                 lambda: rollout_ranks.join_weight_channel(host, port, members))
+
+
+def sync_engines(actor: ActorGroup, rollout_ranks: RolloutRanks | None) -> tuple[WeightSyncStats, WeightSyncStats]:
+    """The actor's current weights into every engine, never through the driver: each actor rank streams them into
+    its own engine, or (``rollout_ranks``) training rank 0 sends each as it is gathered and the rollout ranks stream
+    them into theirs. Returns rank 0's (sending, receiving) shares (the same object when colocated)."""
+    if rollout_ranks is None:
+        stats = actor.sync_rollout_weights()
+        return stats, stats
+    sent, received = concurrently(actor.send_weights, rollout_ranks.receive_weights)
+    return sent, received

@@ -5,17 +5,17 @@ rollout engines of all actor ranks) -> reward (the recipe's score function) -> o
 reference log-probs -> values -> advantages -> critic update -> actor update -> weight sync into
 every rank's engine -> validation / checkpoint / metrics. The driver holds the data and runs the
 recipe's loop; the actor (with its engine), critic and reference live in worker groups
-(in-process or Ray actors, see ``verl.single_controller``). The trainer imports no task: the config
+(in-process or Ray actors, see ``verl.single_controller``), called through their typed proxies
+(``roles.py``: ``self.actor.compute_log_prob(batch)``). The trainer imports no task: the config
 key ``recipe`` names the module that provides generation, reward and metrics (``recipe.py``).
 
-Every phase reads, adds and replaces the batch's columns as the column table says (``columns.py``: one
-checked ``write`` for every column; the recipe's generated batch is checked at the seam against the generate
-phase, ``recipe.check_generated``); the advantage estimator is called with what its registration declares
-(``reward.py``, ``registry.AdvantageInputs``). The driver's
-traffic is metered by the worker groups: each step logs ``perf/driver_bytes_to_workers`` and
-``perf/driver_bytes_from_workers`` (every call's arguments and results) and ``perf/sync_bytes_driver``
-(those of the weight sync alone). What a step logs beyond the workers' own metrics is computed from the batch by
-``step_metrics.py``.
+A step is read in seven files (docs/design.md, "One training step"): this one, ``pipeline.py`` (which batch when,
+dynamic sampling), ``recipe.py``, ``reward.py`` (reward, overlong, advantages), ``roles.py`` (worker calls),
+``step_metrics.py`` (the typed ``StepResult`` and ``StepTimings``: each phase returns its metrics and is timed
+where it runs) and ``columns.py`` (the column table every phase reads and writes through; the recipe's batch is
+checked at the seam, ``recipe.check_generated``). The driver's traffic is metered by the worker groups: each step
+logs ``perf/driver_bytes_to_workers`` and ``perf/driver_bytes_from_workers`` (every call's arguments and results)
+and ``perf/sync_bytes_driver`` (those of the weight sync alone).
 
 Masks: ``loss_mask = response_mask * info_mask`` when ``actor.state_masking`` (else
 ``response_mask``) is computed once, right after generation, and is the only mask the reward
@@ -37,7 +37,6 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
@@ -62,7 +61,14 @@ from verl.config_schema import steering_keys
 from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic
-from verl.single_controller.roles import ActorGroup, CriticGroup, RefGroup, RolloutRanks
+from verl.single_controller.roles import (
+    ActorGroup,
+    CriticGroup,
+    RefGroup,
+    RolloutRanks,
+    open_weight_channel,
+    sync_engines,
+)
 from verl.single_controller.rollout import GroupRollout
 from verl.tools import run_tool_specs
 from verl.trainer import columns, step_metrics
@@ -89,14 +95,6 @@ from verl.workers.rollout_worker import RolloutWorker
 logger = logging.getLogger(__name__)
 
 
-def _concurrently(*calls):
-    """Run the calls in threads at once (calls to different worker groups that meet in one collective); results in
-    order; the first error is raised."""
-    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
-        futures = [pool.submit(call) for call in calls]
-        return [future.result() for future in futures]
-
-
 class PPOTrainer:
     def __init__(self, cfg: Config, build_recipe: RecipeBuilder):
         self.cfg = cfg
@@ -113,7 +111,7 @@ class PPOTrainer:
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data
-        tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompts (hermes format)
+        tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompts (a tool-calling format)
         self.train_set = PromptDataset(data.train_files, self.tokenizer, data.max_prompt_length, data.prompt_key,
                                        data.train_max_samples, sample_seed=data.seed, tools=tools)
         self.val_set = PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length, data.prompt_key,
@@ -175,10 +173,7 @@ class PPOTrainer:
             self.rollout_ranks = RolloutRanks(create_worker_group(
                 RolloutWorker, self.cfg, t.backend, t.rollout_ranks, total_steps=self.total_steps,
                 pool_size=world + t.rollout_ranks, first_bundle=world))
-            host, port = self.actor.weight_channel_address()
-            members = 1 + t.rollout_ranks
-            _concurrently(lambda: self.actor.join_weight_channel(host, port, members),
-                          lambda: self.rollout_ranks.join_weight_channel(host, port, members))
+            open_weight_channel(self.actor, self.rollout_ranks)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -391,21 +386,16 @@ class PPOTrainer:
         raise TrainingStopped(f"{err}\nsaved the last finite weights as checkpoint {saved}") from err
 
     def sync_weights(self) -> dict[str, float]:
-        """The actor's new weights into every engine (in memory, no disk, not via the driver): each actor rank streams
-        them into its own engine, or (disaggregated) training rank 0 broadcasts them to the rollout ranks as they are
-        gathered (``WeightChannel``).
+        """The actor's new weights into every engine (``roles.sync_engines``: in memory, not via the driver).
 
-        ``perf/sync_bytes_driver``: the payload of every worker-group call made while syncing, both ways
-        (arguments to the workers, results to the driver; ``single_controller.base.payload_bytes``), metered by
-        the groups themselves, so weights routed through the driver by any call of this phase would show.
-        Today only each rank's small stats dict comes back. ``perf/sync_bytes_engine`` / ``_gathered``: the bytes
-        handed to the first engine / received by training rank 0 from other ranks in the gathers.
+        ``perf/sync_bytes_driver``: the payload of every worker-group call made while syncing, both ways, metered by
+        the groups themselves (``single_controller.base.payload_bytes``), so weights routed through the driver by
+        any call of this phase would show; today only rank 0's small ``WeightSyncStats`` comes back.
+        ``perf/sync_bytes_engine`` / ``_gathered``: the bytes handed to the first engine / received by training
+        rank 0 from other ranks in the gathers.
         """
         start = self._traffic_total()
-        if self.rollout_ranks is None:
-            sent = received = self.actor.sync_rollout_weights()
-        else:
-            sent, received = _concurrently(self.actor.send_weights, self.rollout_ranks.receive_weights)
+        sent, received = sync_engines(self.actor, self.rollout_ranks)
         metrics = {"perf/sync_bytes_engine": float(received.engine_bytes),
                    "perf/sync_bytes_gathered": float(sent.gathered_bytes)}
         return {**metrics, "perf/sync_bytes_driver": float((self._traffic_total() - start).total)}

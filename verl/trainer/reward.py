@@ -10,8 +10,8 @@ with state masking no reward may sit on an inserted token, where no gradient or 
 **2. Overlong trajectories** (``apply_overlong``), by ``algorithm.overlong.mode``: the rows the length budget cut
 (DAPO, Yu et al. 2025: "Overlong Filtering" and "Soft Overlong Punishment"). A row is *cut* when the recipe's
 generation says so, in the per-row ``truncated`` column of the generation contract (the generate phase of
-``verl.trainer.columns.STEP``; the search recipe sets it for ``StopReason.MAX_LENGTH``: a length budget ended the
-trajectory, ``data.max_trajectory_length`` most often; docs/design.md, "Lengths"). Where such a row stops is where
+``verl.trainer.columns.STEP``; the search recipe, for example, sets it when a length budget ended the trajectory,
+``data.max_trajectory_length`` most often; docs/design.md, "Lengths"). Where such a row stops is where
 the budget stopped it, not where the policy chose to, so training on its outcome as if the policy had ended there
 teaches the wrong lesson. The trainer step applies the mode right after the reward, before log-probs, values and
 advantages (``PPOTrainer.run_step``), so every later phase sees its effect.
