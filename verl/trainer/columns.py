@@ -19,8 +19,8 @@ phase, and no two phases add the same column.
 
 Shapes: ``B`` rows (prompts x rollout.n), ``P`` prompt columns (left-padded), ``R`` response columns (right-padded;
 every response starts at column ``P`` of ``input_ids``). A 2-D shape is a tensor in ``Batch.tensors``; ``B`` alone
-is one value per row, a numpy array in ``Batch.non_tensors``. ``Batch.meta`` (batch-level values: ``gen_metrics``,
-``filter_metrics``, ``make_s``) is not a column and not in the table.
+is one value per row, a numpy array in ``Batch.non_tensors``. ``Batch.meta`` is not a column and not in the table
+(nor a channel for metrics: each phase returns its own, ``step_metrics.StepResult``).
 
 The generate phase is the recipe's generation contract: its row is what ``recipe.check_generated`` checks right
 after every generation (the recipe returns a new batch holding the prompts' columns and the ones it adds; its own
