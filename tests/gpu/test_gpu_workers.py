@@ -59,7 +59,7 @@ def test_weight_sync_reaches_the_engine_on_the_device(tiny_model_dir):
     stats = worker.sync_rollout_weights()
     engine_weights = worker.engine.model.state_dict()
     actor_weights = worker.model.state_dict()
-    assert set(engine_weights) == set(actor_weights) and stats["tensors"] == len(actor_weights)
+    assert set(engine_weights) == set(actor_weights) and stats.tensors == len(actor_weights)
     for name, value in actor_weights.items():
         synced = engine_weights[name]
         assert synced.device.type == DEVICE and synced.dtype == torch.bfloat16, name

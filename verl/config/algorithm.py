@@ -72,7 +72,7 @@ class FilterGroupsConfig:
 class OverlongConfig:
     mode: str = setting(
         "none", "Trajectories cut by a length budget (the recipe marks them; the search agent's stop reason "
-        "max_length), verl/trainer/overlong.py: none = trained as any other | mask = their loss_mask is zeroed: no "
+        "max_length), verl/trainer/reward.py: none = trained as any other | mask = their loss_mask is zeroed: no "
         "policy, KL, entropy or value loss and no advantage whitening sees them (DAPO's overlong filtering; their "
         "score still counts in their GRPO/RLOO group's baseline) | soft_penalty = DAPO's soft overlong punishment, by "
         "length, added to every row's outcome reward (buffer_len, penalty_factor below). Logged each step: "

@@ -218,7 +218,7 @@ def check_pipeline(cfg: Config) -> None:
 
 
 def check_overlong(cfg: Config) -> None:
-    """algorithm.overlong's buffer must fit in the budget it is a part of (verl/trainer/overlong.py)."""
+    """algorithm.overlong's buffer must fit in the budget it is a part of (verl/trainer/reward.py, apply_overlong)."""
     o, budget = cfg.algorithm.overlong, cfg.data.max_trajectory_length
     require(o.mode != "soft_penalty" or o.buffer_len <= budget, "algorithm.overlong.buffer_len", o.buffer_len,
             f"at most data.max_trajectory_length={budget} with algorithm.overlong.mode=soft_penalty (the penalty "

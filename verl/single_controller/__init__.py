@@ -1,6 +1,7 @@
 """Worker groups: one interface over in-process workers (``local``, ``base.LocalWorkerGroup``) and Ray actors (``ray``,
 ``ray_group.RayWorkerGroup``); ``create_worker_group`` picks one by ``trainer.backend``. The factory lives here, above
-both, so that ``ray_group`` builds on ``base`` and ``base`` never names ``ray_group`` (no import circle)."""
+both, so that ``ray_group`` builds on ``base`` and ``base`` never names ``ray_group`` (no import circle). The trainer
+calls a group through its role's typed proxy (``roles.py``), the engines through ``rollout.GroupRollout``."""
 
 from __future__ import annotations
 

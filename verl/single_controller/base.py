@@ -1,7 +1,11 @@
 """The worker-group interface, the in-process backend and the factory over both backends.
 
 A worker group holds ``world_size`` instances of one worker class (one data-parallel rank each).
-The single controller (the trainer) drives it with three calls:
+The single controller (the trainer) drives it through the typed proxies of ``roles.py``
+(``actor.compute_log_prob(batch)``), each of which makes one of these calls. A call names the worker
+method by the method itself (``ActorWorker.compute_log_prob``, never a string), so an editor's
+go-to-definition and a reader both reach the code that runs, and a method of another class is refused
+before any rank is called:
 
 * ``execute_split(method, batch)``: split the batch into ``world_size`` equal consecutive chunks,
   call ``method(chunk)`` on every rank in parallel, and combine: ``Batch`` results are
@@ -15,7 +19,8 @@ The single controller (the trainer) drives it with three calls:
   calls one engine's ranks while the other engines are busy with their own calls). Calls to disjoint
   ranks may come from several driver threads at once; a rank runs its calls one at a time.
 
-All three go through one primitive per backend (``_run``), which is where the driver's traffic is
+All of them go through one primitive per backend (``_run``, which gets the method's name: the wire format of a
+Ray call), which is where the driver's traffic is
 metered: ``traffic`` adds up the payload of every call's arguments (driver -> workers) and of every
 result (workers -> driver), by ``payload_bytes``. Weights or any other data routed through the driver,
 by whatever method, therefore show in the trainer's ``perf/driver_bytes_*`` metrics.
@@ -32,7 +37,8 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import torch
@@ -41,6 +47,8 @@ from verl.config import Config
 from verl.protocol import Batch
 
 _NUMBERS = (int, float, bool, np.number, np.bool_)
+P = ParamSpec("P")  # a worker method's parameters after self
+R = TypeVar("R")  # what one rank's call returns
 
 
 def payload_bytes(obj: Any) -> int:
@@ -91,50 +99,66 @@ class Traffic:
 
 
 class WorkerGroup:
-    """The three calls of the module docstring over one backend primitive, ``_run``; every call is metered."""
+    """The four calls of the module docstring over one backend primitive, ``_run``; every call is metered."""
 
     world_size: int
+    worker_cls: type  # the class every rank's worker is an instance of
 
     def __init__(self) -> None:
         self.traffic = Traffic()
         self._traffic_lock = threading.Lock()  # calls to disjoint ranks may come from several threads
 
-    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any],
+    def _run(self, name: str, args_per_rank: list[tuple], kwargs: dict[str, Any],
              ranks: list[int] | None = None) -> list:
-        """Call ``method(*args_per_rank[k], **kwargs)`` on rank ``ranks[k]`` (default: every rank), in parallel;
-        the results in that order."""
+        """Call the workers' method ``name(*args_per_rank[k], **kwargs)`` on rank ``ranks[k]`` (default: every
+        rank), in parallel; the results in that order."""
         raise NotImplementedError
 
-    def _call(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any] | None = None,
+    def method_name(self, method: Callable) -> str:
+        """The name the ranks call ``method`` by; TypeError unless it is a method of the workers' class (its own or
+        inherited), so a call meant for another role fails here, naming both, before any rank runs it."""
+        for cls in self.worker_cls.__mro__:
+            name = next((name for name, value in vars(cls).items() if value is method), None)
+            if name is not None:
+                return name
+        raise TypeError(f"{getattr(method, '__qualname__', method)!r} is not a method of "
+                        f"{self.worker_cls.__name__}, the class of this group's workers")
+
+    def _call(self, method: Callable, args_per_rank: list[tuple], kwargs: dict[str, Any] | None = None,
               ranks: list[int] | None = None) -> list:
+        name = self.method_name(method)
         kwargs = kwargs or {}
         sent = sum(payload_bytes(args) + payload_bytes(kwargs) for args in args_per_rank)
-        results = self._run(method, args_per_rank, kwargs, ranks)
+        results = self._run(name, args_per_rank, kwargs, ranks)
         received = payload_bytes(results)
         with self._traffic_lock:
             self.traffic.to_workers += sent
             self.traffic.to_driver += received
         return results
 
-    def execute_split(self, method: str, batch: Batch) -> Batch | dict:
+    def execute_split(self, method: Callable[[Any, Batch], R], batch: Batch) -> R:
         """Call ``method`` on equal chunks of ``batch``, one per rank; concatenated Batch or rank 0's dict."""
-        chunks = [batch] if self.world_size == 1 else split_for_ranks(method, batch, self.world_size)
-        return combine(method, self._call(method, [(chunk,) for chunk in chunks]))
+        name = self.method_name(method)
+        chunks = [batch] if self.world_size == 1 else split_for_ranks(name, batch, self.world_size)
+        return combine(name, self._call(method, [(chunk,) for chunk in chunks]))
 
-    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
+    def execute_all(self, method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
         """Call ``method(*args, **kwargs)`` on every rank; the results in rank order."""
         return self._call(method, [args] * self.world_size, kwargs)
 
-    def execute_each(self, method: str, args_per_rank: list[tuple]) -> list:
+    def execute_each(self, method: Callable[..., R], args_per_rank: list[tuple]) -> list[R]:
         """Call ``method(*args_per_rank[r])`` on rank r, all ranks in parallel; the results in rank order."""
-        check_args_per_rank(method, args_per_rank, self.world_size)
+        check_args_per_rank(self.method_name(method), args_per_rank, self.world_size)
         return self._call(method, args_per_rank)
 
-    def execute_ranks(self, method: str, ranks: list[int], *args: Any) -> list:
-        """Call ``method(*args)`` on each of ``ranks`` only, in parallel; the results in the order of ``ranks``."""
+    def execute_ranks(self, method: Callable[Concatenate[Any, P], R], ranks: list[int], *args: P.args,
+                      **kwargs: P.kwargs) -> list[R]:
+        """Call ``method(*args, **kwargs)`` on each of ``ranks`` only, in parallel; the results in the order of
+        ``ranks``."""
         if not ranks or any(not 0 <= r < self.world_size for r in ranks):
-            raise ValueError(f"{method}: ranks {ranks} are not a non-empty subset of 0..{self.world_size - 1}")
-        return self._call(method, [args] * len(ranks), ranks=list(ranks))
+            raise ValueError(f"{self.method_name(method)}: ranks {ranks} are not a non-empty subset of "
+                             f"0..{self.world_size - 1}")
+        return self._call(method, [args] * len(ranks), kwargs, ranks=list(ranks))
 
     def take_traffic(self) -> Traffic:
         """The traffic since the previous call (then reset)."""
@@ -174,11 +198,12 @@ class LocalWorkerGroup(WorkerGroup):
     def __init__(self, worker_cls: type, cfg: Config, **init_kwargs: Any):
         super().__init__()
         self.world_size = 1
+        self.worker_cls = worker_cls
         self.worker = worker_cls(cfg, **init_kwargs)
 
-    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any],
+    def _run(self, name: str, args_per_rank: list[tuple], kwargs: dict[str, Any],
              ranks: list[int] | None = None) -> list:
-        return [getattr(self.worker, method)(*args_per_rank[0], **kwargs)]
+        return [getattr(self.worker, name)(*args_per_rank[0], **kwargs)]
 
     def shutdown(self) -> None:
         self.worker = None

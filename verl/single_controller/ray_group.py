@@ -123,8 +123,9 @@ class WorkerProcess:
         import_plugins(cfg.plugins)  # what they register (a policy loss, a KL estimator) is needed here too
         self.workers[role] = worker_cls(cfg, **init_kwargs)
 
-    def execute(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.workers[role], method)(*args, **kwargs)
+    def execute(self, role: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Role ``role``'s worker method ``name`` (``WorkerGroup.method_name`` checked it on the driver)."""
+        return getattr(self.workers[role], name)(*args, **kwargs)
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -136,6 +137,7 @@ class RayWorkerGroup(WorkerGroup):
                  **init_kwargs: Any):
         super().__init__()
         self.world_size = world_size
+        self.worker_cls = worker_cls
         self.role = worker_cls.__name__
         self.owns_processes = colocate_with is None
         if colocate_with is not None:
@@ -170,10 +172,10 @@ class RayWorkerGroup(WorkerGroup):
                     "GPUs" if use_gpu else "CPUs", len(set(self.node_ids)), ", ".join(n[:8] for n in self.node_ids),
                     "" if colocate_with is None else f" (in {colocate_with.role}'s processes)")
 
-    def _run(self, method: str, args_per_rank: list[tuple], kwargs: dict[str, Any],
+    def _run(self, name: str, args_per_rank: list[tuple], kwargs: dict[str, Any],
              ranks: list[int] | None = None) -> list:
         workers = self.workers if ranks is None else [self.workers[r] for r in ranks]
-        return ray.get([w.execute.remote(self.role, method, *args, **kwargs)
+        return ray.get([w.execute.remote(self.role, name, *args, **kwargs)
                         for w, args in zip(workers, args_per_rank, strict=True)])
 
     def shutdown(self) -> None:

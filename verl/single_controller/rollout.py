@@ -40,6 +40,7 @@ import threading
 import time
 
 from verl.single_controller.base import WorkerGroup
+from verl.workers.engine_host import EngineHost
 from verl.workers.rollout.base import GenerationOutput, SamplingParams
 
 
@@ -58,7 +59,8 @@ def split_by_tokens(costs: list[int], parts: int) -> list[list[int]]:
 
 
 class GroupRollout:
-    """``Generator`` over the ``generate`` method of a worker group's ranks (see the module docstring)."""
+    """``Generator`` over the engine calls (``EngineHost``) of a worker group's ranks (see the module docstring): the
+    engines' typed handle, as ``roles.py``'s proxies are the training roles'."""
 
     def __init__(self, group: WorkerGroup, tensor_parallel_size: int):
         if group.world_size % tensor_parallel_size:
@@ -72,7 +74,7 @@ class GroupRollout:
         self._lock = threading.Lock()
         self._window_start = time.perf_counter()
         self.version = 0
-        self.can_step = bool(group.execute_ranks("can_step", [0])[0])  # vLLM engines batch continuously
+        self.can_step = bool(group.execute_ranks(EngineHost.can_step, [0])[0])  # vLLM engines batch continuously
         self._calls = threading.Condition()  # guards _running / _updating (engine calls vs weight updates)
         self._running = 0
         self._updating = False
@@ -118,7 +120,7 @@ class GroupRollout:
             args_per_rank.append(([prompts[i] for i in rows_per_engine[engine]],
                                   dataclasses.replace(params, seed=seed)))
         with self._engine_call() as version:
-            results = self.group.execute_each("generate", args_per_rank)
+            results = self.group.execute_each(EngineHost.generate, args_per_rank)
         n = params.n
         outputs: list[GenerationOutput | None] = [None] * len(prompts) * n
         for engine, rows in enumerate(rows_per_engine):
@@ -139,7 +141,7 @@ class GroupRollout:
             raise IndexError(f"engine {engine} of {self.engines}")
         ranks = list(range(engine * self.tp, (engine + 1) * self.tp))
         with self._engine_call() as version:
-            outputs = _tag(self.group.execute_ranks("generate", ranks, prompts, params)[0], version)
+            outputs = _tag(self.group.execute_ranks(EngineHost.generate, ranks, prompts, params)[0], version)
         if len(outputs) != len(prompts) * params.n:
             raise RuntimeError(f"engine {engine} returned {len(outputs)} outputs for {len(prompts)} prompts "
                                f"x n={params.n}")
@@ -157,18 +159,18 @@ class GroupRollout:
         """Continuous batching on engine ``engine`` (``EnginePool.step_on``); outputs tagged with the version."""
         ranks = self._ranks(engine)
         with self._engine_call() as version:
-            finished = self.group.execute_ranks("engine_step", ranks, new, max_steps)[0]
+            finished = self.group.execute_ranks(EngineHost.engine_step, ranks, new, max_steps)[0]
         _tag([out for _, out in finished], version)
         with self._lock:
             self._ranks_used.update(ranks)
         return version, finished
 
     def abort_on(self, engine: int, request_ids: list[str]) -> None:
-        self.group.execute_ranks("engine_abort", self._ranks(engine), request_ids)
+        self.group.execute_ranks(EngineHost.engine_abort, self._ranks(engine), request_ids)
 
     def take_metrics(self) -> dict[str, float]:
         """``perf/rollout_ranks`` and ``perf/rollout_idle_frac`` since the previous call (then reset)."""
-        busy = self.group.execute_all("take_rollout_busy_s")  # per rank; an engine's first rank speaks for it
+        busy = self.group.execute_all(EngineHost.take_rollout_busy_s)  # per rank; an engine's first rank speaks for it
         wall = time.perf_counter() - self._window_start
         engine_busy = sum(busy[e * self.tp] for e in range(self.engines))
         with self._lock:

@@ -19,8 +19,8 @@ phase, and no two phases add the same column.
 
 Shapes: ``B`` rows (prompts x rollout.n), ``P`` prompt columns (left-padded), ``R`` response columns (right-padded;
 every response starts at column ``P`` of ``input_ids``). A 2-D shape is a tensor in ``Batch.tensors``; ``B`` alone
-is one value per row, a numpy array in ``Batch.non_tensors``. ``Batch.meta`` (batch-level values: ``gen_metrics``,
-``filter_metrics``, ``make_s``) is not a column and not in the table.
+is one value per row, a numpy array in ``Batch.non_tensors``. ``Batch.meta`` is not a column and not in the table
+(nor a channel for metrics: each phase returns its own, ``step_metrics.StepResult``).
 
 The generate phase is the recipe's generation contract: its row is what ``recipe.check_generated`` checks right
 after every generation (the recipe returns a new batch holding the prompts' columns and the ones it adds; its own
@@ -114,9 +114,9 @@ STEP: tuple[Phase, ...] = (
           }, prefixes={
               "reward/": Column("B", "a term of the recipe's composite reward, logged as its mean"),
           }),
-    Phase("dynamic_sampling", "verl.trainer.dynamic_sampling.fill_batch (algorithm.filter_groups)",
+    Phase("dynamic_sampling", "verl.trainer.pipeline.fill_batch (algorithm.filter_groups)",
           reads=("uid", "score"), replaces=("uid",)),  # rounds after the first: uid + "#round"
-    Phase("overlong", "verl.trainer.overlong.apply_overlong (algorithm.overlong.mode)",
+    Phase("overlong", "verl.trainer.reward.apply_overlong (algorithm.overlong.mode)",
           reads=("truncated", "loss_mask", "response_mask", "token_level_scores"),
           replaces=("loss_mask", "token_level_scores")),  # mask: loss_mask; soft_penalty: token_level_scores
     Phase("old_log_prob", "ActorRolloutWorker.compute_log_prob", reads=MODEL_INPUTS, adds={
@@ -130,7 +130,7 @@ STEP: tuple[Phase, ...] = (
         "values": Column("B, R", "the critic's value of the state each response token was chosen in (0 where "
                                  "loss_mask is 0)"),
     }),
-    Phase("advantages", "verl.trainer.advantages.compute_advantages",
+    Phase("advantages", "verl.trainer.reward.compute_advantages",
           reads=("token_level_scores", "loss_mask", "response_mask", "info_mask"),
           may_read=("old_log_probs", "ref_log_prob", "values", "uid", "turn_scores"), adds={
               "token_level_rewards": Column("B, R", "token_level_scores minus the KL penalty (use_kl_in_reward) plus "

@@ -5,22 +5,22 @@ rollout engines of all actor ranks) -> reward (the recipe's score function) -> o
 reference log-probs -> values -> advantages -> critic update -> actor update -> weight sync into
 every rank's engine -> validation / checkpoint / metrics. The driver holds the data and runs the
 recipe's loop; the actor (with its engine), critic and reference live in worker groups
-(in-process or Ray actors, see ``verl.single_controller``). The trainer imports no task: the config
+(in-process or Ray actors, see ``verl.single_controller``), called through their typed proxies
+(``roles.py``: ``self.actor.compute_log_prob(batch)``). The trainer imports no task: the config
 key ``recipe`` names the module that provides generation, reward and metrics (``recipe.py``).
 
-Every phase reads, adds and replaces the batch's columns as the column table says (``columns.py``: one
-checked ``write`` for every column; the recipe's generated batch is checked at the seam against the generate
-phase, ``recipe.check_generated``); the advantage estimator is called with what its registration declares
-(``advantages.py``, ``registry.AdvantageInputs``). The driver's
-traffic is metered by the worker groups: each step logs ``perf/driver_bytes_to_workers`` and
-``perf/driver_bytes_from_workers`` (every call's arguments and results) and ``perf/sync_bytes_driver``
-(those of the weight sync alone). What a step logs beyond the workers' own metrics is computed from the batch by
-``step_metrics.py``.
+A step is read in seven files (docs/design.md, "One training step"): this one, ``pipeline.py`` (which batch when,
+dynamic sampling), ``recipe.py``, ``reward.py`` (reward, overlong, advantages), ``roles.py`` (worker calls),
+``step_metrics.py`` (the typed ``StepResult`` and ``StepTimings``: each phase returns its metrics and is timed
+where it runs) and ``columns.py`` (the column table every phase reads and writes through; the recipe's batch is
+checked at the seam, ``recipe.check_generated``). The driver's traffic is metered by the worker groups: each step
+logs ``perf/driver_bytes_to_workers`` and ``perf/driver_bytes_from_workers`` (every call's arguments and results)
+and ``perf/sync_bytes_driver`` (those of the weight sync alone).
 
 Masks: ``loss_mask = response_mask * info_mask`` when ``actor.state_masking`` (else
 ``response_mask``) is computed once, right after generation, and is the only mask the reward
 placement, advantages, losses and token metrics use. Right after the reward, ``algorithm.overlong``
-may zero it on the rows the length budget cut, or add a length penalty to the reward (``overlong``).
+may zero it on the rows the length budget cut, or add a length penalty to the reward (``reward.apply_overlong``).
 
 Stability (docs/design.md, "Faults and what the trainer does"): every step logs the rollout/trainer
 mismatch over the policy tokens (``rollout/*``, from the engines' log-probs); a NaN/Inf advantage skips the
@@ -37,8 +37,6 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
@@ -63,16 +61,22 @@ from verl.config import (
 from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import Traffic
+from verl.single_controller.roles import (
+    ActorGroup,
+    CriticGroup,
+    RefGroup,
+    RolloutRanks,
+    open_weight_channel,
+    sync_engines,
+)
 from verl.single_controller.rollout import GroupRollout
 from verl.tools import run_tool_specs
 from verl.trainer import columns, step_metrics
-from verl.trainer.advantages import compute_advantages
-from verl.trainer.dynamic_sampling import fill_batch, round_seed
 from verl.trainer.health import HealthMonitor, TrainingStopped
-from verl.trainer.overlong import apply_overlong
-from verl.trainer.pipeline import Generated, InlineRollout, Made, PipelinedRollout, staleness
+from verl.trainer.pipeline import Generated, InlineRollout, PipelinedRollout, fill_batch, round_seed, staleness
 from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated, expected_row_lengths
-from verl.trainer.reward import RewardManager, load_custom_score_fn
+from verl.trainer.reward import RewardManager, apply_overlong, compute_advantages, load_custom_score_fn
+from verl.trainer.step_metrics import StepResult, StepTimings, timed
 from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
 from verl.utils.plots import plot_curves
@@ -91,21 +95,6 @@ from verl.workers.rollout_worker import RolloutWorker
 logger = logging.getLogger(__name__)
 
 
-@contextmanager
-def _timed(name: str, timing: dict[str, float]):
-    start = time.perf_counter()
-    yield
-    timing[f"timing/{name}"] = time.perf_counter() - start
-
-
-def _concurrently(*calls):
-    """Run the calls in threads at once (calls to different worker groups that meet in one collective); results in
-    order; the first error is raised."""
-    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
-        futures = [pool.submit(call) for call in calls]
-        return [future.result() for future in futures]
-
-
 class PPOTrainer:
     def __init__(self, cfg: Config, build_recipe: RecipeBuilder):
         self.cfg = cfg
@@ -122,7 +111,7 @@ class PPOTrainer:
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data
-        tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompts (hermes format)
+        tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompts (a tool-calling format)
         self.train_set = PromptDataset(data.train_files, self.tokenizer, data.max_prompt_length, data.prompt_key,
                                        data.train_max_samples, sample_seed=data.seed, tools=tools)
         self.val_set = PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length, data.prompt_key,
@@ -139,8 +128,9 @@ class PPOTrainer:
         self.memory = MemoryMeter(cfg)  # the estimate now (the data's lengths, then the bound) and each step's
         self.memory.report(expected_row_lengths(cfg, self.tokenizer, self.train_set))
         self._build_workers()
-        self.mfu = MfuMeter(cfg, self.memory.counted[2], self.actor)  # perf/mfu/*
-        self.rollout = GroupRollout(self.engines, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
+        self.mfu = MfuMeter(cfg, self.memory.counted[2], self.actor.peak_flops)  # perf/mfu/*
+        engines = self.actor.group if self.rollout_ranks is None else self.rollout_ranks.group
+        self.rollout = GroupRollout(engines, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
         custom = cfg.custom_reward_function
         custom_score = load_custom_score_fn(custom.path, custom.name) if custom.path else None
         self.recipe = build_recipe(cfg, self.tokenizer, self.rollout)  # the last start-up check (e.g. its service)
@@ -158,33 +148,32 @@ class PPOTrainer:
 
     def _build_workers(self) -> None:
         """Actor (with a rollout engine on every rank, unless trainer.rollout_ranks puts the engines on ranks of their
-        own), reference and critic groups of world_size ranks."""
+        own), reference and critic groups of world_size ranks, each behind its typed proxy
+        (``verl.single_controller.roles``)."""
         world, t = world_size(self.cfg), self.cfg.trainer
         placed = dict(pool_size=world + t.rollout_ranks) if t.rollout_ranks else {}
         make = lambda cls, **kw: create_worker_group(cls, self.cfg, t.backend, world,  # noqa: E731
                                                      total_steps=self.total_steps, **placed, **kw)
         # colocated engines generate on the actor ranks while they train when the rollout is pipelined
-        self.actor = make(ActorRolloutWorker, max_concurrency=2 if t.max_staleness > 0 and not t.rollout_ranks else 1)
+        self.actor = ActorGroup(make(ActorRolloutWorker,
+                                     max_concurrency=2 if t.max_staleness > 0 and not t.rollout_ranks else 1))
         # The reference: its own frozen model, or under LoRA the actor with its adapters disabled. The reference and
         # the critic live in the actor's processes (Ray: one process per rank; single_controller/ray_group.py).
-        self.ref = None
+        self.ref: ActorGroup | RefGroup | None = None
         if uses_reference(self.cfg):
-            self.ref = self.actor if uses_lora(self.cfg) else make(RefWorker, colocate_with=self.actor)
-        self.critic = make(CriticWorker, colocate_with=self.actor) if uses_critic(self.cfg) else None
+            self.ref = self.actor if uses_lora(self.cfg) else RefGroup(make(RefWorker, colocate_with=self.actor.group))
+        self.critic = CriticGroup(make(CriticWorker, colocate_with=self.actor.group)) if uses_critic(self.cfg) \
+            else None
         self.recompute_old = recomputes_old_log_probs(self.cfg)
         if not self.recompute_old:
             logger.info("on-policy update (one PPO epoch, one mini-batch): the old-log-prob pass is skipped; the "
                         "update's own forward pass gives them")
-        self.engines = self.actor
+        self.rollout_ranks: RolloutRanks | None = None  # the engines' own ranks, if any (else on the actor's)
         if t.rollout_ranks:
-            self.engines = create_worker_group(RolloutWorker, self.cfg, t.backend, t.rollout_ranks,
-                                               total_steps=self.total_steps, pool_size=world + t.rollout_ranks,
-                                               first_bundle=world)
-            host, port = self.actor.execute_ranks("weight_channel_address", [0])[0]
-            members = 1 + t.rollout_ranks
-            _concurrently(lambda: self.actor.execute_ranks("join_weight_channel", [0], host, port, 0, members),
-                          lambda: self.engines.execute_each("join_weight_channel", [
-                              (host, port, 1 + r, members) for r in range(t.rollout_ranks)]))
+            self.rollout_ranks = RolloutRanks(create_worker_group(
+                RolloutWorker, self.cfg, t.backend, t.rollout_ranks, total_steps=self.total_steps,
+                pool_size=world + t.rollout_ranks, first_bundle=world))
+            open_weight_channel(self.actor, self.rollout_ranks)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
@@ -202,24 +191,23 @@ class PPOTrainer:
             if self.cfg.trainer.val_only:
                 return self.last_validation
         rollout = self._start_rollout()  # which batch is generated when (trainer.max_staleness; pipeline.py)
-        self.actor.execute_all("peak_memory")  # each step's peak memory from here on, not the model loading's
+        self.actor.peak_memory()  # each step's peak memory from here on, not the model loading's
         try:
             # A progress bar on a terminal; in a log file the tracker's line per step says the same.
             with tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step",
                       disable=not sys.stderr.isatty()) as progress:
                 while self.step < self.total_steps:
                     self.step += 1
-                    timing: dict[str, float] = {}
                     try:
-                        with _timed("step", timing):
-                            batch, metrics = self.run_step(rollout, timing)
+                        result = self.run_step(rollout)
                     except EnvironmentUnavailable as err:
                         self.stop_for_outage(err)
+                    metrics = result.metrics
                     try:
                         metrics.update(self.health.observe(self.step, metrics))
                     except TrainingStopped as err:
                         self.stop_unhealthy(err)
-                    self.tracker.log({**metrics, **timing, **self._perf(batch, timing)}, step=self.step)
+                    self.tracker.log({**metrics, **result.timings.metrics(), **self._perf(result)}, step=self.step)
                     if self._due(self.cfg.trainer.save_freq):  # after the log: a kill in between redoes the step
                         self.save()
                     progress.update()
@@ -234,33 +222,42 @@ class PPOTrainer:
         self.export_hf(self.out_dir / "hf_model")
         plot_curves(self.tracker.jsonl_path, self.out_dir / "curves.png", self.cfg.trainer.experiment_name)
 
-    def run_step(self, rollout: InlineRollout | PipelinedRollout, timing: dict[str, float]) -> tuple[Batch, dict]:
+    def run_step(self, rollout: InlineRollout | PipelinedRollout) -> StepResult:
         """Take this step's generated batch, score and train on it, move the engines to this step's weights;
-        then validate when due."""
+        then validate when due. Every phase returns its metrics and is timed here (``StepTimings``)."""
+        start = time.perf_counter()
         self._take_traffic()  # count only this step's worker-group calls (not the previous checkpoint's)
-        with _timed("wait_rollout", timing):
-            generated = rollout.take(self.step)
+        generated, wait_s = timed(rollout.take, self.step)
         train_start = time.perf_counter()
-        batch, metrics = self._check_staleness(rollout, generated)
-        timing["timing/gen"] = generated.ended - generated.started  # generation and reward, every round
-        metrics.update(batch.meta.get("filter_metrics", {}))
+        generated, metrics = self._check_staleness(rollout, generated)
+        metrics.update(generated.metrics)  # the recipe's, the engines' and dynamic sampling's
         # cut rows: masked out of the loss, or a length penalty on the reward (algorithm.overlong); before log-probs
-        batch, overlong_metrics = apply_overlong(batch, self.cfg.algorithm.overlong,
+        batch, overlong_metrics = apply_overlong(generated.batch, self.cfg.algorithm.overlong,
                                                  self.cfg.data.max_trajectory_length)
         metrics.update(overlong_metrics)
-        train_metrics, updated = self.train_on(batch, timing)
-        metrics.update(train_metrics)
-        with _timed("sync", timing), rollout.weights_update(), self.rollout.weights_update(version=self.step):
-            if updated:  # the engines now hold this step's policy (unchanged when no update ran: same version)
-                metrics.update(self.sync_weights())
+        trained = self.train_on(batch)
+        metrics.update(trained.metrics)
+        timings = trained.timings
+        sync_metrics, timings.sync = timed(self._sync_step, rollout, trained.updated)
+        metrics.update(sync_metrics)
         self._trained_step, self.loader_state = self.step, generated.loader_state
-        self.trajectories.keep_trained(self.step, batch)
+        self.trajectories.keep_trained(self.step, trained.batch)
         metrics["perf/overlap_s"] = rollout.overlap_s(train_start, time.perf_counter())
         if self._due(self.cfg.trainer.test_freq):
-            with _timed("validate", timing), rollout.quiet():
+            validate_start = time.perf_counter()
+            with rollout.quiet():  # the producer's batch in flight ends first: counted in timing/validate
                 self.last_validation = self.validate()
-                metrics.update(self.last_validation)
-        return batch, metrics
+            timings.validate = time.perf_counter() - validate_start
+            metrics.update(self.last_validation)
+        timings.wait_rollout, timings.gen = wait_s, generated.seconds  # gen: generation and reward, every round
+        timings.step = time.perf_counter() - start
+        return StepResult(trained.batch, metrics, trained.updated, timings)
+
+    def _sync_step(self, rollout: InlineRollout | PipelinedRollout, updated: bool) -> dict[str, float]:
+        """The engines move to this step's version: with its new weights when the actor was updated (unchanged
+        otherwise: the same policy under the step's version), between the engine calls in flight."""
+        with rollout.weights_update(), self.rollout.weights_update(version=self.step):
+            return self.sync_weights() if updated else {}
 
     def _start_rollout(self) -> InlineRollout | PipelinedRollout:
         k = self.cfg.trainer.max_staleness
@@ -270,90 +267,90 @@ class PPOTrainer:
                                 max_staleness=k, partial=self.cfg.actor_rollout_ref.rollout.partial,
                                 version=lambda: self.rollout.version)
 
-    def _make_batch(self, prompts: Batch, step: int, draw: Callable[[], Batch] | None) -> Made:
+    def _make_batch(self, prompts: Batch, step: int, draw: Callable[[], Batch] | None) -> Generated:
         """Step ``step``'s generated, scored batch from ``prompts`` (and, with algorithm.filter_groups, further
-        prompts from ``draw`` until the batch is full of groups whose scores differ; dynamic_sampling.py). Runs in
-        the rollout's producer thread when trainer.max_staleness >= 1."""
-        start = time.perf_counter()
+        prompts from ``draw`` until the batch is full of groups whose scores differ; ``pipeline.fill_batch``). Runs
+        in the rollout's producer thread when trainer.max_staleness >= 1."""
         params = self._train_sampling(step)
-        gen = lambda p, r: self.score(self.generate(p, replace(params, seed=round_seed(params.seed, r))))  # noqa: E731
+
+        def one_round(batch: Batch, round_index: int) -> Generated:
+            made = self.generate(batch, replace(params, seed=round_seed(params.seed, round_index)))
+            self.score(made.batch)
+            return made
+
         fg = self.cfg.algorithm.filter_groups
         if not fg.enable:
-            made = Made(gen(prompts, 0), prompts)
-        else:
-            more = draw if draw is not None else lambda: prompts  # regenerating a dropped batch: the same prompts
-            result = fill_batch(prompts, more, gen, groups=len(prompts), max_rounds=fg.max_num_gen_batches,
-                                pad_id=pad_token_id(self.tokenizer))
-            result.batch.meta["filter_metrics"] = result.metrics
-            made = Made(result.batch, result.prompts)
-        made.batch.meta["make_s"] = time.perf_counter() - start
-        return made
+            return one_round(prompts, 0)
+        more = draw if draw is not None else lambda: prompts  # regenerating a dropped batch: the same prompts
+        return fill_batch(prompts, more, one_round, groups=len(prompts), max_rounds=fg.max_num_gen_batches,
+                          pad_id=pad_token_id(self.tokenizer))
 
-    def _check_staleness(self, rollout, generated: Generated) -> tuple[Batch, dict[str, float]]:
+    def _check_staleness(self, rollout, generated: Generated) -> tuple[Generated, dict[str, float]]:
         """The staleness bound on the batch about to be trained (policy version ``step - 1``); a batch holding a row
-        more than ``max_staleness`` versions behind is dropped and generated again on the current weights."""
-        batch, dropped = generated.batch, 0
-        stale = staleness(batch, self.step - 1)
+        more than ``max_staleness`` versions behind is dropped and generated again on the current weights (the
+        batch and its metrics replaced; the loader position and ``timing/gen`` stay the first generation's)."""
+        dropped = 0
+        stale = staleness(generated.batch, self.step - 1)
         if stale.max(initial=0) > rollout.max_staleness:
             logger.warning("step %d: %d rows are more than trainer.max_staleness=%d versions behind: generating the "
                            "batch again", self.step, int((stale > rollout.max_staleness).sum()), rollout.max_staleness)
-            dropped = len(batch)
+            dropped = len(generated.batch)
             with rollout.quiet():
-                batch = self._make_batch(generated.prompts, self.step, None).batch
-            stale = staleness(batch, self.step - 1)
-        return batch, {"rollout/staleness_mean": float(stale.mean()), "rollout/staleness_max": float(stale.max()),
-                       "rollout/dropped_stale": float(dropped)}
+                again = self._make_batch(generated.prompts, self.step, None)
+            generated = replace(generated, batch=again.batch, metrics=again.metrics)
+            stale = staleness(generated.batch, self.step - 1)
+        return generated, {"rollout/staleness_mean": float(stale.mean()), "rollout/staleness_max": float(stale.max()),
+                           "rollout/dropped_stale": float(dropped)}
 
-    def train_on(self, batch: Batch, timing: dict[str, float]) -> tuple[dict[str, float], bool]:
-        """Log-probs, values, advantages and the updates for one generated, scored batch -> (metrics, whether the
-        actor was updated: its weights then go to the engines).
+    def train_on(self, batch: Batch) -> StepResult:
+        """Log-probs, values, advantages and the updates for one generated, scored batch: the trained batch, the
+        metrics, whether the actor was updated (its weights then go to the engines) and each phase's seconds.
 
         A NaN/Inf advantage or return skips both updates: nothing changes.
         """
+        t = StepTimings()
         if self.recompute_old:  # else the update's own forward gives them (config.recomputes_old_log_probs)
-            with _timed("old_log_prob", timing):
-                batch = columns.run(batch, "old_log_prob", lambda b: self.actor.execute_split("compute_log_prob", b))
+            batch, t.old_log_prob = timed(columns.run, batch, "old_log_prob", self.actor.compute_log_prob)
         if self.ref is not None:
-            with _timed("ref", timing):
-                batch = columns.run(batch, "ref", lambda b: self.ref.execute_split("compute_ref_log_prob", b))
+            batch, t.ref = timed(columns.run, batch, "ref", self.ref.compute_ref_log_prob)
         if self.critic is not None:
-            with _timed("values", timing):
-                batch = columns.run(batch, "values", lambda b: self.critic.execute_split("compute_values", b))
-        with _timed("adv", timing):
-            batch, metrics = compute_advantages(batch, self.cfg, self.kl_ctrl)
+            batch, t.values = timed(columns.run, batch, "values", self.critic.compute_values)
+        (batch, metrics), t.adv = timed(compute_advantages, batch, self.cfg, self.kl_ctrl)
         metrics.update(step_metrics.mismatch_metrics(batch))
         if not self._finite_targets(batch):
-            updates = self.cfg.actor_rollout_ref.actor.ppo_epochs * (len(batch) //
-                                                                     self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
-            return {**metrics, **step_metrics.data_metrics(batch), "actor/skipped_updates": float(updates),
-                    "actor/nonfinite_advantages": 1.0}, False
+            actor = self.cfg.actor_rollout_ref.actor
+            updates = actor.ppo_epochs * (len(batch) // actor.ppo_mini_batch_size)
+            return StepResult(batch, {**metrics, **step_metrics.data_metrics(batch),
+                                      "actor/skipped_updates": float(updates), "actor/nonfinite_advantages": 1.0},
+                              updated=False, timings=t)
         if self.critic is not None:
-            with _timed("update_critic", timing):
-                metrics.update(self.critic.execute_split("update_critic", columns.require(batch, "update_critic")))
+            critic_metrics, t.update_critic = timed(self.critic.update_critic, columns.require(batch, "update_critic"))
+            metrics.update(critic_metrics)
         # verl's rule: the first critic_warmup - 1 steps train the critic only
         updated = self.step >= self.cfg.trainer.critic_warmup
         if updated:
-            with _timed("update_actor", timing):
-                actor_metrics = self.actor.execute_split("update_actor", columns.require(batch, "update_actor"))
+            actor_metrics, t.update_actor = timed(self.actor.update_actor, columns.require(batch, "update_actor"))
             metrics.update(step_metrics.update_metrics(actor_metrics))
-        per_rank = self.actor.execute_all("peak_memory")  # the largest rank's peak of this step
-        metrics.update({key: max(rank[key] for rank in per_rank) for key in per_rank[0]})
-        return {**metrics, **step_metrics.data_metrics(batch)}, updated
+        metrics.update(self.actor.peak_memory())  # the largest rank's peak of this step
+        return StepResult(batch, {**metrics, **step_metrics.data_metrics(batch)}, updated, t)
 
     # ------------------------------------------------------------------ phases
-    def generate(self, batch: Batch, params: SamplingParams, n: int | None = None) -> Batch:
-        """Repeat each prompt n times (consecutive rows share a uid), run the recipe's generation, add loss_mask."""
+    def generate(self, batch: Batch, params: SamplingParams, n: int | None = None) -> Generated:
+        """Repeat each prompt n times (consecutive rows share a uid), run the recipe's generation, add loss_mask;
+        the generated batch with the generation's metrics (the recipe's ``meta["gen_metrics"]``, taken off the
+        batch at the seam, and the engines')."""
         n = self.cfg.actor_rollout_ref.rollout.n if n is None else n
         self.rollout.take_metrics()  # reset: count only this generation's engines
         prompts = columns.require(batch.repeat(n), "generate")
         out = check_generated(self.recipe.generate(prompts, params), len(prompts), self.recipe.columns)
-        out.meta["gen_metrics"] = {**out.meta.get("gen_metrics", {}), **self.rollout.take_metrics()}
+        metrics = {**out.meta.pop("gen_metrics", {}), **self.rollout.take_metrics()}
         # 1 = the token counts in every loss/advantage/metric; inserted tokens are excluded under state masking.
         loss_mask = out["response_mask"] * out["info_mask"] if self.cfg.actor_rollout_ref.actor.state_masking \
             else out["response_mask"]
-        return columns.write(out, "loss_mask", loss_mask=loss_mask)  # [B, R]
+        return Generated(columns.write(out, "loss_mask", loss_mask=loss_mask), batch, metrics)  # loss_mask [B, R]
 
     def score(self, batch: Batch) -> Batch:
+        """The reward phase, in place (``RewardManager.score_batch``)."""
         return self.reward.score_batch(batch)
 
     def _finite_targets(self, batch: Batch) -> bool:
@@ -389,30 +386,23 @@ class PPOTrainer:
         raise TrainingStopped(f"{err}\nsaved the last finite weights as checkpoint {saved}") from err
 
     def sync_weights(self) -> dict[str, float]:
-        """The actor's new weights into every engine (in memory, no disk, not via the driver): each actor rank streams
-        them into its own engine, or (disaggregated) training rank 0 broadcasts them to the rollout ranks as they are
-        gathered (``WeightChannel``).
+        """The actor's new weights into every engine (``roles.sync_engines``: in memory, not via the driver).
 
-        ``perf/sync_bytes_driver``: the payload of every worker-group call made while syncing, both ways
-        (arguments to the workers, results to the driver; ``single_controller.base.payload_bytes``), metered by
-        the groups themselves, so weights routed through the driver by any call of this phase would show.
-        Today only each rank's small stats dict comes back. ``perf/sync_bytes_engine`` / ``_gathered``: the bytes
-        handed to the first engine / received by training rank 0 from other ranks in the gathers.
+        ``perf/sync_bytes_driver``: the payload of every worker-group call made while syncing, both ways, metered by
+        the groups themselves (``single_controller.base.payload_bytes``), so weights routed through the driver by
+        any call of this phase would show; today only rank 0's small ``WeightSyncStats`` comes back.
+        ``perf/sync_bytes_engine`` / ``_gathered``: the bytes handed to the first engine / received by training
+        rank 0 from other ranks in the gathers.
         """
         start = self._traffic_total()
-        if self.engines is self.actor:
-            per_rank = self.actor.execute_all("sync_rollout_weights")
-            engine_bytes, gathered = per_rank[0]["engine_bytes"], per_rank[0]["gathered_bytes"]
-        else:
-            sent, received = _concurrently(lambda: self.actor.execute_all("send_weights"),
-                                           lambda: self.engines.execute_all("receive_weights"))
-            engine_bytes, gathered = received[0]["engine_bytes"], sent[0]["gathered_bytes"]
-        metrics = {"perf/sync_bytes_engine": engine_bytes, "perf/sync_bytes_gathered": gathered}
+        sent, received = sync_engines(self.actor, self.rollout_ranks)
+        metrics = {"perf/sync_bytes_engine": float(received.engine_bytes),
+                   "perf/sync_bytes_gathered": float(sent.gathered_bytes)}
         return {**metrics, "perf/sync_bytes_driver": float((self._traffic_total() - start).total)}
 
     def export_hf(self, out: Path) -> None:
         """Save the trained actor as a Hugging Face model directory (rank 0 writes it; for inference and evaluation)."""
-        self.actor.execute_all("save_hf_model", str(out))
+        self.actor.save_hf_model(str(out))
 
     def validate(self) -> dict[str, float]:
         """Generate with val_kwargs over the validation set; mean score / extra metrics overall and per data_source;
@@ -426,7 +416,7 @@ class PPOTrainer:
             batch = self.val_set.batch(range(start, min(start + size, len(self.val_set))))
             params = SamplingParams(max_tokens=self.cfg.data.max_response_length, seed=self.cfg.trainer.seed,
                                     **params_kw)
-            out = self.score(self.generate(batch, params, n=vk.n))
+            out = self.score(self.generate(batch, params, n=vk.n).batch)
             per_row["data_source"].extend(out["data_source"])
             per_row["score"].extend(out["score"])
             row_metrics = self.recipe.row_metrics
@@ -444,9 +434,9 @@ class PPOTrainer:
     def save(self) -> Path:
         start = time.perf_counter()
         with checkpoint.writing(self.out_dir, self.step) as tmp:
-            self.actor.execute_all("save_checkpoint", str(tmp / "actor"))
+            self.actor.save_checkpoint(str(tmp / "actor"))
             if self.critic is not None:
-                self.critic.execute_all("save_checkpoint", str(tmp / "critic"))
+                self.critic.save_checkpoint(str(tmp / "critic"))
             # the loader's position after the last TRAINED batch: batches generated ahead are generated again on resume
             state = {"step": self.step, "loader": self.loader_state, "kl_coef": self.kl_ctrl.value}
             path = checkpoint.commit(self.out_dir, tmp, self.step, state, to_yaml(self.cfg))
@@ -461,9 +451,9 @@ class PPOTrainer:
             self.tracker.truncate_after(-1)  # a run that failed before its first step left at most a step-0 record
             return
         logger.info("resuming from %s", path)
-        self.actor.execute_all("load_checkpoint", str(path / "actor"))
+        self.actor.load_checkpoint(str(path / "actor"))
         if self.critic is not None:
-            self.critic.execute_all("load_checkpoint", str(path / "critic"))
+            self.critic.load_checkpoint(str(path / "critic"))
         state = checkpoint.load_trainer_state(path)
         self.step = state["step"]
         self.loader.load_state_dict(state["loader"])
@@ -494,7 +484,8 @@ class PPOTrainer:
 
     def _groups(self) -> list[WorkerGroup]:
         """The distinct worker groups (under LoRA the reference is the actor's group)."""
-        return list({id(g): g for g in (self.actor, self.ref, self.critic, self.engines) if g is not None}.values())
+        roles = (self.actor, self.ref, self.critic, self.rollout_ranks)
+        return list({id(r.group): r.group for r in roles if r is not None}.values())
 
     def _traffic_total(self) -> Traffic:
         return sum((g.traffic for g in self._groups()), Traffic())
@@ -502,9 +493,9 @@ class PPOTrainer:
     def _take_traffic(self) -> Traffic:
         return sum((g.take_traffic() for g in self._groups()), Traffic())
 
-    def _perf(self, batch: Batch, timing: dict[str, float]) -> dict[str, float]:
+    def _perf(self, step: StepResult) -> dict[str, float]:
         """Throughput, the payload the step's worker-group calls moved through the driver (``traffic``), MFU and
         memory."""
-        return {**step_metrics.perf_metrics(batch, timing, self._take_traffic()), **self.mfu.metrics(batch, timing),
-                **self.memory.metrics(batch)}
+        return {**step_metrics.perf_metrics(step.batch, step.timings, self._take_traffic()),
+                **self.mfu.metrics(step.batch, step.timings.phases()), **self.memory.metrics(step.batch)}
 

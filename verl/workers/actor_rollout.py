@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from verl.config import Config
 from verl.workers.actor import ActorWorker
-from verl.workers.engine_host import EngineHost
+from verl.workers.engine_host import EngineHost, WeightSyncStats
 from verl.workers.export import save_hf_model
 from verl.workers.lora import merge_lora
 from verl.workers.model_utils import DTYPES
@@ -55,16 +55,13 @@ class ActorRolloutWorker(ActorWorker, EngineHost):
         self.engine = build_rollout(cfg) if cfg.trainer.rollout_ranks == 0 else None
         self.channel: WeightChannel | None = None
 
-    def sync_rollout_weights(self) -> dict[str, float]:
-        """Stream the actor's current weights into this rank's engine (call on every rank: collective).
-
-        Returns ``tensors``, ``engine_bytes`` (bytes handed to the engine), ``gathered_bytes`` (bytes
-        this rank received from other ranks in the all-gathers) and ``seconds``.
-        """
+    def sync_rollout_weights(self) -> WeightSyncStats:
+        """Stream the actor's current weights into this rank's engine (call on every rank: collective); what this
+        rank handed to its engine and gathered from the others."""
         start = time.perf_counter()
-        stats = {"tensors": 0.0, "engine_bytes": 0.0, "gathered_bytes": 0.0}
-        self.engine.sync_weights(self._counted(self._hf_weights(self._full_weights(stats)), stats))
-        stats["seconds"] = time.perf_counter() - start
+        stats = WeightSyncStats()
+        self.engine.sync_weights(stats.counted(self._hf_weights(self._full_weights(stats))))
+        stats.seconds = time.perf_counter() - start
         return stats
 
     def weight_channel_address(self) -> tuple[str, int]:
@@ -80,32 +77,25 @@ class ActorRolloutWorker(ActorWorker, EngineHost):
         """Rank 0 only: member 0 of the channel to the rollout ranks (``WeightChannel``)."""
         self.channel = WeightChannel(host, port, member, members)
 
-    def send_weights(self) -> dict[str, float]:
+    def send_weights(self) -> WeightSyncStats:
         """Disaggregated sync (call on every training rank: the gather is a collective): rank 0 streams each full
         weight to the rollout ranks as it is gathered; the other ranks only take part in the gathers."""
         start = time.perf_counter()
-        stats = {"tensors": 0.0, "engine_bytes": 0.0, "gathered_bytes": 0.0}
-        named = self._counted(self._hf_weights(self._full_weights(stats)), stats)
+        stats = WeightSyncStats()
+        named = stats.counted(self._hf_weights(self._full_weights(stats)))
         if self.channel is not None:
             self.channel.send(named)
         else:
             for _ in named:  # the gathers, in the same order as rank 0's
                 pass
-        stats["seconds"] = time.perf_counter() - start
+        stats.seconds = time.perf_counter() - start
         return stats
 
     def _hf_weights(self, named: Iterator[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
         """The model's own (name, tensor) pairs -> the HF model's: with LoRA, merged under base names."""
         return named if self.lora is None else merge_lora(named, self.lora.scaling)
 
-    @staticmethod
-    def _counted(named: Iterator[tuple[str, Tensor]], stats: dict[str, float]) -> Iterator[tuple[str, Tensor]]:
-        for name, tensor in named:
-            stats["tensors"] += 1
-            stats["engine_bytes"] += tensor.numel() * tensor.element_size()
-            yield name, tensor
-
-    def _full_weights(self, stats: dict[str, float]) -> Iterator[tuple[str, Tensor]]:
+    def _full_weights(self, stats: WeightSyncStats) -> Iterator[tuple[str, Tensor]]:
         """(name, full tensor in the engine dtype), one parameter at a time.
 
         A tied weight (one parameter under several names, e.g. embeddings and LM head) is gathered
@@ -123,7 +113,7 @@ class ActorRolloutWorker(ActorWorker, EngineHost):
                 local = tensor.detach().to(self.engine_dtype)
                 shard_bytes = local.to_local().numel() * local.element_size()
                 full = local.full_tensor()  # a new tensor, gathered from every rank's shard
-                stats["gathered_bytes"] += full.numel() * full.element_size() - shard_bytes
+                stats.gathered_bytes += full.numel() * full.element_size() - shard_bytes
             else:  # one process: the parameter itself (a view when the dtypes agree; engines copy from it)
                 full = tensor.detach().to(self.engine_dtype)
             if names_per_tensor[id(tensor)] > 1:

@@ -2,7 +2,7 @@
 beside the rank's FSDP shard) and ``RolloutWorker`` (a rank that only generates).
 
 Every call that runs the engine adds its wall time to ``rollout_busy_s`` (the trainer's ``perf/rollout_idle_frac``
-compares it with the wall time of a generation).
+compares it with the wall time of a generation). A weight sync into the engine returns a ``WeightSyncStats``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,29 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+
+from torch import Tensor
 
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
+
+
+@dataclass
+class WeightSyncStats:
+    """One rank's share of a weight sync (``ActorRolloutWorker.sync_rollout_weights`` / ``send_weights``,
+    ``RolloutWorker.receive_weights``)."""
+
+    tensors: int = 0  # (name, tensor) pairs handed to the engine or sent on
+    engine_bytes: int = 0  # their bytes, in the engine's dtype
+    gathered_bytes: int = 0  # bytes this rank received from other ranks in the all-gathers (0 on a rollout rank)
+    seconds: float = 0.0
+
+    def counted(self, named: Iterator[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+        """``named`` unchanged, each pair counted into ``tensors`` and ``engine_bytes`` as it passes."""
+        for name, tensor in named:
+            self.tensors += 1
+            self.engine_bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
 
 
 class EngineHost:

@@ -19,6 +19,7 @@ Accounting (model FLOPs, as in the PaLM paper's appendix B: what the model needs
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -81,7 +82,8 @@ class MfuMeter:
     generation phase's time (``timing/gen``) includes the environment's replies and the reward.
     """
 
-    def __init__(self, cfg: Config, model: nn.Module, actor) -> None:
+    def __init__(self, cfg: Config, model: nn.Module, peak_flops: Callable[[list[str]], dict[str, float]]) -> None:
+        """``peak_flops(dtypes)``: one device's measured FLOP/s per dtype (the actor's rank 0 measures them)."""
         a = cfg.actor_rollout_ref
         self.flops = ModelFlops.of(model)
         self.passes = {"gen": 1, "old_log_prob": 1, "ref": 1, "update_actor": 3 * a.actor.ppo_epochs}  # forwards
@@ -89,17 +91,19 @@ class MfuMeter:
                   "update_actor": a.actor.fsdp_config.dtype}
         peak = cfg.trainer.peak_tflops
         measured = {d: peak * 1e12 for d in dtypes.values()} if peak else \
-            actor.execute_ranks("peak_flops", [0], sorted(set(dtypes.values())))[0]
+            peak_flops(sorted(set(dtypes.values())))
         self.peaks = {phase: measured[d] for phase, d in dtypes.items()}  # FLOP/s of one device
         on_gpu = torch.cuda.is_available() and cfg.trainer.device != "cpu"
         self.devices = world_size(cfg) if on_gpu else 1  # the ranks of a CPU host share it
 
-    def metrics(self, batch, timing: dict[str, float]) -> dict[str, float]:
-        """For each pass timed in ``timing``: its model FLOPs over the batch's rows / (seconds x peak x devices)."""
+    def metrics(self, batch, seconds: Mapping[str, float]) -> dict[str, float]:
+        """For each pass of ``seconds`` (phase -> seconds it took: ``gen``, ``old_log_prob``, ``ref``,
+        ``update_actor``; the others are ignored): its model FLOPs over the batch's rows / (seconds x peak x
+        devices)."""
         forward = self.flops.forward(batch["attention_mask"].sum(-1))  # [B] tokens per row
         out = {}
         for phase, forwards in self.passes.items():
-            seconds = timing.get(f"timing/{phase}")
-            if seconds:
-                out[f"perf/mfu/{phase}"] = forwards * forward / (seconds * self.peaks[phase] * self.devices)
+            took = seconds.get(phase)
+            if took:
+                out[f"perf/mfu/{phase}"] = forwards * forward / (took * self.peaks[phase] * self.devices)
         return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from verl.config import Config
-from verl.workers.engine_host import EngineHost
+from verl.workers.engine_host import EngineHost, WeightSyncStats
 from verl.workers.rollout import build_rollout
 from verl.workers.weight_channel import WeightChannel
 
@@ -25,18 +25,11 @@ class RolloutWorker(EngineHost):
     def join_weight_channel(self, host: str, port: int, member: int, members: int) -> None:
         self.channel = WeightChannel(host, port, member, members)
 
-    def receive_weights(self) -> dict[str, float]:
+    def receive_weights(self) -> WeightSyncStats:
         """Stream the weights training rank 0 is sending into this rank's engine."""
         start = time.perf_counter()
-        stats = {"tensors": 0.0, "engine_bytes": 0.0}
-
-        def counted():
-            for name, tensor in self.channel.receive():
-                stats["tensors"] += 1
-                stats["engine_bytes"] += tensor.numel() * tensor.element_size()
-                yield name, tensor
-
-        self.engine.sync_weights(counted())
-        stats["seconds"] = time.perf_counter() - start
+        stats = WeightSyncStats()
+        self.engine.sync_weights(stats.counted(self.channel.receive()))
+        stats.seconds = time.perf_counter() - start
         return stats
 

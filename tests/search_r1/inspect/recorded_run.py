@@ -30,8 +30,7 @@ from tests.search_r1.memorised_policy import QUESTIONS, TOPK
 from verl.config import load_config
 from verl.protocol import Batch
 from verl.trainer import columns
-from verl.trainer.advantages import compute_advantages
-from verl.trainer.reward import RewardManager
+from verl.trainer.reward import RewardManager, compute_advantages
 from verl.utils.dataset import PromptDataset
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout

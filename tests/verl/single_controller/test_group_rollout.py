@@ -18,6 +18,7 @@ from tests.verl.workers.rollout.rollout_helpers import raw_logprobs
 from tests.verl.workers.worker_test_utils import add_targets, random_batch
 from verl.config import DEMO_CONFIG, load_config
 from verl.single_controller import create_worker_group
+from verl.single_controller.roles import ActorGroup
 from verl.single_controller.rollout import GroupRollout, split_by_tokens
 from verl.workers.actor_rollout import ActorRolloutWorker
 from verl.workers.rollout import build_rollout
@@ -107,10 +108,10 @@ def test_two_ranks_generate_like_one_engine_and_sync_from_their_shards(engine, t
         assert len({tuple(ids) for ids in _ids(first)}) > 4, "samples of duplicated prompts repeat across engines"
 
         batch = add_targets(random_batch(seed=40), seed=41)
-        group.execute_split("update_actor", batch)
-        stats = group.execute_all("sync_rollout_weights")
-        full = group.execute_all("full_state_dict")[0]  # the actor's weights after the update
-        assert all(s["gathered_bytes"] > 0 and s["engine_bytes"] > s["gathered_bytes"] for s in stats)
+        ActorGroup(group).update_actor(batch)
+        stats = group.execute_all(ActorRolloutWorker.sync_rollout_weights)  # every rank's share
+        full = group.execute_all(ActorRolloutWorker.full_state_dict)[0]  # the actor's weights after the update
+        assert all(s.gathered_bytes > 0 and s.engine_bytes > s.gathered_bytes for s in stats)
         synced = AutoModelForCausalLM.from_pretrained(model_dir)  # the actor's updated weights, in one plain model
         synced.load_state_dict(full)
         scored = rollout.generate(prompts, dataclasses.replace(greedy, logprobs=True))  # both engines answer

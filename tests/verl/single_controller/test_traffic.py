@@ -54,17 +54,17 @@ def test_every_call_is_metered_both_ways_and_taken_once():
     group = create_worker_group(Holder, None, "local", 1)
     assert group.take_traffic() == Traffic()
     stats, weights = len("seconds") + 8, len("w") + 4000
-    group.execute_all("stats")
+    group.execute_all(Holder.stats)
     assert group.traffic == Traffic(to_workers=0, to_driver=stats)
-    state = group.execute_all("state")[0]  # weights returned to the driver
+    state = group.execute_all(Holder.state)[0]  # weights returned to the driver
     assert group.traffic.to_driver == stats + weights
-    group.execute_all("load", state)  # ... and sent back as an argument
+    group.execute_all(Holder.load, state)  # ... and sent back as an argument
     assert group.traffic.to_workers == weights
     batch = Batch({"x": torch.ones(4, 2)})
-    out = group.execute_split("double", batch)
+    out = group.execute_split(Holder.double, batch)
     assert torch.equal(out["y"], 2 * batch["x"])
     assert group.take_traffic() == Traffic(to_workers=weights + len("x") + 32,
                                            to_driver=stats + weights + len("y") + 32)
-    group.execute_each("stats", [()])
+    group.execute_each(Holder.stats, [()])
     assert group.take_traffic() == Traffic(to_workers=0, to_driver=stats)
     assert group.traffic.total == 0

@@ -10,6 +10,7 @@ from tests.verl.workers.worker_test_utils import add_targets, make_config, rando
 from verl.protocol import Batch
 from verl.single_controller import WorkerGroup, create_worker_group
 from verl.single_controller.base import combine, split_for_ranks
+from verl.single_controller.roles import ActorGroup, CriticGroup, RefGroup
 from verl.workers.actor import ActorWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.reference import RefWorker
@@ -34,12 +35,13 @@ def ray_groups(tiny_model_dir, ray_address):
     ray.shutdown()
 
 
-def run_step(actor: WorkerGroup, critic: WorkerGroup, batch: Batch) -> dict:
-    """Log-probs, values and both updates through the worker groups."""
-    out = batch.union(actor.execute_split("compute_log_prob", batch))
-    out = add_targets(out.union(critic.execute_split("compute_values", out)), seed=30)  # advantages, returns, ref
-    metrics = {**critic.execute_split("update_critic", out), **actor.execute_split("update_actor", out)}
-    return {"batch": out, "metrics": metrics, "state": actor.execute_all("full_state_dict")[0]}
+def run_step(actor_group: WorkerGroup, critic_group: WorkerGroup, batch: Batch) -> dict:
+    """Log-probs, values and both updates through the worker groups' typed proxies, as the trainer calls them."""
+    actor, critic = ActorGroup(actor_group), CriticGroup(critic_group)
+    out = batch.union(actor.compute_log_prob(batch))
+    out = add_targets(out.union(critic.compute_values(out)), seed=30)  # advantages, returns, ref
+    metrics = {**critic.update_critic(out), **actor.update_actor(out)}
+    return {"batch": out, "metrics": metrics, "state": actor_group.execute_all(ActorWorker.full_state_dict)[0]}
 
 
 def test_ray_backend_with_two_cpu_workers_equals_local_backend(ray_groups):
@@ -66,8 +68,8 @@ def test_ray_group_rejects_a_batch_that_does_not_split_evenly(ray_groups):
     """Guards against silently dropping or duplicating rows when the batch is not a multiple of the world size."""
     _, (_, ray_critic) = ray_groups
     with pytest.raises(ValueError, match="batch of 7 rows does not split into 2 equal parts"):
-        ray_critic.execute_split("compute_values", random_batch(seed=31, rows=7))
-    per_rank = ray_critic.execute_all("compute_values", random_batch(seed=31, rows=2))
+        CriticGroup(ray_critic).compute_values(random_batch(seed=31, rows=7))
+    per_rank = ray_critic.execute_all(CriticWorker.compute_values, random_batch(seed=31, rows=2))
     assert len(per_rank) == 2 and torch.equal(per_rank[0]["values"], per_rank[1]["values"])
 
 
@@ -92,7 +94,7 @@ def test_local_group_and_factory_errors(tiny_model_dir):
         create_worker_group(RefWorker, cfg, "mpi", 1, total_steps=1)
     group = create_worker_group(RefWorker, cfg, "local", 1, total_steps=1)
     batch = random_batch(seed=32, rows=3)
-    out = group.execute_split("compute_ref_log_prob", batch)
+    out = RefGroup(group).compute_ref_log_prob(batch)
     assert isinstance(out, Batch) and out["ref_log_prob"].shape == batch["responses"].shape
 
 

@@ -22,12 +22,10 @@ from verl.algorithms import core_algos
 from verl.config import load_config
 from verl.protocol import Batch
 from verl.trainer import columns
-from verl.trainer.advantages import compute_advantages
 from verl.trainer.columns import PHASES, STEP, Column, ColumnError, Phase
-from verl.trainer.dynamic_sampling import fill_batch
-from verl.trainer.overlong import apply_overlong
+from verl.trainer.pipeline import Generated, fill_batch
 from verl.trainer.recipe import RecipeOutputError, check_generated
-from verl.trainer.reward import RewardManager
+from verl.trainer.reward import RewardManager, apply_overlong, compute_advantages
 from verl.utils.seq import pack_trajectories
 
 ROWS, N = 4, 2  # 4 rows = 2 prompts x n = 2
@@ -226,8 +224,8 @@ def test_the_phases_functions_keep_to_the_table():
                        "data.max_trajectory_length=8"])
     rounds = iter([prompts(tag="b")])
     with columns.watch() as events:
-        result = fill_batch(prompts(), lambda: next(rounds), lambda p, r: REWARD.score_batch(made(columns.require(
-            p, "generate"))), groups=ROWS // N + 1, max_rounds=2, pad_id=0)
+        result = fill_batch(prompts(), lambda: next(rounds), lambda p, r: Generated(REWARD.score_batch(made(
+            columns.require(p, "generate"))), p), groups=ROWS // N + 1, max_rounds=2, pad_id=0)
         batch, _ = apply_overlong(result.batch, cfg.algorithm.overlong, cfg.data.max_trajectory_length)
         like = lambda: torch.zeros(len(batch), batch["responses"].shape[1])  # noqa: E731
         batch = columns.run(batch, "old_log_prob", lambda b: Batch({"old_log_probs": like(), "entropy": like()}))

@@ -17,7 +17,7 @@ from tests.entry_points import main_ppo_in_process
 from tests.verl.trainer.trainer_test_utils import RAY_WORLD_2, metrics, overrides
 from verl.config import ConfigError, load_config
 from verl.protocol import Batch
-from verl.trainer.dynamic_sampling import concat_trajectories, constant_groups, fill_batch
+from verl.trainer.pipeline import Generated, concat_trajectories, constant_groups, fill_batch
 from verl.utils.seq import pack_trajectories
 
 PAD = 0
@@ -64,7 +64,7 @@ def test_fill_batch_keeps_the_size_and_drops_exactly_the_constant_groups():
 
     def generate(prompts, r):
         asked.append((prompts["tag"][0], r))
-        return rounds[r].index(slice(None))
+        return Generated(rounds[r].index(slice(None)), prompts, {"agent/round": float(r)})
 
     draws = iter([Batch(non_tensors={"tag": [t] * 4}) for t in (1, 2, 3)])
     result = fill_batch(Batch(non_tensors={"tag": [0] * 4}), lambda: next(draws), generate, groups=4, max_rounds=5,
@@ -73,8 +73,10 @@ def test_fill_batch_keeps_the_size_and_drops_exactly_the_constant_groups():
     batch = result.batch
     assert len(batch) == 8 and list(batch["uid"]) == ["row1"] * 2 + ["row3"] * 2 + ["row20#2"] * 2 + ["row21#2"] * 2
     assert not constant_groups(batch["uid"], batch["score"]).any()
-    assert result.metrics == {"train/gen_rounds": 3.0, "train/kept_group_frac": 5 / 12, "train/filled_groups": 0.0}
-    assert len(result.prompts) == 12 and batch.meta == {"round": 0}
+    # the step logs the first round's generation metrics with the filter's
+    assert result.metrics == {"agent/round": 0.0, "train/gen_rounds": 3.0, "train/kept_group_frac": 5 / 12,
+                              "train/filled_groups": 0.0}
+    assert len(result.prompts) == 12
     sources = [(0, 2), (0, 3), (0, 6), (0, 7), (2, 0), (2, 1), (2, 2), (2, 3)]  # (round, row) of each kept row
     for row, (r, src) in enumerate(sources):
         assert _unpadded(batch, row) == _unpadded(rounds[r], src)
@@ -95,7 +97,7 @@ def test_fill_batch_fills_a_short_batch_with_dropped_groups_after_the_last_round
     must stay data.train_batch_size x n for the mini-batches and the ranks)."""
     rounds = [_round(0, [[1, 1], [0, 1], [0, 0], [1, 1]], (3, 5)), _round(1, [[0, 0], [1, 1], [0, 0], [1, 1]], (4, 4))]
     result = fill_batch(Batch(non_tensors={"tag": [0] * 4}), lambda: Batch(non_tensors={"tag": [1] * 4}),
-                        lambda p, r: rounds[r].index(slice(None)), groups=4, max_rounds=2, pad_id=PAD)
+                        lambda p, r: Generated(rounds[r].index(slice(None)), p), groups=4, max_rounds=2, pad_id=PAD)
     assert list(result.batch["uid"][::2]) == ["row1", "row0", "row2", "row3"]  # kept first, then dropped in order
     assert result.metrics == {"train/gen_rounds": 2.0, "train/kept_group_frac": 1 / 8, "train/filled_groups": 3.0}
 

@@ -1,4 +1,4 @@
-"""Overlong trajectories (``verl/trainer/overlong.py``, ``algorithm.overlong``): masking and DAPO's soft penalty.
+"""Overlong trajectories (``verl/trainer/reward.py``, ``algorithm.overlong``): masking and DAPO's soft penalty.
 
 Guards against: masking that misses a cut row or touches a row the budget did not cut (or a token of one), a cut
 row that still reaches a policy loss, a value loss or the advantage whitening, a soft penalty off its formula at the
@@ -22,8 +22,7 @@ from verl.config import ConfigError, OverlongConfig, load_config
 from verl.protocol import Batch
 from verl.trainer.cli import split_args
 from verl.trainer.main_ppo import build_trainer
-from verl.trainer.overlong import apply_overlong, soft_overlong_penalty
-from verl.trainer.reward import last_token_index
+from verl.trainer.reward import apply_overlong, last_token_index, soft_overlong_penalty
 
 CUT = [False, True, False, True, True, False, False]  # which rows the length budget cut
 

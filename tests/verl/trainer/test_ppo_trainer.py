@@ -7,6 +7,8 @@ checkpoint that auto-resume would pick up, and config errors that do not name th
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -124,6 +126,7 @@ def test_weights_through_the_driver_show_in_sync_bytes(workspace, tmp_path, monk
     from verl.trainer.cli import split_args
     from verl.trainer.main_ppo import build_trainer
     from verl.workers.actor_rollout import ActorRolloutWorker
+    from verl.workers.engine_host import WeightSyncStats
 
     def one_step(out):
         files, args = split_args(overrides(workspace, out, 1, "trainer.save_freq=-1"))
@@ -134,9 +137,13 @@ def test_weights_through_the_driver_show_in_sync_bytes(workspace, tmp_path, monk
     assert 0 < streamed["perf/sync_bytes_driver"] < 1024
     assert streamed["perf/driver_bytes_to_workers"] > 0 and streamed["perf/driver_bytes_from_workers"] > 0
 
+    @dataclasses.dataclass
+    class WithWeights(WeightSyncStats):
+        weights: dict = dataclasses.field(default_factory=dict)  # the full weights, handed to the driver
+
     sync = ActorRolloutWorker.sync_rollout_weights
-    monkeypatch.setattr(ActorRolloutWorker, "sync_rollout_weights", lambda self: {
-        **sync(self), "weights": {name: t.tolist() for name, t in self.full_state_dict().items()}})
+    monkeypatch.setattr(ActorRolloutWorker, "sync_rollout_weights", lambda self: WithWeights(
+        **vars(sync(self)), weights={name: t.tolist() for name, t in self.full_state_dict().items()}))
     via_driver = one_step(tmp_path / "via_driver")
     model = AutoModelForCausalLM.from_pretrained(workspace / "model")
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

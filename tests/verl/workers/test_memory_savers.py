@@ -91,7 +91,7 @@ def test_lora_engine_and_merged_export_generate_like_the_adapter_model(tiny_mode
     worker.update_actor(add_targets(random_batch(seed=54), seed=54))
     stats = worker.sync_rollout_weights()
     names = {n for n, _ in AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict().items()}
-    assert stats["tensors"] == len(names)  # every HF weight, no adapter tensor
+    assert stats.tensors == len(names)  # every HF weight, no adapter tensor
     worker.save_hf_model(str(tmp_path / "export"))
     prompts = [[5, 9, 17, 33], [40, 41], [7] * 6]
     greedy = SamplingParams(max_tokens=12, temperature=0)
