@@ -5,8 +5,9 @@ Choices:
   algorithm, custom_reward_function, trainer; ``verl.config_sections``, the algorithm's ``verl.config_algorithm``)
   and two keys that choose code: ``recipe`` (a module name: the task) and ``plugins`` (modules imported first). The
   recipe module declares its config class (``CONFIG_CLASS``, a subclass of ``Config`` adding the task's sections;
-  default ``Config``) and its YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults). The search
-  recipe's are ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``.
+  default ``Config``) and its YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults); for example
+  the search recipe's are ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``. ``recipe`` defaults
+  to the one recipe the installed packages register (``installed_recipe``), so the trainer names no task.
 - **Code before keys.** ``load_config`` first reads ``recipe`` and ``plugins`` from the files and overrides, imports
   each plug-in and then the recipe module, and only then merges and checks the config against the recipe's class:
   whatever those modules register (an advantage estimator, a policy loss, a reward term) is then a valid value.
@@ -58,6 +59,7 @@ from verl.config_sections import (
     DataConfig,
     FSDPConfig,
     ModelConfig,
+    MultiTurnConfig,
     OptimConfig,
     PolicyLossConfig,
     RefConfig,
@@ -67,15 +69,16 @@ from verl.config_sections import (
     ValKwargs,
 )
 from verl.errors import ConfigError
+from verl.tools import default_format
 
 __all__ = [  # the sections and helpers are re-exported: callers import them from here
     "DTYPE_NAMES", "LOGGERS", "ActorConfig", "ActorRolloutRefConfig", "AlgorithmConfig", "Config", "ConfigError",
     "CriticConfig", "CriticModelConfig", "CustomRewardConfig", "DataConfig", "FSDPConfig", "FilterGroupsConfig",
-    "KLControlConfig", "ModelConfig", "OptimConfig", "OverlongConfig", "PolicyLossConfig", "RefConfig",
-    "RefFSDPConfig", "RolloutConfig", "TrainerConfig", "ValKwargs", "adv_estimator", "check_paths", "import_plugins",
-    "load_config", "max_sequence_length", "recipe_config", "recipe_module", "recomputes_old_log_probs",
-    "rollout_world_size", "run_name", "to_yaml", "trajectories_per_step", "uses_critic", "uses_lora",
-    "uses_reference", "validate", "world_size",
+    "KLControlConfig", "ModelConfig", "MultiTurnConfig", "OptimConfig", "OverlongConfig", "PolicyLossConfig",
+    "RefConfig", "RefFSDPConfig", "RolloutConfig", "TrainerConfig", "ValKwargs", "adv_estimator", "check_paths",
+    "import_plugins", "load_config", "max_sequence_length", "recipe_config", "recipe_module",
+    "recomputes_old_log_probs", "rollout_world_size", "run_name", "to_yaml", "trajectories_per_step", "uses_critic",
+    "uses_lora", "uses_reference", "validate", "world_size",
 ]
 
 logger = logging.getLogger(__name__)
@@ -93,6 +96,22 @@ def _config_dir() -> Path:
 CONFIG_DIR = _config_dir()
 DEFAULT_CONFIG = CONFIG_DIR / "ppo_trainer.yaml"  # the search recipe's defaults (its BASE_CONFIG), generated
 DEMO_CONFIG = CONFIG_DIR / "demo.yaml"  # the embedded demo's paths and small values, layered over the defaults
+RECIPES_GROUP = "verl.recipes"  # the entry-point group in which a package registers its recipe module
+
+
+def registered_recipes() -> list[str]:
+    """The recipe modules the installed packages register (entry points of ``RECIPES_GROUP``, e.g. setup.py's
+    ``"verl.recipes": ["NAME = package.recipe"]``), sorted."""
+    from importlib.metadata import entry_points
+
+    return sorted({ep.value for ep in entry_points(group=RECIPES_GROUP)})
+
+
+def installed_recipe() -> str:
+    """The default of the key ``recipe``: the one registered recipe module; "" when none or several are registered
+    (then ``recipe`` must be given)."""
+    found = registered_recipes()
+    return found[0] if len(found) == 1 else ""
 
 
 @dataclass
@@ -100,9 +119,10 @@ class Config:
     """The trainer's config: the recipe and plug-ins, then the trainer's sections."""
 
     recipe: str = setting(
-        "search_r1.recipe", "Python module that plugs the task into the generic trainer: its build_recipe(cfg, "
+        installed_recipe(), "Python module that plugs the task into the generic trainer: its build_recipe(cfg, "
         "tokenizer, generator) returns the generation loop, the reward and the validation metrics "
-        "(verl.trainer.recipe.Recipe); its CONFIG_CLASS names the config's keys (this file's are search_r1.recipe's).")
+        "(verl.trainer.recipe.Recipe); its CONFIG_CLASS names the config's keys (this file documents the default's). "
+        "Default: the recipe the installed packages register (entry point group verl.recipes).")
     plugins: list[str] = setting(
         [], "Python modules imported before the config is checked (and in every worker), e.g. [my_estimators]: an "
         "advantage estimator, policy loss, KL estimator or reward term they register is then a valid value of its "
@@ -185,9 +205,14 @@ def _chosen(layers: list[list[tuple[str, Any]]]) -> tuple[str, list[str]]:
                 recipe = value
             elif key == "plugins":
                 plugins = value
-    if not isinstance(recipe, str) or not recipe:
+    if recipe == "":
+        found = registered_recipes()
+        raise ConfigError(f"config key recipe is not set, and the installed packages register {len(found)} recipes "
+                          f"({', '.join(found) or 'none'}; entry point group {RECIPES_GROUP}): name the task's module, "
+                          "recipe=MODULE (or reinstall this project: pip install -e .)")
+    if not isinstance(recipe, str):
         raise ConfigError(f"config key recipe={recipe!r} is invalid: allowed the name of a Python module (e.g. "
-                          "search_r1.recipe)")
+                          "recipe=my_task.recipe)")
     if not isinstance(plugins, list) or not all(isinstance(p, str) and p for p in plugins):
         raise ConfigError(f"config key plugins={plugins!r} is invalid: allowed a list of Python module names (e.g. "
                           "plugins=[my_estimators])")
@@ -309,9 +334,11 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
         cfg = OmegaConf.to_object(merged)
         if cfg.trainer.experiment_name is None:
             merged.trainer.experiment_name = run_name(cfg)
+        if cfg.actor_rollout_ref.rollout.multi_turn.format is None:  # null: the recipe's (saved resolved)
+            merged.actor_rollout_ref.rollout.multi_turn.format = default_format(recipe)
         OmegaConf.resolve(merged)
         cfg = OmegaConf.to_object(merged)
-    except ConfigKeyError as err:  # OmegaConf names the first unknown part ('retriever' of 'retriever.url')
+    except ConfigKeyError as err:  # OmegaConf names the first unknown part ('foo' of 'foo.bar')
         given = next((k for k, _ in items if k == err.full_key or k.startswith(f"{err.full_key}.")), err.full_key)
         keys = base.name if base else f"{schema.__module__}.{schema.__name__}"
         raise ConfigError(f"unknown config key {given!r}{did_you_mean(given, schema(), rules(schema))} "

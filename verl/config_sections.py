@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from verl.config_algorithm import agg_mode_names, kl_estimator_names, policy_loss_names
 from verl.config_compat import Alias, GlobalCount
 from verl.config_schema import section, setting
+from verl.tools import format_names
 from verl.utils.lr_schedule import SCHEDULES
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -51,7 +52,7 @@ class DataConfig:
         2048, "The prompt that starts a trajectory, cut to its last max_start_length tokens (agent/truncated_prompts).",
         low=1)
     max_obs_length: int = setting(
-        500, "Maximum tokens of one inserted block (the search recipe: an <information> block of topk passages); "
+        500, "Maximum tokens of one block the environment inserts (for example a search's passages); "
         "longer ones are truncated, counted in agent/truncated_obs, and a warning names this key when most are cut.",
         low=1)
     max_trajectory_length: int = setting(
@@ -208,26 +209,23 @@ class ValKwargs:
 
 @dataclass
 class MultiTurnConfig:
-    format: str = setting(
-        "search_r1", "How the policy acts in the recipe's loop: search_r1 = Search-R1's tags in free text (<search> q "
-        "</search>, passages inserted in an <information> block) | hermes = the chat template's tool calls: tools "
-        "declared from tool_config_path as JSON schemas, calls written as <tool_call>{\"name\": ..., \"arguments\": "
-        "...}</tool_call>, results appended as tool messages (docs/design.md, \"Action formats\"). Both end with "
-        "<answer> ... </answer>.", choices=("search_r1", "hermes"))
+    format: str | None = setting(
+        None, "How the policy acts in the recipe's agent loop: one of the action formats the recipe and plug-ins "
+        "register ({choices}; docs/design.md, \"Action formats\").", choices=format_names,
+        null_means="the recipe's DEFAULT_FORMAT")
     tool_config_path: str | None = setting(
-        None, "hermes: YAML declaring the tools (verl's shape: tools: [{class_name, config, tool_schema: {type: "
-        "function, function: {name, description, parameters}}}]); class_name is a registered tool class (the search "
-        "recipe's: SearchTool, OpenTool) or module.Class. See configs/tools/.", null_means="the recipe's default tools "
-        "(the search recipe: search)")
+        None, "A format with tools: YAML declaring the tools (verl's shape: tools: [{class_name, config, tool_schema: "
+        "{type: function, function: {name, description, parameters}}}]); class_name is a registered tool class or "
+        "module.Class. See configs/tools/.", null_means="the recipe's default tools (its DEFAULT_TOOLS)")
     max_assistant_turns: int | None = setting(
         None, "Assistant turns per trajectory, the last of which is final (its calls are not executed). Replaces "
         "max_turns + 1 when set.", low=1, null_means="max_turns + 1")
     max_tool_response_length: int | None = setting(
-        None, "hermes: tokens of one tool result; a longer one (a page opened whole) is cut, with a notice the "
-        "policy reads.", low=1, null_means="data.max_obs_length")
+        None, "A format with tools: tokens of one tool result; a longer one (a page opened whole) is cut, with a "
+        "notice the policy reads.", low=1, null_means="data.max_obs_length")
     max_parallel_calls: int = setting(
-        4, "hermes: tool calls executed per turn, concurrently; further calls of the turn get an error message "
-        "(agent/invalid_calls).", low=1)
+        4, "A format with tools: tool calls executed per turn, concurrently; further calls of the turn get an error "
+        "message (agent/invalid_calls).", low=1)
 
 
 @dataclass
@@ -269,7 +267,7 @@ class RolloutConfig:
         1, "vLLM: ranks per tensor-parallel engine. Ranks [0, tp), [tp, 2 tp), ... each serve one engine; rows are "
         "split over world / tp such groups. Must divide the world size; 1 with the hf engine.", low=1)
     mode: str = setting(
-        "sync", "How the recipe's generation loop (the search recipe: search_r1/llm_agent/generation.py) shares the "
+        "sync", "How the recipe's agent loop (verl/agent/loop.py) shares the "
         "engines and its environment: sync = lockstep turns (one engine call per turn for all active rows, then one "
         "environment call, e.g. retrieval, for all of them; a row waits for the slowest row of its turn) | async = "
         "every row runs its own turns: it goes to the environment as soon as its turn ends and back to an engine as "
@@ -386,7 +384,8 @@ class TrainerConfig:
     validation_data_rows: int = setting(
         512, "Rows of each validation kept there (whole groups, spread over the validation set; all when it has no "
         "more). 0 = none kept.", low=0, steers=True)
-    project_name: str = setting("search_r1", "Project name used by the trackers (W&B project) and the run directory.")
+    project_name: str = setting("verl", "Project name used by the trackers (W&B project) and the run directory (a "
+                                "recipe may set its own default).")
     experiment_name: str | None = setting(
         None, "Experiment name used by the trackers and the run directory. null = <data>_<model>_<estimator>, e.g. "
         "nq_hotpotqa_Qwen2.5-3B_gae: the same command names the same directory, so a rerun resumes it.")
