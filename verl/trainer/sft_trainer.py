@@ -2,7 +2,8 @@
 
 One step = ``data.train_batch_size`` trajectories in the RL loop's token layout (``verl.utils.sft_dataset``), one
 AdamW step on the mean negative log-likelihood of their policy tokens (``loss_mask`` 1: the tokens the policy wrote;
-the prompt and the inserted ``<information>`` blocks are context, as under RL's state masking).
+the prompt and the inserted blocks, for example ``<information>`` blocks, are context, as under RL's state
+masking).
 
 Choices, and what is shared with the RL trainer (so a cold-started policy is trained as RL later trains it):
 - The model is built by ``model_utils.load_model`` (dropout off, LoRA through ``lora.py``, gradient checkpointing),
