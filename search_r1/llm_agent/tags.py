@@ -23,7 +23,7 @@ from search_r1.llm_agent.search_env import (
     SearchFormat,
     SearchTrajectory,
 )
-from verl.agent.format import TurnContext
+from verl.agent.format import TurnContext, parse_tagged
 from verl.agent.trajectory import ActionKind
 from verl.tools import register_format
 
@@ -39,26 +39,9 @@ STOP_STRINGS = ["</search>", "</answer>"]
 
 
 def parse_action(text: str, finish_reason: str, stop_str: str | None, cut: bool) -> tuple[ActionKind, str]:
-    """The action of one turn from its decoded text -> (kind, query or answer text); a search is ``ActionKind.ACT``.
-
-    ``stop_str``: the stop string the engine reports; the text is read up to its last occurrence
-    (a real tokenizer's last token may carry characters past the tag). ``cut``: the loop cut the
-    output to the row's remaining budget (the engine's stop, if any, came later).
-    """
-    end = text.rfind(stop_str) if stop_str and not cut else -1
-    stripped = text[:end + len(stop_str)] if end >= 0 else text.rstrip()
-    for kind, tag in ((ActionKind.ANSWER, "answer"), (ActionKind.ACT, "search")):
-        if stripped.endswith(f"</{tag}>"):
-            start = stripped.rfind(f"<{tag}>")
-            content = stripped[start + len(tag) + 2:-len(tag) - 3].strip() if start >= 0 else ""
-            if start < 0 or (kind is ActionKind.ACT and not content):
-                return ActionKind.INVALID, ""
-            return kind, content
-    if cut or finish_reason == "length":
-        return ActionKind.LENGTH, ""
-    if finish_reason != "stop":
-        raise ValueError(f"engine returned finish_reason={finish_reason!r}; expected 'stop' or 'length'")
-    return ActionKind.EOS, ""
+    """The action of one turn from its decoded text -> (kind, query or answer text): ``<search> q </search>`` is
+    ``ActionKind.ACT``, ``<answer> a </answer>`` ANSWER (``verl.agent.format.parse_tagged``)."""
+    return parse_tagged(text, finish_reason, stop_str, cut, act_tag="search")
 
 
 @register_format("search_r1")

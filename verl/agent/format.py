@@ -28,6 +28,31 @@ if TYPE_CHECKING:
     from verl.workers.rollout.base import GenerationOutput
 
 
+def parse_tagged(text: str, finish_reason: str, stop_str: str | None, cut: bool, act_tag: str,
+                 answer_tag: str = "answer") -> tuple[ActionKind, str]:
+    """The action of one turn written in tags: ``<act_tag> content </act_tag>`` (ACT, content non-empty) or
+    ``<answer_tag> content </answer_tag>`` (ANSWER) at the end of the turn's decoded ``text`` -> (kind, content).
+
+    ``stop_str``: the stop string the engine reports; the text is read up to its last occurrence (a real tokenizer's
+    last token may carry characters past the tag). ``cut``: the loop cut the output to the row's remaining budget
+    (the engine's stop, if any, came later). A closing tag without its opening one, or an empty action, is INVALID;
+    no closing tag is LENGTH when the budget ended the turn, else EOS."""
+    end = text.rfind(stop_str) if stop_str and not cut else -1
+    stripped = text[:end + len(stop_str)] if end >= 0 else text.rstrip()
+    for kind, tag in ((ActionKind.ANSWER, answer_tag), (ActionKind.ACT, act_tag)):
+        if stripped.endswith(f"</{tag}>"):
+            start = stripped.rfind(f"<{tag}>")
+            content = stripped[start + len(tag) + 2:-len(tag) - 3].strip() if start >= 0 else ""
+            if start < 0 or (kind is ActionKind.ACT and not content):
+                return ActionKind.INVALID, ""
+            return kind, content
+    if cut or finish_reason == "length":
+        return ActionKind.LENGTH, ""
+    if finish_reason != "stop":
+        raise ValueError(f"engine returned finish_reason={finish_reason!r}; expected 'stop' or 'length'")
+    return ActionKind.EOS, ""
+
+
 @dataclass(frozen=True)
 class Service:
     """One kind of environment call: ``fn(items) -> one result per item``, items of any rows.
