@@ -16,8 +16,8 @@ What this module plugs in, and nothing else (no edit under ``verl/``; the search
 
 Choices: the calculator evaluates ``+ - * / // %`` and parentheses on numbers by walking Python's ``ast`` (never
 ``eval``), so a policy's text cannot run code; an expression it cannot evaluate gets ``<result> error: ... </result>``
-(the turn still counts as a call). Results are short: a block longer than ``data.max_obs_length`` ends the row, as
-any insertion that does not fit (``TurnContext.insert``).
+(the turn still counts as a call). A result is a few tokens (values are bounded, errors short), so none is cut; one
+that does not fit the trajectory or context budget ends the row, as any insertion (``TurnContext.insert``).
 """
 
 from __future__ import annotations
@@ -152,14 +152,15 @@ def describe(cfg: CalcConfig) -> list[str]:
 
 # ------------------------------------------------------------------ the problems and the reward
 _NAMES, _ITEMS = ("Ann", "Bo", "Cy", "Dee"), ("apple", "card", "stamp", "marble")
-# (text, answer) of a problem from its operands a, b, c, a name and an item
+# (text, answer, whether a must be a multiple of b) of a problem from its operands a, b, c, a name and an item
 _PROBLEMS = (
     ("{n} has {a} {i}s and buys {b} packs of {c} {i}s each. How many {i}s does {n} have now?",
-     lambda a, b, c: a + b * c),
-    ("{n} had {a} {i}s, gave away {b} and then found {c}. How many {i}s does {n} have?", lambda a, b, c: a - b + c),
-    ("A box holds {a} {i}s. How many {i}s are in {b} boxes and {c} loose {i}s?", lambda a, b, c: a * b + c),
+     lambda a, b, c: a + b * c, False),
+    ("{n} had {a} {i}s, gave away {b} and then found {c}. How many {i}s does {n} have?", lambda a, b, c: a - b + c,
+     False),
+    ("A box holds {a} {i}s. How many {i}s are in {b} boxes and {c} loose {i}s?", lambda a, b, c: a * b + c, False),
     ("{n} shares {a} {i}s equally among {b} friends and keeps {c} more. How many {i}s does each friend get, plus "
-     "the kept ones?", lambda a, b, c: a // b + c),
+     "the kept ones?", lambda a, b, c: a // b + c, True),
 )
 
 
@@ -169,9 +170,9 @@ def make_rows(n: int, max_operand: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     rows = []
     for index in range(n):
-        text, answer = rng.choice(_PROBLEMS)
+        text, answer, divisible = rng.choice(_PROBLEMS)
         b, c = rng.randint(2, max_operand), rng.randint(1, max_operand)
-        a = b * rng.randint(1, max_operand) if "equally" in text else rng.randint(b, max_operand + b)
+        a = b * rng.randint(1, max_operand) if divisible else rng.randint(b, max_operand + b)
         question = text.format(n=rng.choice(_NAMES), i=rng.choice(_ITEMS), a=a, b=b, c=c)
         rows.append({"data_source": "calc", "prompt": [{"role": "user", "content": INSTRUCTION + question}],
                      "reward_model": {"ground_truth": {"target": [str(answer(a, b, c))]}},
@@ -210,8 +211,8 @@ def build_recipe(cfg: CalcConfig, tokenizer: Any, generator: Generator) -> Recip
 # ------------------------------------------------------------------ the command
 GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
         "actor_rollout_ref.actor.ppo_mini_batch_size=32", "data.max_prompt_length=256", "data.max_start_length=256",
-        "data.max_response_length=48", "data.max_trajectory_length=160", "data.max_obs_length=16",
-        "trainer.total_training_steps=50", "trainer.test_freq=10"]
+        "data.max_response_length=48", "data.max_trajectory_length=160", "trainer.total_training_steps=50",
+        "trainer.test_freq=10"]
 
 
 def write_problems(out: Path) -> None:
