@@ -116,9 +116,10 @@ def test_one_grpo_step_then_the_checkpoint_loads(family_policy, service_url, tmp
             f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=hf",
             f"retriever.url={service_url}", f"retriever.topk={TOPK}", f"max_turns={LOOP.max_turns}",
             "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", f"data.max_obs_length={MAX_OBS}",
-            f"data.max_start_length={LOOP.max_start_length}", f"data.max_prompt_length={LOOP.max_prompt_length}",
-            f"data.max_response_length={LOOP.max_response_length}",
-            f"data.max_trajectory_length={LOOP.max_trajectory_length}",
+            f"data.max_start_length={LOOP.data.max_start_length}",
+            f"data.max_prompt_length={LOOP.data.max_prompt_length}",
+            f"data.max_response_length={LOOP.data.max_response_length}",
+            f"data.max_trajectory_length={LOOP.data.max_trajectory_length}",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.actor.optim.lr=1e-3",
             "actor_rollout_ref.actor.entropy_coeff=0.01",  # a gradient even when a group's samples score alike
