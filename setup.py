@@ -26,7 +26,9 @@ setup(
         "search-r1-infer = search_r1.infer:main",
         "search-r1-inspect = search_r1.inspect.cli:main",
         "search-r1-import-model = data_prep.import_model:main",
-    ]},
+    ],
+        # the recipe this project installs: the default of the trainer's config key `recipe` (verl.config)
+        "verl.recipes": ["search_r1 = search_r1.recipe"]},
     install_requires=[
         "torch>=2.5",
         "transformers>=5.16.1,<5.20",

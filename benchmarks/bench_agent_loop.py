@@ -1,4 +1,4 @@
-"""Overhead of the search loop: wall time of ``LLMGenerationManager.run`` vs its engine and retrieval calls.
+"""Overhead of the search loop: wall time of ``AgentLoop.run`` (the search agent) vs its engine and retrieval calls.
 
     python benchmarks/bench_agent_loop.py [--engine vllm|hf] [--rows 64] [--repeats 3]
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from data_prep.demo_kb import load_questions  # noqa: E402
 from retrieval_server.launcher import ServerProcess  # noqa: E402
-from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager  # noqa: E402
+from search_r1.llm_agent.generation import search_agent  # noqa: E402
 from search_r1.prompts import make_prompt  # noqa: E402
 from search_r1.search.client import RetrievalClient  # noqa: E402
 from verl.config import DEMO_CONFIG, load_config  # noqa: E402
@@ -117,7 +117,7 @@ def _bench(args: argparse.Namespace, url: str) -> int:
     print(f"engine {args.engine} loaded in {time.perf_counter() - start:.1f}s")
     client = TimedClient(RetrievalClient(url, cfg.retriever.topk, timeout=cfg.retriever.timeout,
                                          outage_timeout_s=cfg.retriever.outage_timeout_s))
-    agent = LLMGenerationManager(tokenizer, engine, client, AgentConfig.from_config(cfg))
+    agent = search_agent(cfg, tokenizer, engine, client)
     print(f"{len(prompts)} trajectories, max_turns={cfg.max_turns}, topk={cfg.retriever.topk}, "
           f"temperature={args.temperature}")
     overheads = []

@@ -4,7 +4,7 @@
         --retriever-url http://127.0.0.1:8000 [--split test] [--samples 4]
 
 Rolls out the demo's test questions with the training loop itself (``search_r1.evaluate.build_agent``:
-``LLMGenerationManager`` over the HF engine, lengths and ``max_turns`` from ``configs/demo.yaml``,
+the search agent loop (``search_agent``) over the HF engine, lengths and ``max_turns`` from ``configs/demo.yaml``,
 EM under ``reward.normalize``), and prints EM overall and per data_source, the fraction of trajectories
 that search, EM when the policy searches vs when it does not, and searches per trajectory per
 data_source; then the same with the correct plan forced through the loop's ``turn_prefix``: the first turn
@@ -37,7 +37,7 @@ from data_prep.tiny_policy import (
     script_trajectories,
 )
 from search_r1.evaluate import agent_config, build_agent, score_trajectory
-from search_r1.llm_agent.generation import LLMGenerationManager, Trajectory
+from search_r1.llm_agent.generation import AgentLoop, SearchTrajectory
 from verl.config import DEMO_CONFIG
 from verl.workers.rollout.base import SamplingParams
 
@@ -45,26 +45,26 @@ FORCE_SEARCH = "<think> Let me"  # the first words of the scripted agent's one-s
 FORCE_TWO_HOPS = "<think> Two hops"  # ... and of its two-search plan
 
 
-def rollout(agent: LLMGenerationManager, questions: list[Question], temperature: float = 0.0, seed: int = 0,
-            force_search: bool = False, force_chain: bool = False) -> list[Trajectory]:
+def rollout(agent: AgentLoop, questions: list[Question], temperature: float = 0.0, seed: int = 0,
+            force_search: bool = False, force_chain: bool = False) -> list[SearchTrajectory]:
     """One trajectory per question through the training loop, with the forced decisions asked for."""
     tokenizer = agent.tokenizer
     force_first = tokenizer.encode(FORCE_SEARCH, add_special_tokens=False)
     force_two = tokenizer.encode(FORCE_TWO_HOPS, add_special_tokens=False)
 
-    def prefix(row: int, turn: int, traj: Trajectory) -> list[int]:
+    def prefix(row: int, turn: int, traj: SearchTrajectory) -> list[int]:
         if turn > 0:
             return []
         if force_chain and questions[row].data_source == MULTI:
             return force_two
         return force_first if force_search else []
 
-    params = SamplingParams(max_tokens=agent.cfg.max_response_length, temperature=temperature, seed=seed)
+    params = SamplingParams(max_tokens=agent.data.max_response_length, temperature=temperature, seed=seed)
     prompts = [prompt_ids(tokenizer, q.question) for q in questions]
     return agent.run(prompts, params, turn_prefix=prefix if force_search or force_chain else None).trajectories
 
 
-def report(name: str, agent: LLMGenerationManager, questions: list[Question], trajs: list[Trajectory],
+def report(name: str, agent: AgentLoop, questions: list[Question], trajs: list[SearchTrajectory],
            normalize: str) -> dict[str, float]:
     """Print and return the figures of one set of rollouts (``questions[i % len(questions)]`` is row i's)."""
     em = [score_trajectory(agent.tokenizer, t, questions[i % len(questions)].answers, normalize)["em"]

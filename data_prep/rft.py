@@ -4,7 +4,7 @@
         [--n 4 --temperature 1.0] [--config configs/demo.yaml] [key=value ...]
 
 Each question is rolled out ``--n`` times by the training loop itself (``search_r1.evaluate.build_agent``: the
-engine ``build_rollout`` makes from the config, ``LLMGenerationManager``, the retrieval service), and a trajectory
+engine ``build_rollout`` makes from the config, the search agent loop, the retrieval service), and a trajectory
 is kept only when it ended with an answer (``StopReason.ANSWERED``) that is an exact match of a gold answer under
 ``reward.normalize`` (``qa_em.em_check``, the reward's own check). Identical kept trajectories of one question are
 kept once. A kept trajectory's turns are its runs of sampled and of inserted ids, each decoded as it is (special
@@ -21,8 +21,9 @@ from pathlib import Path
 
 from data_prep.sft_rows import qa_fields, sft_row
 from search_r1.evaluate import EvalInputError, agent_config, build_agent, check_model_dir
-from search_r1.llm_agent.trajectory import StopReason, Trajectory
+from search_r1.llm_agent.search_env import SearchTrajectory
 from search_r1.reward.qa_em import em_check, extract_answer, ground_truth_answers
+from verl.agent.trajectory import StopReason
 from verl.utils.progress import progress
 from verl.workers.rollout.base import SamplingParams
 
@@ -38,7 +39,7 @@ def add_rft_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (configs/ppo_trainer.yaml)")
 
 
-def turns_of(tokenizer, traj: Trajectory) -> list[dict]:
+def turns_of(tokenizer, traj: SearchTrajectory) -> list[dict]:
     """The trajectory's response as SFT turns: each run of sampled ids (``sampled``) and of inserted ids, decoded."""
     turns: list[dict] = []
     start = 0
@@ -50,7 +51,7 @@ def turns_of(tokenizer, traj: Trajectory) -> list[dict]:
     return turns
 
 
-def judge(tokenizer, traj: Trajectory, golds: list[str], normalize: str) -> str:
+def judge(tokenizer, traj: SearchTrajectory, golds: list[str], normalize: str) -> str:
     """Why a rollout is kept or dropped: exact_match | not answered (<stop reason>) | wrong answer."""
     if traj.stop_reason is not StopReason.ANSWERED:
         return f"not answered ({traj.stop_reason.value})"
@@ -83,7 +84,7 @@ def rft_cold_start(args: argparse.Namespace) -> tuple[list[dict], Counter]:
     with progress(total=len(items), unit="traj", desc="rft") as bar:
         for start in range(0, len(items), args.batch_size):
             batch = items[start:start + args.batch_size]
-            params = SamplingParams(max_tokens=agent.cfg.max_response_length, temperature=args.temperature,
+            params = SamplingParams(max_tokens=agent.data.max_response_length, temperature=args.temperature,
                                     seed=args.seed + start)
             result = agent.run([dataset.prompt_ids[row] for row, _ in batch], params)
             for (row, _), traj in zip(batch, result.trajectories, strict=True):

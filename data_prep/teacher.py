@@ -26,7 +26,7 @@ Choices:
   ``data_prep.retemplate``.
 - Servers differ in whether the returned text keeps the stop string (OpenAI's API drops it, ``transformers serve``
   keeps it): a turn that stopped with an open tag gets its closing tag back, then the format's parser
-  (``generation.parse_action``, ``hermes.parse_turn``) reads it as the loop does.
+  (``tags.parse_action``, ``hermes.parse_turn``) reads it as the loop does.
 - Rejection: a trajectory is kept when it answered with an exact match of a gold answer (``qa_em.em_check``, the
   reward's check); identical kept trajectories of one question are kept once. ``--n`` samples per question, each
   with its own seed, ``--concurrency`` requests at a time.
@@ -47,10 +47,12 @@ from typing import Any
 from data_prep.sft_rows import gold_answers, qa_fields, sft_row
 from data_prep.turns import HermesTurns, TagTurns
 from search_r1.llm_agent.formatting import policy_turn
-from search_r1.llm_agent.generation import STOP_STRINGS, ActionKind, AgentConfig, parse_action
 from search_r1.llm_agent.hermes import HERMES_FEEDBACK, check_calls, error_message, parse_turn, run_calls
+from search_r1.llm_agent.tags import STOP_STRINGS, parse_action
 from search_r1.reward.qa_em import em_check, extract_answer
 from search_r1.tools import DEFAULT_TOOLS, ToolEnv
+from verl.agent.trajectory import ActionKind
+from verl.config import MultiTurnConfig
 from verl.tools import ToolCallError, build_tools
 from verl.utils.dataset import read_rows
 from verl.utils.progress import progress
@@ -100,7 +102,7 @@ class TeacherTurn:
     """One teacher turn, read as the loop reads the policy's."""
 
     kind: ActionKind
-    content: Any  # SEARCH: the query (tags) or the turn's calls (hermes)
+    content: Any  # ACT: the query (tags) or the turn's calls (hermes)
     turn: dict  # the turn in the student's layout (sampled)
     message: dict  # the assistant message the teacher's conversation goes on with
 
@@ -118,7 +120,7 @@ class TagTeacher:
 
     def respond(self, turn: TeacherTurn) -> tuple[dict, list[dict]]:
         """What the loop inserts after ``turn`` (a search or an invalid action), and the messages the teacher reads."""
-        inserted = self.write.passages(self.search([turn.content])[0]) if turn.kind is ActionKind.SEARCH \
+        inserted = self.write.passages(self.search([turn.content])[0]) if turn.kind is ActionKind.ACT \
             else self.write.feedback()
         return inserted, [{"role": "user", "content": inserted["text"]}]
 
@@ -142,15 +144,15 @@ class HermesTeacher:
             message = {"role": "assistant", "content": reply.text, "tool_calls": [
                 {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
                 for c in reply.tool_calls]}
-        ended = kind in (ActionKind.SEARCH, ActionKind.EOS)  # at the end-of-turn token, not a stop string or a cut
+        ended = kind in (ActionKind.ACT, ActionKind.EOS)  # at the end-of-turn token, not a stop string or a cut
         return TeacherTurn(kind, content, self.write.ended(text) if ended else policy_turn(text), message)
 
     def respond(self, turn: TeacherTurn) -> tuple[dict, list[dict]]:
         """What the loop inserts after ``turn`` (tool calls or an invalid turn), and the messages the teacher reads."""
-        if turn.kind is not ActionKind.SEARCH:
+        if turn.kind is not ActionKind.ACT:
             return self.write.feedback(), [{"role": "user", "content": HERMES_FEEDBACK}]
         calls = turn.content
-        check_calls(calls, self.tools, AgentConfig.max_parallel_calls)
+        check_calls(calls, self.tools, MultiTurnConfig.max_parallel_calls)  # the loop's default
         good = [c for c in calls if c.error is None]
         results = iter(asyncio.run(run_calls(self.tools, good)) if good else [])
         texts = [error_message(c.error) if c.error is not None else _result_text(next(results)) for c in calls]

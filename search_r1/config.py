@@ -6,7 +6,8 @@ as its ``CONFIG_CLASS``, with ``configs/ppo_trainer.yaml`` (generated from these
 ``python -m verl.config.doc``) as its ``BASE_CONFIG``. Each setting is declared once
 (``verl.config.setting``); the allowed scorers, normalisations and reward terms are read from the
 registries that define them (``search_r1.reward.qa_em.SCORERS`` and ``NORMALIZERS``, the reward-term registry
-filled by ``search_r1.reward.terms`` and any plug-in).
+``search_r1.reward.terms.TERMS``, filled by that module and any plug-in). The recipe's own defaults of trainer keys
+are declared here too (``trainer.project_name``: ``search_r1``, which names the run directory).
 
 Choices:
 - **The retriever URL list is parsed whole** (``check_retriever_url``): every comma-separated entry must be
@@ -24,17 +25,15 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from search_r1.reward.qa_em import NORMALIZERS, SCORERS
-from verl.algorithms.registry import REWARD_TERMS
-from verl.config import Config, require, section, setting
+from search_r1.reward.terms import TERMS
+from verl.config import Config, TrainerConfig, require, section, setting
 from verl.errors import ConfigError
 from verl.tools import run_tool_specs
 
 
 def term_names() -> tuple[str, ...]:
     """The reward terms registered: the search recipe's (``search_r1.reward.terms``) and any plug-in's."""
-    import search_r1.reward.terms  # noqa: F401 -- registers the recipe's terms
-
-    return REWARD_TERMS.names()
+    return TERMS.names()
 
 
 def _base_urls(url: str) -> str:
@@ -138,6 +137,7 @@ class SearchConfig(Config):
     do_search: bool = setting(
         True, "Call the retrieval service on <search>; false = every search gets an empty <information> block.")
     reward: RewardConfig = section(RewardConfig)
+    trainer: TrainerConfig = section(TrainerConfig, project_name="search_r1")
 
     def check(self) -> None:
         super().check()
@@ -150,7 +150,7 @@ class SearchConfig(Config):
 
     def check_paths(self) -> None:
         super().check_paths()
-        run_tool_specs(self)  # a hermes run's tool config: readable, well formed, its classes known
+        run_tool_specs(self)  # a tool-calling format's tool config: readable, well formed, its classes known
         if self.do_search and self.retriever.url is None:
             raise ConfigError("config key retriever.url is not set: name your retrieval service (e.g. "
                               "retriever.url=http://127.0.0.1:8000; retrieval_launch.sh serves on its PORT), required "

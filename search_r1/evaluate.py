@@ -3,7 +3,7 @@
     python -m search_r1.evaluate --model DIR --data test.parquet [more.parquet ...] \\
         --retriever-url http://127.0.0.1:8000 [--n K --temperature 1.0] [--limit N] --out DIR [key=value ...]
 
-Runs exactly the loop of training and validation (``LLMGenerationManager`` over the engine that
+Runs exactly the loop of training and validation (``search_agent``: the agent loop over the engine that
 ``verl.workers.rollout.build_rollout`` builds from the config; prompts templated and length-filtered by
 the trainer's ``PromptDataset``). Settings come from ``configs/ppo_trainer.yaml`` plus the trailing
 ``key=value`` overrides, e.g. ``max_turns=4 retriever.topk=5 reward.normalize=unicode``.
@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from search_r1.config import SearchConfig
 from search_r1.eval_report import to_markdown, write_reports
-from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, Trajectory
+from search_r1.llm_agent.generation import AgentLoop, SearchTrajectory, search_agent
 from search_r1.reward.qa_em import em_check, extract_answer, f1_score, ground_truth_answers, subem_check
 from search_r1.search.client import RetrievalClient, RetrievalError
 from verl.config import ConfigError, load_config
@@ -71,7 +71,7 @@ def agent_config(model: str, engine: str, retriever_url: str, seed: int, overrid
                         f"retriever.url={retriever_url}", f"trainer.seed={seed}", *overrides], list(files))
 
 
-def build_agent(cfg: SearchConfig, tokenizer) -> LLMGenerationManager:
+def build_agent(cfg: SearchConfig, tokenizer) -> AgentLoop:
     """The training loop over this process's engine and the retrieval service (health-checked first: EvalInputError
     if it does not answer)."""
     from verl.workers.model_files import check_positions
@@ -89,10 +89,10 @@ def build_agent(cfg: SearchConfig, tokenizer) -> LLMGenerationManager:
             client.check_health()
         except RetrievalError as err:  # a wrong or unstarted retriever URL: an input error
             raise EvalInputError(str(err)) from None
-    return LLMGenerationManager(tokenizer, build_rollout(cfg), client, AgentConfig.from_config(cfg))
+    return search_agent(cfg, tokenizer, build_rollout(cfg), client)
 
 
-def score_trajectory(tokenizer, traj: Trajectory, golden: list[str], normalize: str) -> dict:
+def score_trajectory(tokenizer, traj: SearchTrajectory, golden: list[str], normalize: str) -> dict:
     """The response text, answer, scores and loop counters of one trajectory (a trajectories.jsonl record)."""
     response = tokenizer.decode(traj.response_ids, skip_special_tokens=True)
     answer = extract_answer(response)
@@ -105,7 +105,7 @@ def score_trajectory(tokenizer, traj: Trajectory, golden: list[str], normalize: 
             "inserted_tokens": len(traj.info_mask) - sum(traj.info_mask), "response": response}
 
 
-def trajectory_fields(tokenizer, traj: Trajectory, record: dict, prompt_ids: list[int]) -> dict:
+def trajectory_fields(tokenizer, traj: SearchTrajectory, record: dict, prompt_ids: list[int]) -> dict:
     """The fields of the trainer's trajectory record (``verl.utils.rollout_log``, the viewer's format) that a
     ``score_trajectory`` record (with its ``row`` and ``sample``) lacks: no step, split ``test``, the EM as the score
     and EM / sub-EM / F1 as the reward terms, no advantage."""
@@ -251,7 +251,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     from verl.utils.dataset import PromptDataset
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompts (hermes format)
+    tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompts (the hermes format)
     dataset = PromptDataset(",".join(args.data), tokenizer, cfg.data.max_prompt_length, cfg.data.prompt_key,
                             args.limit, tools=tools)
     items = [(row, sample) for row in range(len(dataset)) for sample in range(args.n)]
@@ -267,7 +267,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     return write_reports(records, args.out, title)
 
 
-def _roll_out(agent: LLMGenerationManager, tokenizer, dataset, todo: list[tuple[int, int]], args: argparse.Namespace,
+def _roll_out(agent: AgentLoop, tokenizer, dataset, todo: list[tuple[int, int]], args: argparse.Namespace,
               normalize: str, path: Path, done_before: int) -> None:
     """Run the loop over ``todo`` in batches, appending each batch's scored records to ``path`` (flushed)."""
     with path.open("a") as f, progress(total=done_before + len(todo), initial=done_before, unit="traj",
@@ -275,7 +275,7 @@ def _roll_out(agent: LLMGenerationManager, tokenizer, dataset, todo: list[tuple[
         for start in range(0, len(todo), args.batch_size):
             batch = todo[start:start + args.batch_size]
             first_row, first_sample = batch[0]
-            params = SamplingParams(max_tokens=agent.cfg.max_response_length, temperature=args.temperature,
+            params = SamplingParams(max_tokens=agent.data.max_response_length, temperature=args.temperature,
                                     seed=args.seed + first_row * args.n + first_sample)
             result = agent.run([dataset.prompt_ids[row] for row, _ in batch], params)
             lines = []

@@ -2,7 +2,7 @@
 
     python -m search_r1.infer --model data/demo/tiny_policy --question "Who founded the Guild of X?"
 
-Runs exactly the training loop (``LLMGenerationManager``) for one row: the prompt is
+Runs exactly the training loop (``llm_agent.generation.search_agent``) for one row: the prompt is
 ``search_r1.prompts.make_prompt`` under the model's chat template (``--format hermes``: the hermes template, the
 tools' schemas in the chat template), and the loop is built as the
 evaluation builds it (``search_r1.evaluate.build_agent``: the trainer's ``build_rollout``, lengths
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from itertools import groupby
 
 from search_r1.evaluate import EvalInputError, agent_config, build_agent, check_model_dir
-from search_r1.llm_agent.generation import Trajectory
+from search_r1.llm_agent.generation import SearchTrajectory
 from search_r1.prompts import TEMPLATES, make_prompt
 from search_r1.reward.qa_em import extract_answer
 from search_r1.search.client import RetrievalError
@@ -59,7 +59,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def render(tokenizer, traj: Trajectory) -> str:
+def render(tokenizer, traj: SearchTrajectory) -> str:
     """The response as text; each run of inserted tokens (info_mask 0) is wrapped in visible markers."""
     parts = []
     pos = 0

@@ -2,14 +2,17 @@
 the generic trainer (``recipe: search_r1.recipe``, the config's default).
 
 What the trainer reads of this module (``verl.trainer.recipe``): ``CONFIG_CLASS`` (the keys: the trainer's
-plus ``retriever.*``, ``max_turns``, ``do_search``, ``reward.*``; ``search_r1.config``), ``DEFAULT_TOOLS`` (the hermes
-format's tools when ``multi_turn.tool_config_path`` is null: ``search``; ``search_r1.tools``), ``BASE_CONFIG`` (its
-documented defaults, ``configs/ppo_trainer.yaml``), ``HELP`` and ``describe`` (the entry point's help and
-start-up lines), ``response_tokens`` (the start-up memory estimate's response length, from the blocks the service
-returns) and ``build_recipe``. Importing it registers the reward terms (``search_r1.reward.terms``), so
-``reward.terms`` is checked against them. Importing it is light (no torch, transformers or Ray: the config, which
-imports this module first, refuses a bad key in about a second); the loop, the retrieval client and the columns'
-checks are imported by the functions that use them.
+plus ``retriever.*``, ``max_turns``, ``do_search``, ``reward.*``; ``search_r1.config``), ``DEFAULT_FORMAT`` (the
+action format when ``multi_turn.format`` is null: Search-R1's tags), ``DEFAULT_TOOLS`` (the hermes format's tools
+when ``multi_turn.tool_config_path`` is null: ``search``; ``search_r1.tools``), ``BASE_CONFIG`` (its documented
+defaults, ``configs/ppo_trainer.yaml``), ``HELP`` and ``describe`` (the entry point's help and start-up lines),
+``response_tokens`` (the start-up memory estimate's response length, from the blocks the service returns) and
+``build_recipe``. Importing it registers the action formats (``search_r1.llm_agent.tags`` and ``hermes``) and the
+reward terms (``search_r1.reward.terms``), so ``multi_turn.format`` and ``reward.terms`` are checked against them.
+This project's setup.py registers this module as the installed recipe (entry point group ``verl.recipes``), which
+makes it the default of the config key ``recipe``. Importing it is light (no torch, transformers or Ray: the
+config, which imports this module first, refuses a bad key in about a second); the loop, the retrieval client and
+the columns' checks are imported by the functions that use them.
 
 ``build_recipe`` is called by ``verl.trainer.ppo_trainer.PPOTrainer`` with the driver's generator
 (the rollout engines of all actor ranks); the agent loop runs in the driver and sends one engine
@@ -26,6 +29,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from search_r1.config import SearchConfig
+from search_r1.llm_agent import hermes, tags  # noqa: F401 -- register the action formats
 from search_r1.reward.qa_em import compute_score, extract_answer
 from search_r1.reward.terms import TermsReward
 from search_r1.tools import DEFAULT_TOOLS  # noqa: F401 -- the tools of a hermes run without a tool config
@@ -42,7 +46,8 @@ if TYPE_CHECKING:
 
 
 def search_columns() -> dict[str, Column]:
-    """The search loop's own per-row columns of its generated batch (LLMGenerationManager.__call__)."""
+    """The search loop's own per-row columns of its generated batch (verl.agent.loop.AgentLoop.__call__: the loop's
+    stop reason and turns, the search formats' searches and queries, search_env.SearchFormat.columns)."""
     from verl.trainer.columns import Column
 
     return {
@@ -55,6 +60,7 @@ def search_columns() -> dict[str, Column]:
 
 
 CONFIG_CLASS = SearchConfig
+DEFAULT_FORMAT = "search_r1"  # Search-R1's tags (search_r1.llm_agent.tags)
 BASE_CONFIG = DEFAULT_CONFIG  # configs/ppo_trainer.yaml, generated from SearchConfig's declarations
 HELP = """The search recipe (Search-R1; also: search-r1-train, bash train_ppo.sh, bash train_grpo.sh):
   data.train_files, data.val_files   parquet in the Search-R1 schema (python -m data_prep.qa_search)
@@ -159,14 +165,14 @@ def check_retrieval_identity(cfg: SearchConfig, health: dict) -> None:
 def build_recipe(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, generator: Generator) -> Recipe:
     """The search agent as the generation function, exact match (``reward.*``, normalised by
     ``reward.normalize``) as the score."""
-    from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
+    from search_r1.llm_agent.generation import search_agent
     from verl.trainer.recipe import Recipe
 
     client = None
     if cfg.do_search:
         client, health = connect_retriever(cfg)
         check_retrieval_identity(cfg, health)
-    agent = LLMGenerationManager(tokenizer, generator, client, AgentConfig.from_config(cfg))
+    agent = search_agent(cfg, tokenizer, generator, client)
     score = functools.partial(compute_score, default_scorer=cfg.reward.default_scorer,
                               format_score=cfg.reward.format_score, normalize=cfg.reward.normalize)
     row_metrics = functools.partial(search_row_metrics, normalize=cfg.reward.normalize)

@@ -2,7 +2,8 @@
 
 The graph: one node per module of ``PACKAGES`` (``pkg/__init__.py`` is ``pkg``), one edge per ``import`` or
 ``from ... import`` that names a project module, read with ``ast``: every import, also inside functions and
-methods; imports under ``if TYPE_CHECKING:`` are left out (they never run); relative imports are resolved
+methods (lazy imports) and under ``if TYPE_CHECKING:`` (a type that names a module is a dependency on it: a circle
+through annotations is still a circle for the reader and the type checker); relative imports are resolved
 against the importing module's package. ``from a.b import c`` is an edge to ``a.b.c`` when that is a module,
 and to ``a.b`` either way; ``import a.b.c`` names the deepest module that exists. Names imported with
 ``importlib`` (the recipe seam, ``verl.trainer.recipe.load_recipe``) are strings, not edges. A benchmark script
@@ -11,10 +12,13 @@ may import a sibling script by its bare name (``benchmarks/`` is put on ``sys.pa
 
 The rules (``MAY_IMPORT``, ``VERL_LAYERS``), described in docs/design.md, "Layout and import rules":
 
-- no circles: no strongly connected component of more than one module;
+- no circles: no strongly connected component of more than one module (lazy and ``TYPE_CHECKING`` imports
+  counted);
 - a package imports only itself and the packages ``MAY_IMPORT`` lists;
 - inside ``verl``, a module imports only modules of its own layer or of lower ones (an "upward arrow" fails);
-  every ``verl`` module is in exactly one layer.
+  every ``verl`` module is in exactly one layer;
+- ``verl`` names no task: the search task's words (``TASK_WORDS``) appear in ``verl/`` only in docstrings that say
+  "for example".
 
 Each violation is printed as ``module -> module (layer -> layer)``. ``python tests/test_import_rules.py`` prints
 the graph's figures and the violations.
@@ -24,13 +28,14 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("verl", "search_r1", "retrieval_server", "data_prep", "benchmarks")
+PACKAGES = ("verl", "search_r1", "retrieval_server", "data_prep", "benchmarks", "examples")
 
 # package -> the other project packages it may import (itself always).
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
@@ -39,6 +44,7 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "search_r1": ("verl",),
     "data_prep": ("search_r1", "verl"),
     "benchmarks": ("verl", "search_r1", "retrieval_server", "data_prep"),  # scripts: anything (tests too)
+    "examples": ("verl",),  # a task in one file plugs into the trainer as search_r1 does, without search_r1
 }
 
 # verl's layers, bottom to top: the module names (after ``verl.``, first part; fnmatch patterns) in each. A module
@@ -46,10 +52,12 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
 VERL_LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "protocol", "utils"),
     ("algorithms",),
-    # config, config_checks, config_compat, config_doc: read the algorithm registries; tools: the tool registry and
-    # the tool config (verl.tools.run_tool_specs reads the config)
+    # config, config_checks, config_compat, config_doc: read the algorithm registries; tools: the registries of action
+    # formats and tools (the config's allowed formats) and the tool config
     ("config*", "tools"),
     ("workers",),
+    ("agent",),  # the generic agent loop: engines (workers.rollout) in, trajectories out
+
     ("single_controller",),
     ("trainer",),
 )
@@ -71,22 +79,9 @@ def project_modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
     return modules
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _import_nodes(tree: ast.AST):
-    """Every Import / ImportFrom node of ``tree`` except those in the body of ``if TYPE_CHECKING:``."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
-        else:
-            stack.extend(ast.iter_child_nodes(node))
+    """Every Import / ImportFrom node of ``tree``: at module level, inside functions and under ``if TYPE_CHECKING:``."""
+    return (node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom))
 
 
 def _resolve(name: str, modules: dict[str, Path]) -> str | None:
@@ -264,6 +259,53 @@ def test_the_graph_is_read_whole(graph):
     assert "benchmarks.retrieval_corpus" in graph["benchmarks.bench_retrieval"]  # bare sibling name
 
 
+# The search task's words, which the generic trainer may use only to give an example (issue 58).
+TASK_WORDS = re.compile(r"<information>|hermes|search_r1|retriever")
+
+
+def _docstring_lines(tree: ast.AST) -> list[tuple[int, int, str]]:
+    """(first line, last line, text) of every module, class and function docstring of ``tree``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                    isinstance(first.value.value, str):
+                found.append((first.lineno, first.end_lineno, first.value.value))
+    return found
+
+
+def task_words(root: Path = ROOT, package: str = "verl") -> list[str]:
+    """``path:line: text`` for each line of ``package`` naming a task word outside a docstring that says "for
+    example"."""
+    bad = []
+    for path in sorted((root / package).rglob("*.py")):
+        text = path.read_text()
+        examples = [(a, b) for a, b, doc in _docstring_lines(ast.parse(text)) if "for example" in " ".join(doc.split())]
+        for number, line in enumerate(text.splitlines(), start=1):
+            if TASK_WORDS.search(line) and not any(a <= number <= b for a, b in examples):
+                bad.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    return bad
+
+
+def test_verl_names_no_task():
+    """Guards against the trainer knowing the search task by name: a format name, the recipe's module, the
+    ``<information>`` block or the retriever in ``verl/``'s code, settings or messages (issue 58: the format's
+    choices, the default recipe, ``multi.format != "hermes"``), where only an example in a docstring may name it."""
+    bad = task_words()
+    assert not bad, report("line(s) of verl/ naming the search task outside a 'for example' docstring", bad)
+
+
+def test_the_task_word_check_sees_code_and_allows_examples(tmp_path):
+    """Guards against a check that cannot fail: a name in code, a comment or a plain docstring is found; one in a
+    docstring that says "for example" is not."""
+    _write(tmp_path, {"verl/a.py": ('"""The loop. For example search_r1\'s tags.\n\nfor example ``<information>``."""\n'
+                                    'FORMAT = "hermes"  # the default\n'
+                                    'def f():\n    """Calls the retriever."""\n    # search_r1 only\n')})
+    assert task_words(tmp_path) == ['verl/a.py:4: FORMAT = "hermes"  # the default',
+                                    'verl/a.py:6: """Calls the retriever."""', "verl/a.py:7: # search_r1 only"]
+
+
 def test_design_doc_states_this_table():
     """docs/design.md describes the table here (it does not keep a second copy that could drift)."""
     text = (ROOT / "docs" / "design.md").read_text()
@@ -279,10 +321,13 @@ def _write(root: Path, files: dict[str, str]) -> None:
         path.write_text(text)
 
 
-def test_the_checker_finds_an_upward_arrow_and_a_circle(tmp_path):
-    """A synthetic verl with one upward arrow (utils -> trainer, inside a function), one circle (two workers
-    modules, one through a relative import), an upward import under TYPE_CHECKING (not an arrow) and a downward
-    one (allowed)."""
+def test_the_checker_finds_upward_arrows_and_circles_through_lazy_and_type_checking_imports(tmp_path):
+    """Guards against a checker that sees only top-level imports: issue 58's five-module circle (the search loop's
+    formats importing the loop back under ``TYPE_CHECKING``, a reward term importing a format inside a function)
+    was invisible to it. A synthetic tree: a circle of plain imports (two workers modules, one through a relative
+    import), one closed by a ``TYPE_CHECKING`` import and a lazy one (two trainer modules), one closed by a
+    ``TYPE_CHECKING`` import alone (two search_r1 modules), upward arrows through a lazy import and a
+    ``TYPE_CHECKING`` one, and a downward import (allowed)."""
     _write(tmp_path, {
         "verl/__init__.py": "",
         "verl/errors.py": "",
@@ -294,14 +339,21 @@ def test_the_checker_finds_an_upward_arrow_and_a_circle(tmp_path):
         "verl/workers/a.py": "from . import b\nfrom verl.errors import ConfigError\n",
         "verl/workers/b.py": "import verl.workers.a\n",
         "verl/trainer/__init__.py": "",
-        "verl/trainer/loop.py": "from ..workers.a import thing\n",
+        "verl/trainer/loop.py": "from ..workers.a import thing\ndef run():\n    from verl.trainer import steps\n",
+        "verl/trainer/steps.py": "import typing\nif typing.TYPE_CHECKING:\n    from verl.trainer.loop import run\n",
         "search_r1/__init__.py": "import verl.trainer.loop\n",
+        "search_r1/loop.py": "from search_r1.formats import Format\n",
+        "search_r1/formats.py": ("from __future__ import annotations\nfrom typing import TYPE_CHECKING\n"
+                                 "if TYPE_CHECKING:\n    from search_r1.loop import Loop\n"),
     })
     graph = import_graph(tmp_path, ("verl", "search_r1"))
-    assert graph["verl.utils.helpers"] == {"verl.trainer.loop"}
-    assert graph["verl.trainer.loop"] == {"verl.workers.a"}
-    assert circles(graph) == [["verl.workers.a", "verl.workers.b"]]
-    assert layer_violations(graph) == ["verl.utils.helpers -> verl.trainer.loop (utils -> trainer)"]
+    assert graph["verl.utils.helpers"] == {"verl.trainer.loop", "verl.workers", "verl.workers.a"}
+    assert graph["verl.trainer.loop"] == {"verl.workers.a", "verl.trainer", "verl.trainer.steps"}
+    assert circles(graph) == [["search_r1.formats", "search_r1.loop"], ["verl.trainer.loop", "verl.trainer.steps"],
+                              ["verl.workers.a", "verl.workers.b"]]
+    assert layer_violations(graph) == ["verl.utils.helpers -> verl.trainer.loop (utils -> trainer)",
+                                       "verl.utils.helpers -> verl.workers (utils -> workers)",
+                                       "verl.utils.helpers -> verl.workers.a (utils -> workers)"]
     assert package_violations(graph, {"verl": (), "search_r1": ("verl",)}) == []
     assert package_violations(graph, {"verl": (), "search_r1": ()}) == [
         "search_r1 -> verl.trainer.loop (search_r1 -> verl)"]

@@ -1,4 +1,8 @@
-"""Tools a policy calls in the hermes action format: a registry of tool classes and the tool config that picks them.
+"""What a task plugs into the agent loop (``verl.agent``), by name: action formats and tools.
+
+An action format (``verl.agent.format.ActionFormat``) is one class registered with ``register_format(name)``; the
+config key ``actor_rollout_ref.rollout.multi_turn.format`` takes the registered names (null: the recipe module's
+``DEFAULT_FORMAT``). A format whose policy calls tools (``uses_tools``) shows the run's tools in its prompts.
 
 A tool is one class: a subclass of ``Tool`` with an ``async call(arguments) -> str`` (the text the policy reads),
 registered under its class name with ``register_tool``. Which tools a run offers, with which JSON schema and
@@ -15,12 +19,13 @@ Choices:
 - The schema is the contract with the policy: arguments are checked against ``function.parameters`` with
   ``jsonschema`` before ``call`` runs (``argument_problem``), so a tool receives only arguments of the declared types;
   a call that does not fit gets an error message the policy reads instead of running.
-- A tool may answer many calls at once (``call_many``, default: its calls concurrently); the search recipe's
-  ``search`` tool sends all of a turn's queries in one retrieval request.
-- ``setup(env)`` hands a tool what the recipe's loop shares with its tools (the search recipe: the retrieval
-  service); a user tool that needs nothing ignores it.
+- A tool may answer many calls at once (``call_many``, default: its calls concurrently); a search tool, for example,
+  sends all of a turn's queries in one request.
+- ``setup(env)`` hands a tool what the task's loop shares with its tools (for example a retrieval service); a user
+  tool that needs nothing ignores it.
 - Like the other registries (``verl.algorithms.registry``), a class registered by any module imported before the
-  tools are built (a recipe, a plug-in, a test) is as valid as the built-ins.
+  config is checked (a recipe, a plug-in, a test) is as valid as the built-ins. This module imports no config (the
+  config's allowed formats are read from here) and no torch.
 """
 
 from __future__ import annotations
@@ -73,6 +78,44 @@ class ToolCallError(Exception):
 
 
 TOOLS: Registry[type[Tool]] = Registry("tool class")
+
+# Action formats (``verl.agent.format.ActionFormat`` subclasses) by the name ``multi_turn.format`` takes.
+ACTION_FORMATS: Registry[type] = Registry("action format")
+FORMAT_KEY = "actor_rollout_ref.rollout.multi_turn.format"
+
+
+def register_format(name: str):
+    """Class decorator: register an ``ActionFormat`` subclass as the config value ``multi_turn.format=name``."""
+    def register(cls: type) -> type:
+        ACTION_FORMATS.add(name, cls)
+        return cls
+    return register
+
+
+def format_names() -> tuple[str, ...]:
+    """The registered action formats (the allowed values of ``multi_turn.format``)."""
+    return ACTION_FORMATS.names()
+
+
+def default_format(recipe: str) -> str | None:
+    """What ``multi_turn.format: null`` means: the ``DEFAULT_FORMAT`` of the recipe module ``recipe`` (imported
+    already when a config is loaded); None for a recipe without one (no agent loop). ``load_config`` writes it into
+    the loaded config, so a run directory records the format that ran."""
+    return getattr(importlib.import_module(recipe), "DEFAULT_FORMAT", None)
+
+
+def action_format(cfg: Any) -> type | None:
+    """The action format class a run uses (``cfg``: a ``verl.config.Config``): ``multi_turn.format``, or when null
+    ``default_format``; None when both are unset (a recipe without the agent loop)."""
+    name = cfg.actor_rollout_ref.rollout.multi_turn.format
+    if name is None:
+        name = default_format(cfg.recipe)
+        if name is None:
+            return None
+    if name not in ACTION_FORMATS:
+        raise ConfigError(f"config key {FORMAT_KEY}={name!r} is invalid: allowed {', '.join(format_names())} (the "
+                          "registered action formats)")
+    return ACTION_FORMATS.get(name)
 
 
 def register_tool(cls: type[Tool]) -> type[Tool]:
@@ -192,18 +235,17 @@ def argument_problem(schema: dict[str, Any], arguments: Any) -> str | None:
 
 
 def run_tool_specs(cfg: Any) -> list[ToolSpec] | None:
-    """The tools a run offers (``cfg``: a ``verl.config.Config``): None in a format without tools; the tool config's,
-    or the recipe module's ``DEFAULT_TOOLS`` when ``tool_config_path`` is null. Each class is looked up now, so a
-    wrong ``class_name`` fails before any worker starts."""
-    from verl.config import recipe_module
-
-    multi = cfg.actor_rollout_ref.rollout.multi_turn
-    if multi.format != "hermes":
+    """The tools a run offers (``cfg``: a ``verl.config.Config``): None when its action format calls no tools (or
+    the recipe has no format); the tool config's, or the recipe module's ``DEFAULT_TOOLS`` when ``tool_config_path``
+    is null. Each class is looked up now, so a wrong ``class_name`` fails before any worker starts."""
+    chosen = action_format(cfg)
+    if chosen is None or not chosen.uses_tools:
         return None
+    multi = cfg.actor_rollout_ref.rollout.multi_turn
     if multi.tool_config_path is not None:
         specs = read_tool_config(multi.tool_config_path)
     else:
-        specs = getattr(recipe_module(cfg.recipe), "DEFAULT_TOOLS", None)
+        specs = getattr(importlib.import_module(cfg.recipe), "DEFAULT_TOOLS", None)
         if specs is None:
             raise ConfigError(f"config key {TOOL_CONFIG_KEY} is null and the recipe {cfg.recipe!r} declares no "
                               "DEFAULT_TOOLS: name a tool config (see configs/tools/)")

@@ -1,4 +1,5 @@
-"""The hermes action format: tool calls in the model's own chat template, token-in/token-out.
+"""The hermes action format of the search task (``multi_turn.format=hermes``): tool calls in the model's own chat
+template, token-in/token-out, in the agent loop (``verl.agent.loop``).
 
 The policy sees its tools as JSON schemas in the prompt (``render_prompt(..., tools=...)``), calls them by writing
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (several per turn allowed) and ends its turn with the
@@ -25,28 +26,38 @@ Choices:
 - A template without tool support (its render ignores ``tools``) gets the schemas in the system message, in the
   Hermes convention (``<tools>`` JSON lines ``</tools>``), and tool results wrapped in ``<tool_response>`` tags.
 - Tool results are cut to ``max_tool_response_length`` tokens with a notice (``cut_result``).
+
+The parsers (``parse_tool_calls``, ``parse_turn``) live here, with the format; the reward terms read a turn's calls
+with them. Light at import (no torch, no transformers): the format registers itself when the config is checked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import re
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from search_r1.llm_agent.trajectory import TRUNCATED_OBS_WARN_FRAC, ActionKind, Trajectory
+from search_r1.llm_agent.search_env import (
+    RETRIEVAL,
+    TRUNCATED_OBS_WARN_FRAC,
+    SearchEnv,
+    SearchFormat,
+    SearchTrajectory,
+)
 from search_r1.tools import DEFAULT_TOOLS, SearchTool, ToolEnv
-from verl.tools import Tool, ToolCallError, argument_problem, build_tools
-from verl.utils.tokenizer import render_chat, template_shows_tools
-from verl.workers.rollout.base import GenerationOutput
+from verl.agent.format import Calls, Service, TurnContext
+from verl.agent.trajectory import ActionKind
+from verl.tools import Tool, ToolCallError, argument_problem, build_tools, read_tool_config, register_format
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from search_r1.llm_agent.generation import LLMGenerationManager
+    from verl.config import DataConfig, MultiTurnConfig
+    from verl.workers.rollout.base import GenerationOutput
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +108,7 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
 
 def parse_turn(text: str, finish_reason: str, stop_str: str | None, cut: bool) -> tuple[ActionKind, Any]:
     """The action of one turn from its decoded text (special tokens skipped) -> ANSWER with the answer (stopped at
-    ``</answer>``), SEARCH with the turn's calls (ended with its end-of-turn token and wrote ``<tool_call>``), INVALID
+    ``</answer>``), ACT with the turn's calls (ended with its end-of-turn token and wrote ``<tool_call>``), INVALID
     (``</answer>`` without its opening tag), EOS (ended without a call or an answer) or LENGTH. ``stop_str`` and
     ``cut`` as in ``tags.parse_action``."""
     end = text.rfind(stop_str) if stop_str and not cut else -1
@@ -109,7 +120,7 @@ def parse_turn(text: str, finish_reason: str, stop_str: str | None, cut: bool) -
     if cut or finish_reason == "length":
         return ActionKind.LENGTH, None
     calls = parse_tool_calls(text)
-    return (ActionKind.SEARCH, calls) if calls else (ActionKind.EOS, None)
+    return (ActionKind.ACT, calls) if calls else (ActionKind.EOS, None)
 
 
 def check_calls(calls: list[ToolCall], tools: dict[str, Tool], max_parallel_calls: int) -> None:
@@ -165,6 +176,8 @@ class ChatFormat:
         if not tokenizer.chat_template:
             raise ValueError(f"actor_rollout_ref.rollout.multi_turn.format=hermes needs a tokenizer with a chat "
                              f"template; {tokenizer.name_or_path!r} has none (use format=search_r1 for a base model)")
+        from verl.utils.tokenizer import template_shows_tools  # transformers: not at import (module docstring)
+
         self.tokenizer = tokenizer
         self.schemas = schemas
         self.native_tools = template_shows_tools(tokenizer, schemas)
@@ -179,6 +192,8 @@ class ChatFormat:
         self._prefix = rendered
 
     def render(self, conversation: list[dict], generation_prompt: bool) -> str:
+        from verl.utils.tokenizer import render_chat
+
         return render_chat(self.tokenizer, conversation, self.schemas, generation_prompt, self.native_tools)
 
     def insertion(self, messages: list[dict], after_eos: str | None) -> list[int]:
@@ -230,56 +245,69 @@ HERMES_FEEDBACK = ("My previous turn was not valid. To use a tool, I must write 
                    "/answer tags. Let me try again.")
 
 
-class HermesActions:
-    """The hermes format in the search loop (module docstring): the same interface as ``tags.TagActions``."""
+@register_format("hermes")
+class HermesFormat(SearchFormat):
+    """The hermes format (module docstring): the tools of ``multi_turn.tool_config_path`` (null: ``search`` alone),
+    their results cut to ``multi_turn.max_tool_response_length`` (null: ``data.max_obs_length``)."""
 
     stop = STOP_STRINGS
+    uses_tools = True
 
-    def __init__(self, agent: LLMGenerationManager) -> None:
-        self.agent = agent
-        cfg = agent.cfg
-        specs = cfg.tools if cfg.tools is not None else DEFAULT_TOOLS
-        env = ToolEnv(retrieve=lambda queries: agent._retrieve(queries), client=agent.client, do_search=cfg.do_search)
-        self.tools = build_tools(specs, env)
-        self.chat = ChatFormat(agent.tokenizer, [s.schema for s in specs])
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, env: SearchEnv, multi: MultiTurnConfig,
+                 data: DataConfig) -> None:
+        super().__init__(tokenizer, env)
+        self.max_parallel_calls = multi.max_parallel_calls
+        self.result_limit = multi.max_tool_response_length or data.max_obs_length  # results are cut, our errors not
+        specs = DEFAULT_TOOLS if multi.tool_config_path is None else read_tool_config(multi.tool_config_path)
+        self._calls: Calls | None = None  # the run's (``services``): the search tool's requests go through it
+        tool_env = ToolEnv(retrieve=lambda queries: self._calls.batch(RETRIEVAL, queries), client=env.client,
+                           do_search=env.do_search)
+        self.tools = build_tools(specs, tool_env)
+        self.chat = ChatFormat(tokenizer, [s.schema for s in specs])
         self._warned_mismatch = False
         self._warned_cut = False
 
-    def parse(self, ids: list[int], out: GenerationOutput, cut: bool) -> tuple[ActionKind, Any]:
-        return parse_turn(self.agent._decode(ids), out.finish_reason, out.stop_str, cut)
+    def services(self, calls: Calls) -> list[Service]:
+        """The retrieval service, and ``tools``: every row's well-formed calls of a turn, answered at once."""
+        self._calls = calls
+        return [self.env.service(), Service("tools", self._run_calls_per_row, blocking=False)]
 
-    def feedback(self, row: Trajectory, ids: list[int]) -> list[int]:
+    async def _run_calls_per_row(self, calls_per_row: list[list[ToolCall]]) -> list[list[str | ToolCallError]]:
+        results = await run_calls(self.tools, [call for calls in calls_per_row for call in calls])
+        starts = [0, *itertools.accumulate(len(calls) for calls in calls_per_row)]
+        return [results[a:b] for a, b in itertools.pairwise(starts)]
+
+    def parse(self, ids: list[int], out: GenerationOutput, cut: bool) -> tuple[ActionKind, Any]:
+        return parse_turn(self.tokenizer.decode(ids, skip_special_tokens=True), out.finish_reason, out.stop_str, cut)
+
+    def feedback(self, ctx: TurnContext) -> list[int]:
         """The ids of the feedback message after an invalid turn (the assistant message closed first)."""
         messages = [{"role": "user", "content": HERMES_FEEDBACK}]
         inserted = self.chat.insertion(messages, after_eos=None)
-        row.chat_turns.append((self._content(ids, None), None, messages, inserted))
+        ctx.row.chat_turns.append((self._content(ctx.ids, None), None, messages, inserted))
         return inserted
 
-    async def act(self, index: int, row: Trajectory, calls: list[ToolCall], ids: list[int], io: Any) -> None:
-        """Run the turn's well-formed calls, append every call's result (or error) as tool messages."""
-        agent = self.agent
-        check_calls(calls, self.tools, agent.cfg.max_parallel_calls)
+    async def act(self, ctx: TurnContext, action: Any) -> None:
+        """Run the turn's well-formed calls (``action``), append every call's result (or error) as tool messages."""
+        calls: list[ToolCall] = action
+        row: SearchTrajectory = ctx.row
+        check_calls(calls, self.tools, self.max_parallel_calls)
         good = [c for c in calls if c.error is None]
         row.num_tool_calls += len(good)
         row.num_invalid_calls += len(calls) - len(good)
         row.num_invalid += not good
-        results = iter([])
-        if good:
-            start = time.perf_counter()
-            results = iter(await io.tools(index, good))
-            row.retrieval_wait_s += time.perf_counter() - start
-        limit = agent.cfg.max_tool_response_length or agent.cfg.max_obs_length  # results are cut, our errors not
-        texts = [error_message(c.error) if c.error is not None else self._result_text(row, next(results), limit)
+        results = iter(await ctx.call("tools", good) if good else [])
+        texts = [error_message(c.error) if c.error is not None else self._result_text(row, next(results))
                  for c in calls]
         messages = [{"role": "tool", "content": text} for text in texts]
-        eos_id = ids[-1]  # the turn ended with an end-of-turn token (``parse``)
-        inserted = self.chat.insertion(messages, after_eos=agent.tokenizer.decode([eos_id]))
-        if not agent._insert(row, inserted):
+        eos_id = ctx.ids[-1]  # the turn ended with an end-of-turn token (``parse``)
+        inserted = self.chat.insertion(messages, after_eos=self.tokenizer.decode([eos_id]))
+        if not ctx.insert(inserted):
             return
         row.num_searches += sum(isinstance(self.tools[c.name], SearchTool) for c in good)
         row.queries += [str(c.arguments.get("query")) if isinstance(self.tools[c.name], SearchTool)
                         else f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in good]
-        row.chat_turns.append((self._content(ids, eos_id), eos_id, messages, inserted))
+        row.chat_turns.append((self._content(ctx.ids, eos_id), eos_id, messages, inserted))
         mismatch = self.chat.check(row.chat_turns)
         if mismatch is not None:
             row.tokenization_mismatch += 1
@@ -287,21 +315,18 @@ class HermesActions:
                 self._warned_mismatch = True
                 logger.warning("tokenisation sanity check: the ids the loop appended differ from a full re-render of "
                                "the conversation by the chat template (agent/tokenization_mismatch), %s; the policy "
-                               "is trained on the ids it saw", describe_mismatch(agent.tokenizer, *mismatch))
+                               "is trained on the ids it saw", describe_mismatch(self.tokenizer, *mismatch))
 
-    def _result_text(self, row: Trajectory, result: str | ToolCallError, limit: int) -> str:
-        """A tool's answer as the policy reads it: a refusal as an error, a result cut to ``limit`` tokens (counted
-        in the row's ``truncated_obs``)."""
+    def _result_text(self, row: SearchTrajectory, result: str | ToolCallError) -> str:
+        """A tool's answer as the policy reads it: a refusal as an error, a result cut to ``result_limit`` tokens
+        (counted in the row's ``truncated_obs``)."""
         if isinstance(result, ToolCallError):
             return error_message(str(result))
-        text, cut = cut_result(self.agent.tokenizer, result, limit)
+        text, cut = cut_result(self.tokenizer, result, self.result_limit)
         row.truncated_obs += cut
         return text
 
-    async def run_calls(self, calls: list[ToolCall]) -> list[str | ToolCallError]:
-        return await run_calls(self.tools, calls)
-
-    def warn(self, rows: list[Trajectory]) -> None:
+    def finish(self, rows: list[SearchTrajectory]) -> None:
         """Warn once when more than TRUNCATED_OBS_WARN_FRAC of a call's tool results were cut (the sanity check warns
         as it finds a mismatch, ``act``)."""
         calls, cut = sum(r.num_tool_calls for r in rows), sum(r.truncated_obs for r in rows)
@@ -310,9 +335,9 @@ class HermesActions:
         self._warned_cut = True
         logger.warning("%d of %d tool results were longer than %d tokens and were cut (agent/truncated_obs): raise "
                        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length (null = data.max_obs_length)",
-                       cut, calls, self.agent.cfg.max_tool_response_length or self.agent.cfg.max_obs_length)
+                       cut, calls, self.result_limit)
 
     def _content(self, ids: list[int], eos_id: int | None) -> str:
         """The assistant content of a turn's ids (without its end-of-turn token), as the template would get it."""
         body = ids[:-1] if eos_id is not None else ids
-        return self.agent.tokenizer.decode(body, skip_special_tokens=False)
+        return self.tokenizer.decode(body, skip_special_tokens=False)

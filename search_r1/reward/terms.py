@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import httpx
 import numpy as np
 
+from search_r1.llm_agent.hermes import parse_tool_calls
 from search_r1.reward.qa_em import (
     em_check,
     extract_answer,
@@ -49,7 +50,7 @@ from search_r1.reward.qa_em import (
     normalize_answer,
     subem_check,
 )
-from verl.algorithms.registry import REWARD_TERMS
+from verl.algorithms.registry import Registry
 
 if TYPE_CHECKING:
     from verl.protocol import Batch
@@ -75,8 +76,6 @@ class Turn:
             return found[-1].strip()
         if "<tool_response>" not in self.inserted:  # the hermes format: the turn's last search call that was answered
             return None
-        from search_r1.llm_agent.hermes import parse_tool_calls  # the loop's module imports torch: not at import
-
         searched = [c.arguments["query"] for c in parse_tool_calls(self.action)
                     if c.name == "search" and isinstance((c.arguments or {}).get("query"), str)]
         return searched[-1].strip() if searched else None
@@ -121,10 +120,13 @@ class Context:
 
 
 TermFn = Callable[[list[Trajectory], Context], TermScores]
-TERMS = REWARD_TERMS  # verl's registry of reward terms: the config check lists these names
+# The reward terms by name (``reward.terms``): this module's and any plug-in's (``register_term``); the config's
+# allowed names are read from here (``search_r1.config``).
+TERMS: Registry[TermFn] = Registry("reward term")
 
 
 def register_term(name: str) -> Callable[[TermFn], TermFn]:
+    """Decorator: register ``fn(trajectories, context) -> TermScores`` as the reward term ``name``."""
     def register(fn: TermFn) -> TermFn:
         TERMS.add(name, fn)
         return fn

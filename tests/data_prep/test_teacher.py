@@ -6,16 +6,17 @@ from __future__ import annotations
 import pytest
 
 from data_prep.teacher import closed
-from search_r1.llm_agent.generation import ActionKind, parse_action
+from search_r1.llm_agent.tags import parse_action
+from verl.agent.trajectory import ActionKind
 
 
 @pytest.mark.parametrize(("text", "finish", "expected", "kind"), [
     ("<think> x </think><search> Laemze", "stop", ("<think> x </think><search> Laemze</search>", "</search>"),
-     ActionKind.SEARCH),  # OpenAI's API: the stop string is dropped
-    ("<search> Laemze </search>", "stop", ("<search> Laemze </search>", "</search>"), ActionKind.SEARCH),  # kept
+     ActionKind.ACT),  # OpenAI's API: the stop string is dropped
+    ("<search> Laemze </search>", "stop", ("<search> Laemze </search>", "</search>"), ActionKind.ACT),  # kept
     ("<answer> Brede Foundry </answer>\n", "stop", ("<answer> Brede Foundry </answer>", "</answer>"),
      ActionKind.ANSWER),  # kept, with what a last token carried past it
-    ("<search> a </search> <answer> b", "stop", ("<search> a </search>", "</search>"), ActionKind.SEARCH),
+    ("<search> a </search> <answer> b", "stop", ("<search> a </search>", "</search>"), ActionKind.ACT),
     ("I am done.", "stop", ("I am done.", None), ActionKind.EOS),  # an end of turn without a tag
     ("<answer> Brede", "length", ("<answer> Brede", None), ActionKind.LENGTH),  # cut by max_tokens: no tag added
 ])

@@ -16,10 +16,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from data_prep.qa_search import make_row, rows_to_parquet
-from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, StopReason
+from search_r1.llm_agent.generation import StopReason
 from search_r1.prompts import INSTRUCTION, make_prompt
 from search_r1.search.client import RetrievalClient
 from tests.entry_points import main_ppo_in_process
+from tests.search_r1.agent_settings import make_agent, search_config
 from tests.search_r1.memorised_policy import QUESTIONS, TOPK, memorised_policy
 from tests.search_r1.model_families import FAMILIES, build_model, build_tokenizer
 from verl.utils.dataset import PromptDataset
@@ -28,8 +29,8 @@ from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
 
 MAX_OBS = 160  # one <information> block of TOPK passages, in the small vocabularies' tokens
-LOOP = AgentConfig(max_turns=2, max_start_length=256, max_prompt_length=640, max_response_length=64,
-                   max_trajectory_length=320, max_obs_length=MAX_OBS, do_search=True, topk=TOPK)
+LOOP = search_config(max_turns=2, max_start_length=256, max_prompt_length=640, max_response_length=64,
+                     max_trajectory_length=320, max_obs_length=MAX_OBS, do_search=True, topk=TOPK)
 SCRIPT_TEXTS = ["<think> I need to search </think><search> capital of France </search>",
                 "<think> found it </think><answer> Paris </answer>"]
 
@@ -89,7 +90,7 @@ def test_search_loop_reproduces_the_memorised_trajectories(family_policy, servic
     sampled tokens 1, and each row searches once and answers."""
     family, model_dir, tokenizer, prompts, responses, masks = family_policy
     engine = HFRollout(str(model_dir), dtype="float32", device="cpu", micro_batch_size=8, seed=0)
-    agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, TOPK), LOOP)
+    agent = make_agent(tokenizer, engine, RetrievalClient(service_url, TOPK), LOOP)
     result = agent.run(prompts, SamplingParams(max_tokens=1, temperature=0.0))
     for traj, response, mask in zip(result.trajectories, responses, masks, strict=True):
         assert traj.response_ids == response, (tokenizer.decode(traj.response_ids), tokenizer.decode(response))
@@ -115,9 +116,10 @@ def test_one_grpo_step_then_the_checkpoint_loads(family_policy, service_url, tmp
             f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=hf",
             f"retriever.url={service_url}", f"retriever.topk={TOPK}", f"max_turns={LOOP.max_turns}",
             "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", f"data.max_obs_length={MAX_OBS}",
-            f"data.max_start_length={LOOP.max_start_length}", f"data.max_prompt_length={LOOP.max_prompt_length}",
-            f"data.max_response_length={LOOP.max_response_length}",
-            f"data.max_trajectory_length={LOOP.max_trajectory_length}",
+            f"data.max_start_length={LOOP.data.max_start_length}",
+            f"data.max_prompt_length={LOOP.data.max_prompt_length}",
+            f"data.max_response_length={LOOP.data.max_response_length}",
+            f"data.max_trajectory_length={LOOP.data.max_trajectory_length}",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.actor.optim.lr=1e-3",
             "actor_rollout_ref.actor.entropy_coeff=0.01",  # a gradient even when a group's samples score alike

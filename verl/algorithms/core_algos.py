@@ -20,7 +20,7 @@ Choices and sources:
   recursions run over the policy tokens of a row only: the "next" value/advantage/return seen at a
   policy token is that of the next *policy* token, so a retrieved block between two turns neither
   breaks the bootstrap chain nor is discounted as if the policy had acted there. A reward that
-  sits on a masked token (e.g. the outcome reward landing on a truncated ``<information>`` block)
+  sits on a masked token (for example the outcome reward landing on a truncated ``<information>`` block)
   is moved onto the closest policy token before it, so masking never drops reward.
 * **Outcome score** for GRPO and RLOO is the row sum of ``token_level_rewards`` (a sequence-level
   quantity, wherever in the row it was written); the mask decides which tokens receive it.

@@ -218,11 +218,3 @@ def register_kl_estimator(name: str) -> Callable[[KLFn], KLFn]:
         return fn
     return register
 
-
-# ----------------------------------------------------------------------------------------------
-# Reward terms
-# ----------------------------------------------------------------------------------------------
-
-# A task's reward terms (``reward.terms``), registered by its recipe module (the search recipe: search_r1.reward.terms):
-# name -> fn(trajectories, context) -> per-row outcome scores and, optionally, per-turn scores.
-REWARD_TERMS: Registry[Callable[..., Any]] = Registry("reward term")

@@ -1,11 +1,11 @@
 """Turn-level credit: per-turn scores placed on the tokens of their turn.
 
 A trajectory is a sequence of turns. In the response, turn ``k`` is the ``k``-th maximal run of policy tokens
-(``response_mask * info_mask == 1``): every turn but the last is followed by an inserted run (an ``<information>``
-block or a feedback text), so runs and turns correspond one to one. A reward that scores turns (a search turn
-that retrieved evidence, ``retrieval_hit``) hands the trainer one list per row, ``turn_scores[i][k]`` for turn
-``k`` of row ``i``; NaN marks a turn the term does not score (``retrieval_hit``: a turn that did not search), and a
-shorter list leaves the remaining turns unscored too.
+(``response_mask * info_mask == 1``): every turn but the last is followed by an inserted run (for example an
+``<information>`` block or a feedback text), so runs and turns correspond one to one. A reward that scores turns
+(a search turn that retrieved evidence, ``retrieval_hit``) hands the trainer one list per row,
+``turn_scores[i][k]`` for turn ``k`` of row ``i``; NaN marks a turn the term does not score (``retrieval_hit``: a
+turn that did not search), and a shorter list leaves the remaining turns unscored too.
 
 Two uses, both configured in ``algorithm``:
 - ``turn_reward_coef`` (any estimator; the PPO case): ``coef * turn_scores[i][k]`` is added to the token reward

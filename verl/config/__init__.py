@@ -63,6 +63,7 @@ from verl.config.sections import (
     DataConfig,
     FSDPConfig,
     ModelConfig,
+    MultiTurnConfig,
     PolicyLossConfig,
     RefConfig,
     RefFSDPConfig,
@@ -77,7 +78,8 @@ from verl.errors import ConfigError
 __all__ = [
     "ActorConfig", "ActorRolloutRefConfig", "AlgorithmConfig", "CONFIG_DIR", "Config", "ConfigError",
     "CriticConfig", "CriticModelConfig", "CustomRewardConfig", "DEFAULT_CONFIG", "DEMO_CONFIG", "DTYPE_NAMES",
-    "DataConfig", "FSDPConfig", "FilterGroupsConfig", "KLControlConfig", "LOGGERS", "ModelConfig", "OptimConfig",
+    "DataConfig", "FSDPConfig", "FilterGroupsConfig", "KLControlConfig", "LOGGERS", "ModelConfig", "MultiTurnConfig",
+    "OptimConfig",
     "OverlongConfig", "PolicyLossConfig", "RefConfig", "RefFSDPConfig", "RolloutConfig", "RunConfig", "SFTConfig",
     "SFT_CONFIG", "Setting", "TrainerConfig", "ValKwargs", "adv_estimator", "allowed", "check_paths",
     "check_settings", "declared", "import_plugins", "leaves", "load_config", "load_sft_config",

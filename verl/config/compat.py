@@ -128,7 +128,8 @@ NO_EFFECT: dict[str, NoEffect] = {
     "actor_rollout_ref.rollout.multi_turn.enable": NoEffect("the recipe's loop is multi-turn in either "
                                                            "multi_turn.format", (True,)),
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": NoEffect(
-        "hermes: the sanity check always runs and reports a mismatch (agent/tokenization_mismatch and a warning)"),
+        "a chat-template tool-call format's sanity check always runs and reports a mismatch "
+        "(agent/tokenization_mismatch and a warning)"),
     "actor_rollout_ref.rollout.enforce_eager": NoEffect("the vLLM engine's CUDA-graph setting is its own default"),
     "actor_rollout_ref.rollout.load_format": NoEffect("engines load the policy directory, then receive the trainer's "
                                                       "weights in memory after every update"),

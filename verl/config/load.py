@@ -7,7 +7,8 @@ Choices:
   choose code: ``recipe`` (a module name: the task) and ``plugins`` (modules imported first). The recipe module
   declares its config class (``CONFIG_CLASS``, a subclass of ``Config`` adding the task's sections; default
   ``Config``) and its YAML of defaults (``BASE_CONFIG``; default none: the dataclass defaults); for example the
-  search recipe's are ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``.
+  search recipe's are ``search_r1.config.SearchConfig`` and ``configs/ppo_trainer.yaml``. ``recipe``
+  defaults to the one recipe the installed packages register (``installed_recipe``), so the trainer names no task.
 - **Code before keys.** ``load_config`` first reads ``recipe`` and ``plugins`` from the files and overrides, imports
   each plug-in and then the recipe module, and only then merges and checks the config against the recipe's class:
   whatever those modules register (an advantage estimator, a policy loss, a reward term) is then a valid value.
@@ -37,9 +38,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from verl.config.compat import CompatError, rules, translate
-from verl.config.rl import Config, world_size
+from verl.config.rl import RECIPES_GROUP, Config, registered_recipes, world_size
 from verl.config.schema import check_settings, did_you_mean
 from verl.errors import ConfigError
+from verl.tools import default_format
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,9 +117,14 @@ def _chosen(layers: list[list[tuple[str, Any]]]) -> tuple[str, list[str]]:
                 recipe = value
             elif key == "plugins":
                 plugins = value
-    if not isinstance(recipe, str) or not recipe:
+    if recipe == "":
+        found = registered_recipes()
+        raise ConfigError(f"config key recipe is not set, and the installed packages register {len(found)} recipes "
+                          f"({', '.join(found) or 'none'}; entry point group {RECIPES_GROUP}): name the task's module, "
+                          "recipe=MODULE (or reinstall this project: pip install -e .)")
+    if not isinstance(recipe, str):
         raise ConfigError(f"config key recipe={recipe!r} is invalid: allowed the name of a Python module (e.g. "
-                          "my_task.recipe)")
+                          "recipe=my_task.recipe)")
     if not isinstance(plugins, list) or not all(isinstance(p, str) and p for p in plugins):
         raise ConfigError(f"config key plugins={plugins!r} is invalid: allowed a list of Python module names (e.g. "
                           "plugins=[my_estimators])")
@@ -293,6 +300,9 @@ def load_config(overrides: list[str] | None = None, files: tuple[str | Path, ...
                                f"recipe={recipe} takes the keys of {keys}; docs/config.md lists them and the "
                                "Search-R1 and verl spellings accepted")
     cfg, notices = layered.cfg, list(layered.notices)
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if multi_turn.format is None:  # null: the recipe's (the run directory's config.yaml records it resolved)
+        multi_turn.format = default_format(recipe)
     world = world_size(cfg)
     for key, (theirs, count) in layered.global_counts.items():
         _set(cfg, key, max(1, count // world))

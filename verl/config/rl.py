@@ -32,6 +32,25 @@ from verl.config.sections import (
 )
 from verl.errors import ConfigError
 
+RECIPES_GROUP = "verl.recipes"  # the entry-point group in which a package registers its recipe module
+
+
+def registered_recipes() -> list[str]:
+    """The recipe modules the installed packages register (entry points of ``RECIPES_GROUP``, e.g. setup.py's
+    ``"verl.recipes": ["NAME = package.recipe"]``), sorted. Every distribution's metadata is read, not only the first
+    of each name on the path: a stale ``*.egg-info`` left in a checkout by an older build would otherwise hide the
+    installed package's entry points."""
+    from importlib.metadata import distributions
+
+    return sorted({ep.value for dist in distributions() for ep in dist.entry_points if ep.group == RECIPES_GROUP})
+
+
+def installed_recipe() -> str:
+    """The default of the key ``recipe``: the one registered recipe module; "" when none or several are registered
+    (then ``recipe`` must be given)."""
+    found = registered_recipes()
+    return found[0] if len(found) == 1 else ""
+
 
 @dataclass
 class Config:
@@ -41,9 +60,10 @@ class Config:
     no_effect_keys: ClassVar[dict[str, NoEffect]] = NO_EFFECT
 
     recipe: str = setting(
-        "search_r1.recipe", "Python module that plugs the task into the generic trainer: its build_recipe(cfg, "
+        installed_recipe(), "Python module that plugs the task into the generic trainer: its build_recipe(cfg, "
         "tokenizer, generator) returns the generation loop, the reward and the validation metrics "
-        "(verl.trainer.recipe.Recipe); its CONFIG_CLASS names the config's keys (this file's are search_r1.recipe's).")
+        "(verl.trainer.recipe.Recipe); its CONFIG_CLASS names the config's keys (this file documents the default's). "
+        "Default: the recipe the installed packages register (entry point group verl.recipes).")
     plugins: list[str] = setting(
         [], "Python modules imported before the config is checked (and in every worker), e.g. [my_estimators]: an "
         "advantage estimator, policy loss, KL estimator or reward term they register is then a valid value of its "

@@ -20,6 +20,7 @@ from verl.config.algorithm import agg_mode_names, kl_estimator_names, policy_los
 from verl.config.compat import RENAMED, Alias, GlobalCount
 from verl.config.schema import section, setting
 from verl.config.shared import DTYPE_NAMES, OptimConfig, RunConfig
+from verl.tools import format_names
 
 _SEARCH_R1_MINI = ("rollout.n_agent (Search-R1) is rollout.n here: samples per prompt; ppo_mini_batch_size counts "
                    "trajectories, as in Search-R1")
@@ -47,7 +48,7 @@ class DataConfig:
         2048, "The prompt that starts a trajectory, cut to its last max_start_length tokens (agent/truncated_prompts).",
         low=1)
     max_obs_length: int = setting(
-        500, "Maximum tokens of one inserted block (the search recipe: an <information> block of topk passages); "
+        500, "Maximum tokens of one block the environment inserts (for example a search's passages); "
         "longer ones are truncated, counted in agent/truncated_obs, and a warning names this key when most are cut.",
         low=1)
     max_trajectory_length: int = setting(
@@ -186,26 +187,23 @@ class ValKwargs:
 
 @dataclass
 class MultiTurnConfig:
-    format: str = setting(
-        "search_r1", "How the policy acts in the recipe's loop: search_r1 = Search-R1's tags in free text (<search> q "
-        "</search>, passages inserted in an <information> block) | hermes = the chat template's tool calls: tools "
-        "declared from tool_config_path as JSON schemas, calls written as <tool_call>{\"name\": ..., \"arguments\": "
-        "...}</tool_call>, results appended as tool messages (docs/design.md, \"Action formats\"). Both end with "
-        "<answer> ... </answer>.", choices=("search_r1", "hermes"))
+    format: str | None = setting(
+        None, "How the policy acts in the recipe's agent loop: one of the action formats the recipe and plug-ins "
+        "register ({choices}; docs/design.md, \"Action formats\").", choices=format_names,
+        null_means="the recipe's DEFAULT_FORMAT")
     tool_config_path: str | None = setting(
-        None, "hermes: YAML declaring the tools (verl's shape: tools: [{class_name, config, tool_schema: {type: "
-        "function, function: {name, description, parameters}}}]); class_name is a registered tool class (the search "
-        "recipe's: SearchTool, OpenTool) or module.Class. See configs/tools/.", null_means="the recipe's default tools "
-        "(the search recipe: search)")
+        None, "A format with tools: YAML declaring the tools (verl's shape: tools: [{class_name, config, tool_schema: "
+        "{type: function, function: {name, description, parameters}}}]); class_name is a registered tool class or "
+        "module.Class. See configs/tools/.", null_means="the recipe's default tools (its DEFAULT_TOOLS)")
     max_assistant_turns: int | None = setting(
         None, "Assistant turns per trajectory, the last of which is final (its calls are not executed). Replaces "
         "max_turns + 1 when set.", low=1, null_means="max_turns + 1")
     max_tool_response_length: int | None = setting(
-        None, "hermes: tokens of one tool result; a longer one (a page opened whole) is cut, with a notice the "
-        "policy reads.", low=1, null_means="data.max_obs_length")
+        None, "A format with tools: tokens of one tool result; a longer one (a page opened whole) is cut, with a "
+        "notice the policy reads.", low=1, null_means="data.max_obs_length")
     max_parallel_calls: int = setting(
-        4, "hermes: tool calls executed per turn, concurrently; further calls of the turn get an error message "
-        "(agent/invalid_calls).", low=1)
+        4, "A format with tools: tool calls executed per turn, concurrently; further calls of the turn get an error "
+        "message (agent/invalid_calls).", low=1)
 
 
 @dataclass
@@ -249,7 +247,7 @@ class RolloutConfig:
         1, "vLLM: ranks per tensor-parallel engine. Ranks [0, tp), [tp, 2 tp), ... each serve one engine; rows are "
         "split over world / tp such groups. Must divide the world size; 1 with the hf engine.", low=1)
     mode: str = setting(
-        "sync", "How the recipe's generation loop (the search recipe: search_r1/llm_agent/generation.py) shares the "
+        "sync", "How the recipe's agent loop (verl/agent/loop.py) shares the "
         "engines and its environment: sync = lockstep turns (one engine call per turn for all active rows, then one "
         "environment call, e.g. retrieval, for all of them; a row waits for the slowest row of its turn) | async = "
         "every row runs its own turns: it goes to the environment as soon as its turn ends and back to an engine as "

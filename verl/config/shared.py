@@ -62,8 +62,9 @@ class RunConfig:
         None, "Stop after this many steps (null = total_epochs worth of steps).", low=1,
         null_means="trainer.total_epochs worth of steps", steers=True)
     project_name: str = setting(
-        "search_r1", "Project name used by the trackers (W&B project) and the run directory. Names the run, does not "
-        "change it: a rerun may give another (as it may after the default changed).", steers=True)
+        "verl", "Project name used by the trackers (W&B project) and the run directory (a recipe may set its own "
+        "default). Names the run, does not change it: a rerun may give another (as it may after the default changed).",
+        steers=True)
     experiment_name: str | None = setting(
         None, "Experiment name used by the trackers and the run directory. null = <data>_<model>_<estimator>, e.g. "
         "nq_hotpotqa_Qwen2.5-3B_gae (SFT: <data>_<model>_sft): the same command names the same directory, so a rerun "

@@ -42,10 +42,10 @@ logger = logging.getLogger("verl.trainer.main_ppo")
 
 HELP = """usage: python -m verl.trainer.main_ppo [--config FILE ...] key=value ...
 
-Train a policy with PPO/GRPO on the task the config key `recipe` names (a Python module; default
-search_r1.recipe). Every key of the recipe's config can be set as key=value (OmegaConf dotlist; Search-R1's and
-verl's spellings are accepted, docs/config.md lists them all). Each --config FILE is a YAML of keys layered over the
-recipe's defaults, in order; key=value overrides come last.
+Train a policy with PPO/GRPO on the task the config key `recipe` names (a Python module; default: the one the
+installed packages register, {default}). Every key of the recipe's config can be set as key=value (OmegaConf
+dotlist; Search-R1's and verl's spellings are accepted, docs/config.md lists them all). Each --config FILE is a
+YAML of keys layered over the recipe's defaults, in order; key=value overrides come last.
 
   actor_rollout_ref.model.path       the policy, a Hugging Face model directory
   recipe=MODULE                      the task: its generation loop, reward and keys
@@ -64,7 +64,7 @@ def help_text(argv: list[str]) -> str:
         recipe_help = getattr(recipe_module(name), "HELP", f"(recipe {name} has no help)")
     except ConfigError as err:
         recipe_help = f"(recipe {name}: {err})"
-    return HELP.format(recipe=recipe_help)
+    return HELP.format(recipe=recipe_help, default=Config.recipe or "none")
 
 
 def build_trainer(cfg: Config) -> PPOTrainer:

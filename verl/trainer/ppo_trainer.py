@@ -111,7 +111,7 @@ class PPOTrainer:
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
         data = cfg.data
-        tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompts (a tool-calling format)
+        tools = [spec.schema for spec in run_tool_specs(cfg) or []]  # shown in the prompts (a format with tools)
         self.train_set = PromptDataset(data.train_files, self.tokenizer, data.max_prompt_length, data.prompt_key,
                                        data.train_max_samples, sample_seed=data.seed, tools=tools)
         self.val_set = PromptDataset(data.val_files, self.tokenizer, data.max_prompt_length, data.prompt_key,

@@ -11,14 +11,18 @@ module; what the trainer reads of it:
   registers (reward terms, estimators) is valid in the config;
 * ``HELP`` (text) and ``describe(cfg) -> list[str]`` (start-up summary lines), both optional, printed by
   ``verl.trainer.main_ppo``.
-* ``DEFAULT_TOOLS`` (optional): the ``verl.tools.ToolSpec`` list a hermes-format run offers when
+* ``DEFAULT_FORMAT`` (optional): the action format of the agent loop (``verl.agent``) when
+  ``actor_rollout_ref.rollout.multi_turn.format`` is null (``verl.tools.action_format``), and ``DEFAULT_TOOLS``
+  (optional): the ``verl.tools.ToolSpec`` list a run in a format with tools offers when
   ``actor_rollout_ref.rollout.multi_turn.tool_config_path`` is null (``verl.tools.run_tool_specs``).
 * ``response_tokens(cfg, tokenizer, questions) -> (tokens, words)`` (optional): the longest response the task's
   trajectories can have at the lengths its environment really inserts (``questions``: a sample of the training
   data's), for the start-up memory estimate (``expected_row_lengths``); without it, ``data.max_trajectory_length``.
 
 The trainer imports the module by name, so dependencies point one way: a recipe imports ``verl``,
-``verl`` never imports a recipe. The search agent is ``search_r1.recipe`` (the config's default).
+``verl`` never imports a recipe. The config's default is the recipe the installed packages register
+(``verl.config.rl.installed_recipe``; for example this project's search agent, ``search_r1.recipe``); another is named
+with ``recipe=MODULE`` (``examples/calculator.py``).
 
 The generation function's output is checked at the seam: the trainer calls ``check_generated`` right
 after every generation, so a recipe that leaves out or mis-shapes a column (the generate phase of the column
@@ -61,7 +65,7 @@ class Recipe:
     summary_prefixes: tuple[str, ...] = ("val/",)  # final metrics main_ppo prints (before -> after)
     # Optional composite reward over the generated batch: (batch, response texts, tokenizer) -> an object with
     # ``scores`` ([B] or None: use ``score``), ``row_terms`` ({"reward/<term>": [B]}, logged) and ``turn_scores``
-    # (per row, per policy turn, or None) -- search_r1.reward.terms.RewardDetails.
+    # (per row, per policy turn, or None); for example a recipe's weighted sum of reward terms.
     reward_details: Callable | None = None
     # The recipe's own per-row columns in its generated batch (e.g. the search's stop_reason), name -> shape and
     # meaning; a column the table does not declare and the recipe does not either fails at generation.

@@ -86,7 +86,7 @@ class PromptDataset:
     def __init__(self, files: str, tokenizer, max_prompt_length: int, prompt_key: str = "prompt",
                  max_samples: int | None = None, sample_seed: int | None = None, tools: list[dict] | None = None):
         """``max_samples`` keeps that many rows: the first ones, or with ``sample_seed`` a random subset drawn
-        once with that seed (in file order). ``tools``: JSON schemas the chat template shows (hermes format)."""
+        once with that seed (in file order). ``tools``: JSON schemas the chat template shows (a format with tools)."""
         rows = read_rows(files, required=(prompt_key, "reward_model"))
         if max_samples is not None and max_samples < len(rows):
             keep = np.sort(np.random.default_rng(sample_seed).choice(len(rows), max_samples, replace=False)) \

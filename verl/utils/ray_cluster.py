@@ -1,6 +1,6 @@
 """Joining a running Ray cluster within a deadline, for the trainer's worker groups
-(``verl.single_controller.ray_group.join_cluster``) and the retrieval client's ``ray://NAME`` endpoints
-(``search_r1.search.endpoints``).
+(``verl.single_controller.ray_group.join_cluster``) and a task's services reached by a Ray actor's name (for
+example the retrieval client's ``ray://NAME`` endpoints, ``search_r1.search.endpoints``).
 
 ``ray.init(address=...)`` retries a cluster that is not there for ever ("Failed to connect to GCS" every 5 s).
 Here a ``host:port`` address is first probed over TCP (nothing listening fails at once); the join then runs in a

@@ -3,8 +3,9 @@
 One JSON object per line, files ``<dir>/<step>.jsonl`` (verl's naming). The trainer keeps, by default, a sample of
 every training step's trained rows in ``RUN_DIR/rollouts/`` (``trainer.rollout_data_dir`` replaces the directory,
 ``trainer.rollout_data_rows`` the sample's size) and every validation's generations in ``RUN_DIR/validation/``
-(``trainer.validation_data_dir``, ``trainer.validation_data_rows``); ``search_r1.evaluate``'s ``trajectories.jsonl``
-holds the same record (``step`` null, ``split`` "test"). The fields, which the trajectory viewer reads:
+(``trainer.validation_data_dir``, ``trainer.validation_data_rows``); a task's evaluation may write the same record
+(for example ``search_r1.evaluate``'s ``trajectories.jsonl``, with ``step`` null, ``split`` "test"). The fields,
+which the trajectory viewer reads:
 
 * ``step``, ``split`` ("train" | "val" | "test"), ``uid`` (the trajectory, unique in its file: ``<group>-<k>``, the
   k-th sample of its prompt there), ``group`` (the prompt: the GRPO samples of one prompt share it; a dynamic

@@ -2,9 +2,10 @@
 
 A row is the RL schema (``prompt``, ``reward_model``, optional ``data_source`` and ``extra_info``; docs/design.md,
 "Parquet row schema") plus ``turns``: the response in order, a list of ``{"text": str, "sampled": bool}``. A
-``sampled`` turn was written by the policy (trained); any other turn was inserted by the environment (an
+``sampled`` turn was written by the policy (trained); any other turn was inserted by the environment (for example an
 ``<information>`` block, invalid-action feedback: context only). An optional ``tools`` column (a JSON string of tool
-schemas) marks a hermes-format trajectory: its prompt is rendered with those tools, as the RL trainer renders it.
+schemas) marks a trajectory in a format with tools: its prompt is rendered with those tools, as the RL trainer
+renders it.
 
 Choices:
 - **The RL loop's layout, built by the RL loop's code.** The prompt is tokenised by ``PromptDataset`` (the chat
@@ -108,7 +109,7 @@ class TrajectoryDataset(TokenizedRows):
             if "turns" not in row:
                 raise DataError(f"{files!r} lacks the column 'turns' (it has {sorted(row)}); {TURNS_HINT}")
             response, info_mask = encode_turns(tokenizer, _check_turns(row["turns"], where))
-            if row.get("tools"):  # the hermes format: the prompt shows the tools, as the RL trainer renders it
+            if row.get("tools"):  # a format with tools: the prompt shows them, as the RL trainer renders it
                 prompt = render_prompt(tokenizer, row["prompt"], json.loads(row["tools"]))
             if len(prompt) + len(response) > max_length:
                 raise DataError(f"{where}: the trajectory has {len(prompt) + len(response)} tokens (prompt "

@@ -7,8 +7,8 @@ tokenizer's own special-token rule (Llama-style tokenizers add bos, Qwen-style o
 prompt never starts with two bos tokens. A tokenizer without a pad token pads with its eos token (the masks, not
 the pad id, say which positions are padding, so pad = eos is safe).
 
-Tools (the hermes action format): their JSON schemas go to the chat template (``tools=``); a template that ignores
-them (its render does not name the tools) gets them in the system message in the Hermes convention (``<tools>``
+Tools (an action format that calls tools): their JSON schemas go to the chat template (``tools=``); a template that
+ignores them (its render does not name the tools) gets them in the system message in the Hermes convention (``<tools>``
 JSON lines ``</tools>``, calls as ``<tool_call>`` JSON), and tool results wrapped in ``<tool_response>`` tags.
 """
 

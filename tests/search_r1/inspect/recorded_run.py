@@ -2,7 +2,7 @@
 (``search_r1/inspect/records.py``) from real batches, until the trainer writes it itself.
 
 Each batch goes through the trainer's own phases: the prompts of a real parquet (``PromptDataset``), the search
-loop over the memorised tiny policy on an HF engine and the real retrieval service (``LLMGenerationManager``),
+loop over the memorised tiny policy on an HF engine and the real retrieval service (``search_agent``),
 ``loss_mask``, the reward (``RewardManager`` with the search recipe's score and reward terms) and the advantages
 (``compute_advantages``, REINFORCE++: the samples of a prompt here often score alike, and GRPO would make every
 advantage 0). ``records_from_batch`` then writes each row as the record contract says:
@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 
 from data_prep.qa_search import make_row, rows_to_parquet
-from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
+from search_r1.llm_agent.generation import AgentLoop
 from search_r1.reward.qa_em import compute_score, extract_answer, ground_truth_answers
 from search_r1.reward.terms import TermsReward, trajectories
 from search_r1.search.client import RetrievalClient
+from tests.search_r1.agent_settings import make_agent, search_config
 from tests.search_r1.memorised_policy import QUESTIONS, TOPK
 from verl.config import load_config
 from verl.protocol import Batch
@@ -115,7 +116,7 @@ def write_legacy_rollouts(directory: Path, step: int, batch: Batch, tokenizer) -
     (directory / f"{step}.jsonl").write_text("".join(lines))
 
 
-def scored_batch(agent: LLMGenerationManager, dataset: PromptDataset, tokenizer, samples: int,
+def scored_batch(agent: AgentLoop, dataset: PromptDataset, tokenizer, samples: int,
                  temperature: float) -> Batch:
     """Every row of ``dataset``, ``samples`` times, through the trainer's generate, reward and advantage phases."""
     params = SamplingParams(max_tokens=1, temperature=temperature, seed=1)  # max_tokens: the loop sets each turn's
@@ -139,9 +140,9 @@ def write_run(run_dir: Path, model_dir: Path, tokenizer, service_url: str) -> li
     engine = HFRollout(str(model_dir), dtype="float32", device="cpu", micro_batch_size=64, seed=0)
     client = RetrievalClient(service_url, TOPK)
 
-    cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
-                      max_trajectory_length=320, max_obs_length=96, do_search=True, topk=TOPK)
-    agent = LLMGenerationManager(tokenizer, engine, client, cfg)
+    cfg = search_config(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
+                        max_trajectory_length=320, max_obs_length=96, do_search=True, topk=TOPK)
+    agent = make_agent(tokenizer, engine, client, cfg)
     steps = []
     for step, split, temperature, samples in ((1, "train", 1.0, SAMPLES), (2, "train", 0.0, SAMPLES),
                                               (2, "val", 0.0, 1)):

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from search_r1.llm_agent.generation import LLMGenerationManager, StopReason
+from search_r1.llm_agent.generation import StopReason
 from search_r1.search.client import RetrievalError
+from tests.search_r1.agent_settings import make_agent
 from tests.search_r1.llm_agent.conftest import ScriptedEngine
 from tests.search_r1.llm_agent.test_agent_loop import (
     GREEDY,
@@ -51,7 +52,7 @@ def test_async_gives_the_lockstep_trajectories(scenario, tokenizer, make_engine,
     for mode in ("sync", "async"):
         engine, prompts = make_engine(scripts)
         client = CountingClient(service_url, TOPK)
-        agent = LLMGenerationManager(tokenizer, engine, client, agent_cfg(mode=mode, **overrides))
+        agent = make_agent(tokenizer, engine, client, agent_cfg(mode=mode, **overrides))
         results[mode] = (agent.run(prompts, GREEDY), client)
     for sync_row, async_row in zip(results["sync"][0].trajectories, results["async"][0].trajectories, strict=True):
         assert _fields(async_row) == _fields(sync_row)
@@ -102,7 +103,7 @@ def test_no_turn_barrier_a_row_on_a_free_engine_does_not_wait(tokenizer, service
     log: list = []
     pool = TwoEngines([TimedEngine(tokenizer, dict(scripts), 1.5, log),
                        TimedEngine(tokenizer, dict(scripts), 0.05, log)])
-    agent = LLMGenerationManager(tokenizer, pool, CountingClient(service_url, TOPK), agent_cfg(mode="async"))
+    agent = make_agent(tokenizer, pool, CountingClient(service_url, TOPK), agent_cfg(mode="async"))
     result = agent.run(prompts, GREEDY)
     slow, quick = result.trajectories
     assert slow.stop_reason is StopReason.ANSWERED and quick.stop_reason is StopReason.ANSWERED
@@ -124,7 +125,7 @@ def test_searches_that_arrive_together_share_one_request(tokenizer, make_engine,
         engine, prompts = make_engine(scripts)
         client = CountingClient(service_url, TOPK)
         cfg = agent_cfg(mode="async", coalesce_ms=50, coalesce_max=coalesce_max)
-        result = LLMGenerationManager(tokenizer, engine, client, cfg).run(prompts, GREEDY)
+        result = make_agent(tokenizer, engine, client, cfg).run(prompts, GREEDY)
         assert sorted(len(r) for r in client.requests) == sorted(expected_sizes)
         assert sorted(q for r in client.requests for q in r) == sorted(f"capital number {i}" for i in range(8))
         assert all(t.num_searches == 1 and t.stop_reason is StopReason.ANSWERED for t in result.trajectories)
@@ -140,7 +141,7 @@ def test_outage_in_async_mode_raises_the_lockstep_error(tokenizer, make_engine, 
                                                  "<answer> b </answer>"]})
     engine.before_call = lambda call: own_service.stop() if call == 1 else None
     client = CountingClient(own_service.url, TOPK, timeout=2.0, outage_timeout_s=0.3, backoff=0.05)
-    agent = LLMGenerationManager(tokenizer, engine, client, agent_cfg(mode="async"))
+    agent = make_agent(tokenizer, engine, client, agent_cfg(mode="async"))
     with pytest.raises(RetrievalError, match=own_service.url.replace(".", r"\.")):
         agent.run(prompts, GREEDY)
     assert threading.active_count() < 20  # the rollout's thread pool was shut down
@@ -158,10 +159,10 @@ def test_async_seeds_depend_on_the_row_not_on_its_neighbours(tokenizer, make_eng
 
     sampled = SamplingParams(max_tokens=1, temperature=1.0, seed=11)
     engine, prompts = make_engine(MIXED)
-    LLMGenerationManager(tokenizer, engine, CountingClient(service_url, TOPK), agent_cfg(mode="async")).run(
+    make_agent(tokenizer, engine, CountingClient(service_url, TOPK), agent_cfg(mode="async")).run(
         prompts, sampled)
     pool = TwoEngines([make_engine(MIXED)[0], make_engine(MIXED)[0]])
-    LLMGenerationManager(tokenizer, pool, CountingClient(service_url, TOPK), agent_cfg(mode="async")).run(
+    make_agent(tokenizer, pool, CountingClient(service_url, TOPK), agent_cfg(mode="async")).run(
         prompts, sampled)
     one, two = seeds_by_context(engine.calls), seeds_by_context(pool.engines[0].calls + pool.engines[1].calls)
     assert len(one) == sum(len(turns) for turns in MIXED.values())  # every turn of every row

@@ -9,8 +9,9 @@ import sys
 import pytest
 import ray
 
-from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, StopReason
+from search_r1.llm_agent.generation import StopReason
 from search_r1.search.client import RetrievalClient
+from tests.search_r1.agent_settings import make_agent, search_config
 from tests.search_r1.memorised_policy import QUESTIONS, TOPK, memorised_policy
 from verl.config import DEMO_CONFIG, load_config
 from verl.single_controller import create_worker_group
@@ -39,10 +40,10 @@ def test_hf_engine_reproduces_the_memorised_search_trajectories(request, which, 
     (async) a turn is continued over several engine calls and ``</search>`` (three Qwen tokens) spans two of them."""
     model_dir, tokenizer, prompts, responses, masks = request.getfixturevalue(which)
     engine = HFRollout(str(model_dir), dtype="float32", device="cpu", micro_batch_size=64, seed=0)
-    cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
-                      max_trajectory_length=320,
-                      max_obs_length=96, do_search=True, topk=TOPK, mode=mode, chunk_tokens=chunk)
-    agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, TOPK), cfg)
+    cfg = search_config(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
+                        max_trajectory_length=320,
+                        max_obs_length=96, do_search=True, topk=TOPK, mode=mode, chunk_tokens=chunk)
+    agent = make_agent(tokenizer, engine, RetrievalClient(service_url, TOPK), cfg)
     result = agent.run(prompts, SamplingParams(max_tokens=1, temperature=0.0))
     for traj, response, mask in zip(result.trajectories, responses, masks, strict=True):
         assert traj.response_ids == response
@@ -74,9 +75,9 @@ def test_search_loop_through_a_two_rank_group(policy, service_url, two_rank_grou
     trajectories token for token, with both engines generating."""
     model_dir, tokenizer, prompts, responses, masks = policy
     rollout = GroupRollout(two_rank_group, tensor_parallel_size=1)
-    agent_cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
-                            max_trajectory_length=320, max_obs_length=96, do_search=True, topk=TOPK, mode=mode)
-    agent = LLMGenerationManager(tokenizer, rollout, RetrievalClient(service_url, TOPK), agent_cfg)
+    agent_cfg = search_config(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
+                              max_trajectory_length=320, max_obs_length=96, do_search=True, topk=TOPK, mode=mode)
+    agent = make_agent(tokenizer, rollout, RetrievalClient(service_url, TOPK), agent_cfg)
     order = [1, 0, 1]  # 3 rows over 2 ranks
     result = agent.run([prompts[i] for i in order], SamplingParams(max_tokens=1, temperature=0.0))
     metrics = rollout.take_metrics()
@@ -118,10 +119,10 @@ def test_vllm_engine_continuous_batching_reproduces_the_memorised_search_traject
     model_dir, tokenizer, prompts, responses, masks = policy
     engine = VLLMRollout(str(model_dir), max_model_len=512, cpu_kv_cache_gb=0.25)
     for mode in ("sync", "async"):
-        cfg = AgentConfig(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
+        cfg = search_config(max_turns=3, max_start_length=256, max_prompt_length=576, max_response_length=320,
                       max_trajectory_length=320,
-                          max_obs_length=96, do_search=True, topk=TOPK, mode=mode)
-        agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, TOPK), cfg)
+                            max_obs_length=96, do_search=True, topk=TOPK, mode=mode)
+        agent = make_agent(tokenizer, engine, RetrievalClient(service_url, TOPK), cfg)
         result = agent.run(prompts * 3, SamplingParams(max_tokens=1, temperature=0.0))
         for traj, response, mask in zip(result.trajectories, responses * 3, masks * 3, strict=True):
             assert traj.response_ids == response and traj.info_mask == mask, mode

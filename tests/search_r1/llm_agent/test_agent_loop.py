@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from search_r1.config import SearchConfig
 from search_r1.llm_agent.formatting import (
     INFO_CLOSE,
     INFO_OPEN,
@@ -15,14 +16,10 @@ from search_r1.llm_agent.formatting import (
     format_passages,
     information_block,
 )
-from search_r1.llm_agent.generation import (
-    ActionKind,
-    AgentConfig,
-    LLMGenerationManager,
-    StopReason,
-    parse_action,
-)
+from search_r1.llm_agent.generation import ActionKind, StopReason, search_agent
+from search_r1.llm_agent.tags import TagFormat, parse_action
 from search_r1.search.client import RetrievalClient, RetrievalError
+from tests.search_r1.agent_settings import make_agent, search_config
 from verl.config import load_config
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
@@ -44,10 +41,10 @@ class CountingClient(RetrievalClient):
         return super().search(queries)
 
 
-def agent_cfg(**overrides) -> AgentConfig:
+def agent_cfg(**overrides) -> SearchConfig:
     cfg = dict(max_turns=3, max_start_length=64, max_prompt_length=464, max_response_length=400,
                max_trajectory_length=400, max_obs_length=300, do_search=True, topk=TOPK)
-    return AgentConfig(**{**cfg, **overrides})
+    return search_config(**{**cfg, **overrides})
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -84,7 +81,7 @@ def mixed_run(tokenizer, make_engine, service_url):
     """Rows that search twice, answer at once, search once, and act invalidly then answer."""
     engine, prompts = make_engine(MIXED)
     client = CountingClient(service_url, TOPK)
-    result = LLMGenerationManager(tokenizer, engine, client, agent_cfg()).run(prompts, GREEDY)
+    result = make_agent(tokenizer, engine, client, agent_cfg()).run(prompts, GREEDY)
     return engine, client, prompts, result
 
 
@@ -174,7 +171,7 @@ def test_max_turns_forces_a_final_turn_without_search(tokenizer, make_engine, se
     """Guards against executing searches after max_turns, or ending without the final answer turn."""
     engine, prompts = make_engine(SEARCH_PAST_MAX_TURNS)
     client = CountingClient(service_url, TOPK)
-    result = LLMGenerationManager(tokenizer, engine, client, agent_cfg(max_turns=2)).run(prompts, GREEDY)
+    result = make_agent(tokenizer, engine, client, agent_cfg(max_turns=2)).run(prompts, GREEDY)
     assert client.requests == [["capital of France", "Nile river", "Curie"],
                                ["capital of Germany", "Everest", "Curie Nobel"]]
     assert [t.stop_reason for t in result.trajectories] == [StopReason.MAX_TURNS, StopReason.ANSWERED,
@@ -195,7 +192,7 @@ def test_long_observation_is_truncated_and_closed(tokenizer, make_engine, servic
     })
     max_obs = 24
     client = CountingClient(service_url, TOPK)
-    result = LLMGenerationManager(tokenizer, engine, client, agent_cfg(max_obs_length=max_obs)).run(prompts, GREEDY)
+    result = make_agent(tokenizer, engine, client, agent_cfg(max_obs_length=max_obs)).run(prompts, GREEDY)
     traj = result.trajectories[0]
     sampled = engine.emitted[tuple(prompts[0])][0]
     block = traj.response_ids[len(sampled):len(sampled) + max_obs]
@@ -216,8 +213,8 @@ def test_most_searches_cut_warns_once_naming_the_key(tokenizer, make_engine, ser
     script = {"<|im_start|>user\nlong<|im_end|>\n": ["<search> Marie Curie Nobel radium </search>",
                                                      "<answer> x </answer>"]}
     engine, prompts = make_engine(script)
-    agent = LLMGenerationManager(tokenizer, engine, CountingClient(service_url, TOPK), agent_cfg(max_obs_length=24))
-    with caplog.at_level(logging.WARNING, logger="search_r1.llm_agent.generation"):
+    agent = make_agent(tokenizer, engine, CountingClient(service_url, TOPK), agent_cfg(max_obs_length=24))
+    with caplog.at_level(logging.WARNING, logger="search_r1.llm_agent.tags"):
         agent.run(prompts, GREEDY)
         agent.engine, _ = make_engine(script)  # a second step of the same run
         agent.run(prompts, GREEDY)
@@ -225,8 +222,8 @@ def test_most_searches_cut_warns_once_naming_the_key(tokenizer, make_engine, ser
     assert len(warnings) == 1 and "1 of 1 searches" in warnings[0] and "data.max_obs_length=24" in warnings[0]
     caplog.clear()
     engine, prompts = make_engine(script)
-    roomy = LLMGenerationManager(tokenizer, engine, CountingClient(service_url, TOPK), agent_cfg(max_obs_length=2000))
-    with caplog.at_level(logging.WARNING, logger="search_r1.llm_agent.generation"):
+    roomy = make_agent(tokenizer, engine, CountingClient(service_url, TOPK), agent_cfg(max_obs_length=2000))
+    with caplog.at_level(logging.WARNING, logger="search_r1.llm_agent.tags"):
         result = roomy.run(prompts, GREEDY)
     assert result.metrics()["agent/truncated_obs"] == 0 and "max_obs_length" not in caplog.text
 
@@ -240,7 +237,7 @@ def test_observation_that_does_not_fit_ends_the_row(tokenizer, make_engine, serv
     budget = len(encode(tokenizer, search_full)) + 3  # less than an empty <information> block
     client = CountingClient(service_url, TOPK)
     cfg = agent_cfg(max_response_length=budget, max_trajectory_length=budget, max_obs_length=60)
-    result = LLMGenerationManager(tokenizer, engine, client, cfg).run(prompts, GREEDY)
+    result = make_agent(tokenizer, engine, client, cfg).run(prompts, GREEDY)
     assert client.requests == [["capital of France"]]
     for prompt, traj in zip(prompts, result.trajectories, strict=True):
         assert traj.stop_reason is StopReason.MAX_LENGTH
@@ -256,7 +253,7 @@ def test_each_row_is_cut_to_its_own_budget(tokenizer, make_engine):
     })
     max_len = 40
     cfg = agent_cfg(max_response_length=max_len, max_trajectory_length=max_len, do_search=False)
-    result = LLMGenerationManager(tokenizer, engine, None, cfg).run(prompts, GREEDY)
+    result = make_agent(tokenizer, engine, None, cfg).run(prompts, GREEDY)
     for contexts, params in engine.calls:
         budgets = [max_len - (len(c) - len(engine.row_of(c))) for c in contexts]
         assert params.max_tokens == max(budgets)
@@ -276,7 +273,7 @@ def test_generation_function_marks_exactly_the_rows_cut_by_the_budget(tokenizer,
         "<|im_start|>user\nlong<|im_end|>\n": ["<search> x </search>", "<think>" + " word" * 60],
         "<|im_start|>user\nshort<|im_end|>\n": ["<search>x</search>", "<answer> y </answer>"],
     })
-    agent = LLMGenerationManager(tokenizer, engine, None, agent_cfg(max_response_length=40, max_trajectory_length=40,
+    agent = make_agent(tokenizer, engine, None, agent_cfg(max_response_length=40, max_trajectory_length=40,
                                                                           do_search=False))
     raw = np.empty(len(prompts), dtype=object)
     raw[:] = [np.array(p) for p in prompts]
@@ -289,20 +286,20 @@ def test_no_search_gives_empty_information_blocks(tokenizer, make_engine):
     """Guards against do_search=false still calling the service (or needing one)."""
     engine, prompts = make_engine({"<|im_start|>user\nq<|im_end|>\n": ["<search> anything </search>",
                                                                        "<answer> a </answer>"]})
-    result = LLMGenerationManager(tokenizer, engine, None, agent_cfg(do_search=False)).run(prompts, GREEDY)
+    result = make_agent(tokenizer, engine, None, agent_cfg(do_search=False)).run(prompts, GREEDY)
     traj = result.trajectories[0]
     sampled = engine.emitted[tuple(prompts[0])][0]
     empty = encode(tokenizer, information_block([]))
     assert traj.response_ids[len(sampled):len(sampled) + len(empty)] == empty
     assert traj.num_searches == 1 and traj.stop_reason is StopReason.ANSWERED
     with pytest.raises(ValueError, match="do_search"):
-        LLMGenerationManager(tokenizer, engine, None, agent_cfg(do_search=True))
+        make_agent(tokenizer, engine, None, agent_cfg(do_search=True))
 
 
 def test_eos_without_answer_ends_the_row(tokenizer, make_engine):
     """Guards against appending text after the policy's EOS or counting an EOS as a valid action."""
     engine, prompts = make_engine({"<|im_start|>user\nq<|im_end|>\n": ["<think> no idea </think><|im_end|>"]})
-    result = LLMGenerationManager(tokenizer, engine, None, agent_cfg(do_search=False)).run(prompts, GREEDY)
+    result = make_agent(tokenizer, engine, None, agent_cfg(do_search=False)).run(prompts, GREEDY)
     traj = result.trajectories[0]
     assert traj.stop_reason is StopReason.EOS_WITHOUT_ANSWER
     assert traj.response_ids[-1] == tokenizer.eos_token_id and traj.info_mask == [1] * len(traj.response_ids)
@@ -315,13 +312,13 @@ def test_prompt_limits(tokenizer, make_engine):
     engine, prompts = make_engine({text: ["<answer> a </answer>"]})
     n_tokens = len(prompts[0])
     engine.expect_prompts_cut(5)
-    agent = LLMGenerationManager(tokenizer, engine, None, agent_cfg(do_search=False, max_start_length=n_tokens - 5,
+    agent = make_agent(tokenizer, engine, None, agent_cfg(do_search=False, max_start_length=n_tokens - 5,
                                                                     max_prompt_length=n_tokens))
     result = agent.run(prompts, GREEDY)
     assert result.trajectories[0].prompt_ids == prompts[0][5:]
     assert result.metrics()["agent/truncated_prompts"] == 1
     with pytest.raises(ValueError, match="max_prompt_length"):
-        LLMGenerationManager(tokenizer, engine, None, agent_cfg(do_search=False, max_prompt_length=n_tokens - 1,
+        make_agent(tokenizer, engine, None, agent_cfg(do_search=False, max_prompt_length=n_tokens - 1,
                                                                 max_start_length=n_tokens - 1)).run(prompts, GREEDY)
     with pytest.raises(ValueError, match="n=2"):
         agent.run(prompts, SamplingParams(max_tokens=1, n=2))
@@ -331,13 +328,13 @@ def test_generation_function_returns_packed_batch(tokenizer, make_engine, servic
     """Guards against the trainer's generation function dropping input columns or misaligning rows."""
     engine, prompts = make_engine(MIXED)
     client = RetrievalClient(service_url, TOPK)
-    agent = LLMGenerationManager(tokenizer, engine, client, agent_cfg())
+    agent = make_agent(tokenizer, engine, client, agent_cfg())
     raw = np.empty(len(prompts), dtype=object)
     raw[:] = [np.array(p) for p in prompts]
     batch = Batch({}, {"raw_prompt_ids": raw, "uid": np.array(["a", "b", "c", "d"], dtype=object)}, {"step": 3})
     out = agent(batch, GREEDY)
     engine2, _ = make_engine(MIXED)
-    trajs = LLMGenerationManager(tokenizer, engine2, client, agent_cfg()).run(prompts, GREEDY).trajectories
+    trajs = make_agent(tokenizer, engine2, client, agent_cfg()).run(prompts, GREEDY).trajectories
     packed = pack_trajectories([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
                                [t.info_mask for t in trajs], tokenizer.pad_token_id)
     for key, tensor in packed.items():
@@ -354,16 +351,16 @@ def test_service_killed_mid_rollout_fails_naming_the_url(tokenizer, make_engine,
         "<search> capital of France </search>", "<search> capital of Japan </search>", "<answer> Tokyo </answer>"]})
     engine.before_call = lambda call: own_service.stop() if call == 1 else None
     client = CountingClient(own_service.url, TOPK, timeout=2.0, outage_timeout_s=0.3, backoff=0.05)
-    agent = LLMGenerationManager(tokenizer, engine, client, agent_cfg())
+    agent = make_agent(tokenizer, engine, client, agent_cfg())
     with pytest.raises(RetrievalError, match=own_service.url.replace(".", r"\.")):
         agent.run(prompts, GREEDY)
     assert client.requests == [["capital of France"], ["capital of Japan"]]
 
 
 @pytest.mark.parametrize("text, finish, stop_str, cut, expected", [
-    ("<think> t </think><search> q1 </search>", "stop", "</search>", False, (ActionKind.SEARCH, "q1")),
-    ("<search> a </search> b <search> q2 </search>", "stop", "</search>", False, (ActionKind.SEARCH, "q2")),
-    ("<search> q3 </search>.\n", "stop", "</search>", False, (ActionKind.SEARCH, "q3")),  # last token spills over
+    ("<think> t </think><search> q1 </search>", "stop", "</search>", False, (ActionKind.ACT, "q1")),
+    ("<search> a </search> b <search> q2 </search>", "stop", "</search>", False, (ActionKind.ACT, "q2")),
+    ("<search> q3 </search>.\n", "stop", "</search>", False, (ActionKind.ACT, "q3")),  # last token spills over
     ("<search>   </search>", "stop", "</search>", False, (ActionKind.INVALID, "")),
     ("no opening </search>", "stop", "</search>", False, (ActionKind.INVALID, "")),
     ("<answer> Paris </answer>\n", "stop", None, False, (ActionKind.ANSWER, "Paris")),
@@ -381,13 +378,21 @@ def test_parse_action(text, finish, stop_str, cut, expected):
     assert parse_action(text, finish, stop_str, cut) == expected
 
 
-def test_agent_config_reads_the_typed_config():
-    """Guards against reading the wrong config key into the loop (e.g. max_prompt vs max_start length)."""
+def test_the_search_agent_reads_the_typed_config(tokenizer, make_engine):
+    """Guards against reading the wrong config key into the loop (e.g. max_prompt vs max_start length): the loop
+    holds the config's own sections (no copy of their fields to fall behind), and the search's keys reach the
+    format and its environment."""
     cfg = load_config(["max_turns=5", "do_search=false", "retriever.topk=7", "data.max_start_length=100",
-                       "data.max_prompt_length=120", "data.max_response_length=300", "data.max_obs_length=50"])
-    assert AgentConfig.from_config(cfg) == AgentConfig(max_turns=5, max_start_length=100, max_prompt_length=120,
-                                                       max_response_length=300, max_obs_length=50, do_search=False,
-                                                       topk=7, max_trajectory_length=4096)
+                       "data.max_prompt_length=120", "data.max_response_length=300", "data.max_obs_length=50",
+                       "retriever.coalesce_ms=7", "actor_rollout_ref.rollout.mode=async"])
+    engine, _ = make_engine({"<|im_start|>user\nq<|im_end|>\n": ["<answer> a </answer>"]})
+    agent = search_agent(cfg, tokenizer, engine, None)
+    assert agent.data is cfg.data and agent.rollout is cfg.actor_rollout_ref.rollout and agent.max_turns == 5
+    assert isinstance(agent.format, TagFormat) and agent.format.max_obs_length == 50
+    env = agent.format.env
+    assert (env.client, env.do_search, env.coalesce_ms, env.service().coalesce_s) == (None, False, 7.0, 0.007)
+    cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns = 3  # replaces max_turns + 1
+    assert search_agent(cfg, tokenizer, engine, None).max_turns == 2
 
 
 def test_turn_prefix_inserts_forced_ids_before_the_turn(tokenizer, make_engine, service_url):
@@ -406,7 +411,7 @@ def test_turn_prefix_inserts_forced_ids_before_the_turn(tokenizer, make_engine, 
         asked.append((row, turn))
         return forced if row == 0 and turn == 0 else []
 
-    agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, TOPK), agent_cfg())
+    agent = make_agent(tokenizer, engine, RetrievalClient(service_url, TOPK), agent_cfg())
     trajs = agent.run(prompts, GREEDY, turn_prefix=prefix).trajectories
     first_call_contexts = engine.calls[0][0]
     assert first_call_contexts[0] == prompts[0] + forced and first_call_contexts[1] == prompts[1]
@@ -420,6 +425,6 @@ def test_turn_prefix_inserts_forced_ids_before_the_turn(tokenizer, make_engine, 
     budget = len(forced) + 1  # the forced ids leave one token: the row ends at once when its turn is cut
     engine, prompts = make_engine({"<|im_start|>user\nforced<|im_end|>\n": ["<answer> Paris </answer>"]})
     cfg = agent_cfg(max_response_length=budget, max_trajectory_length=budget, do_search=False)
-    agent = LLMGenerationManager(tokenizer, engine, None, cfg)
+    agent = make_agent(tokenizer, engine, None, cfg)
     (row,) = agent.run(prompts, GREEDY, turn_prefix=lambda i, t, traj: forced).trajectories
     assert len(row.response_ids) == budget and row.stop_reason is StopReason.MAX_LENGTH

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from search_r1.llm_agent.formatting import INFO_CLOSE, INFO_OPEN, format_passages, information_block, observation_ids
-from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, StopReason
+from search_r1.llm_agent.generation import StopReason
 from search_r1.reward import compute_score
 from search_r1.search.client import RetrievalClient
+from tests.search_r1.agent_settings import make_agent, search_config
 from verl.protocol import Batch
 from verl.trainer.reward import RewardManager
 from verl.utils.seq import pack_trajectories
@@ -22,9 +23,9 @@ from verl.workers.rollout.base import SamplingParams
 
 TOPK = 2
 GREEDY = SamplingParams(max_tokens=1, temperature=0.0)
-CFG = AgentConfig(max_turns=2, max_start_length=64, max_prompt_length=464, max_response_length=400,
-                  max_trajectory_length=400,
-                  max_obs_length=300, do_search=True, topk=TOPK)
+CFG = search_config(max_turns=2, max_start_length=64, max_prompt_length=464, max_response_length=400,
+                    max_trajectory_length=400,
+                    max_obs_length=300, do_search=True, topk=TOPK)
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def encode(tokenizer, text: str) -> list[int]:
 
 def run(tokenizer, make_engine, service_url, scripts: dict[str, list[str]]):
     engine, prompts = make_engine(scripts)
-    result = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, TOPK), CFG).run(prompts, GREEDY)
+    result = make_agent(tokenizer, engine, RetrievalClient(service_url, TOPK), CFG).run(prompts, GREEDY)
     return engine, prompts, result.trajectories
 
 
@@ -54,7 +55,7 @@ def test_stop_string_ending_inside_a_token(tokenizer, make_engine, service_url):
     assert tokenizer.decode(first[-1:]) == ">\n\n"  # the stop string ends inside this token
     assert tokenizer.decode(first).endswith("</search>\n\n")
     (block, truncated), = observation_ids(tokenizer, [RetrievalClient(service_url, TOPK).search(
-        ["capital of France"])[0]], CFG.max_obs_length)
+        ["capital of France"])[0]], CFG.data.max_obs_length)
     assert not truncated
     n = len(first)
     assert traj.response_ids[:n] == first and traj.info_mask[:n] == [1] * n

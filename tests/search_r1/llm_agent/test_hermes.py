@@ -20,14 +20,16 @@ import re
 import httpx
 import pytest
 
-from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager, StopReason
-from search_r1.llm_agent.hermes import ChatFormat, ToolCall, check_calls, parse_tool_calls
+from search_r1.llm_agent.generation import StopReason
+from search_r1.llm_agent.hermes import ChatFormat, HermesFormat, ToolCall, check_calls, parse_tool_calls
 from search_r1.prompts import HERMES_TEMPLATE, make_prompt
 from search_r1.search.client import RetrievalClient
 from search_r1.tools import OPEN_SCHEMA, SEARCH_SCHEMA, ToolEnv
+from tests.search_r1.agent_settings import make_agent, search_config
 from tests.search_r1.llm_agent.conftest import ScriptedEngine
 from tests.search_r1.model_families import FAMILIES, LLAMA3_TEMPLATE, build_tokenizer
-from verl.tools import ToolSpec, build_tools
+from verl.config import CONFIG_DIR
+from verl.tools import ToolSpec, build_tools, read_tool_config
 from verl.utils.tokenizer import render_prompt
 from verl.workers.rollout.base import SamplingParams
 
@@ -78,17 +80,17 @@ def call(name: str, **arguments) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def hermes_run(tokenizer, scripts: dict[str, list[str]], service_url: str, tools: list[ToolSpec] | None = None,
+def hermes_run(tokenizer, scripts: dict[str, list[str]], service_url: str, tool_config_path: str | None = None,
                **cfg_kw):
     """Run the hermes loop over scripted turns (prompt question -> turn texts) -> (result, engine, prompts)."""
-    schemas = [t.schema for t in tools] if tools else [SEARCH_SCHEMA]
+    schemas = [t.schema for t in read_tool_config(tool_config_path)] if tool_config_path else [SEARCH_SCHEMA]
     prompts = [render_prompt(tokenizer, [{"role": "user", "content": make_prompt(q, HERMES_TEMPLATE)}], schemas)
                for q in scripts]
     engine = ScriptedEngine(tokenizer, {tuple(p): turns for p, turns in zip(prompts, scripts.values(), strict=True)})
-    cfg = AgentConfig(max_turns=2, max_start_length=1024, max_prompt_length=4096, max_response_length=96,
-                      max_obs_length=400, do_search=True, topk=2, max_trajectory_length=2048, format="hermes",
-                      tools=tools, **cfg_kw)
-    agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, 2), cfg)
+    cfg = search_config(max_turns=2, max_start_length=1024, max_prompt_length=4096, max_response_length=96,
+                        max_obs_length=400, do_search=True, topk=2, max_trajectory_length=2048, format="hermes",
+                        tool_config_path=tool_config_path, **cfg_kw)
+    agent = make_agent(tokenizer, engine, RetrievalClient(service_url, 2), cfg)
     return agent.run(prompts, SamplingParams(max_tokens=1, temperature=0.0)), engine, prompts
 
 
@@ -200,9 +202,9 @@ def test_hermes_loop_searches_and_answers_with_tag_format_masks(chat, service_ur
     prompt = tag_tok(make_prompt("What is the capital of France"), add_special_tokens=False)["input_ids"]
     tag_engine = ScriptedEngine(tag_tok, {tuple(prompt): ["<think> search </think><search> capital of France "
                                                           "</search>", "<answer> Paris </answer>"]})
-    cfg = AgentConfig(max_turns=2, max_start_length=1024, max_prompt_length=4096, max_response_length=96,
-                      max_obs_length=400, do_search=True, topk=2, max_trajectory_length=2048)
-    tag = LLMGenerationManager(tag_tok, tag_engine, RetrievalClient(service_url, 2), cfg).run(
+    cfg = search_config(max_turns=2, max_start_length=1024, max_prompt_length=4096, max_response_length=96,
+                        max_obs_length=400, do_search=True, topk=2, max_trajectory_length=2048)
+    tag = make_agent(tag_tok, tag_engine, RetrievalClient(service_url, 2), cfg).run(
         [prompt], SamplingParams(max_tokens=1, temperature=0.0)).trajectories[0]
     assert [m for m, _ in segments(tag)] == [m for m, _ in segments(traj)] == [1, 0, 1]
     assert [(1, ids) for ids in next(iter(tag_engine.emitted.values()))] == [s for s in segments(tag) if s[0] == 1]
@@ -247,10 +249,9 @@ def test_open_reads_a_whole_document_cut_to_max_tool_response_length(service_url
     assert httpx.post(service_url + "/doc", json={"ids": [3]}).status_code == 422
 
     tokenizer = family_tokenizer("qwen")
-    tools = [ToolSpec("SearchTool", {}, SEARCH_SCHEMA), ToolSpec("OpenTool", {}, OPEN_SCHEMA)]
     result, _, _ = hermes_run(tokenizer, {"Where was Marie Curie born": [
         call("open", id="curie") + call("open", id="atlantis") + "<|im_end|>", "<answer> Warsaw </answer>"]},
-        service_url, tools=tools, max_tool_response_length=12)
+        service_url, str(CONFIG_DIR / "tools" / "search_open.yaml"), max_tool_response_length=12)
     text = tokenizer.decode(result.trajectories[0].response_ids)
     assert "[... cut: 12 of" in text and '"Marie Curie"' in text and "radium" not in text
     assert result.trajectories[0].truncated_obs == 1 and result.metrics()["agent/truncated_obs"] == 1.0
@@ -285,9 +286,9 @@ def test_hermes_cold_start_rows_have_the_hermes_loops_tokens_and_masks(chat, ser
     prompts = PromptDataset(str(tmp_path / "sft.parquet"), tokenizer, 4096, tools=[SEARCH_SCHEMA])
     engine = ScriptedEngine(tokenizer, {tuple(ids): [t["text"] for t in row["turns"] if t["sampled"]]
                                         for ids, row in zip(prompts.prompt_ids, rows, strict=True)})
-    cfg = AgentConfig(max_turns=2, max_start_length=4096, max_prompt_length=4096, max_response_length=96,
-                      max_obs_length=400, do_search=True, topk=2, max_trajectory_length=2048, format="hermes")
-    rl = LLMGenerationManager(tokenizer, engine, client, cfg)(prompts.batch(range(len(rows))),
+    cfg = search_config(max_turns=2, max_start_length=4096, max_prompt_length=4096, max_response_length=96,
+                        max_obs_length=400, do_search=True, topk=2, max_trajectory_length=2048, format="hermes")
+    rl = make_agent(tokenizer, engine, client, cfg)(prompts.batch(range(len(rows))),
                                                               SamplingParams(max_tokens=1, temperature=0.0))
     assert list(rl["stop_reason"]) == ["answered"] * 2 and list(rl["num_searches"]) == [1, 1]
     for key in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "info_mask"):
@@ -296,7 +297,7 @@ def test_hermes_cold_start_rows_have_the_hermes_loops_tokens_and_masks(chat, ser
 
 
 # ---------------------------------------------------------------- config
-def test_multi_turn_keys_reach_the_loop_and_bad_tool_configs_are_named(tmp_path):
+def test_multi_turn_keys_reach_the_loop_and_bad_tool_configs_are_named(tmp_path, service_url):
     """Guards against the multi_turn keys being read into the wrong loop settings, and a tool config that is
     missing, malformed or names an unknown class passing until the first rollout."""
     from verl.config import load_config
@@ -309,9 +310,9 @@ def test_multi_turn_keys_reach_the_loop_and_bad_tool_configs_are_named(tmp_path)
                        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'tools.yaml'}",
                        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5",
                        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=2", "data.max_obs_length=77"])
-    agent_cfg = AgentConfig.from_config(cfg)
-    assert (agent_cfg.format, agent_cfg.max_turns, agent_cfg.max_parallel_calls) == ("hermes", 4, 2)
-    assert [t.class_name for t in agent_cfg.tools] == ["OpenTool"] and agent_cfg.max_tool_response_length is None
+    agent = make_agent(family_tokenizer("qwen"), None, RetrievalClient(service_url, 3), cfg)
+    assert (type(agent.format), agent.max_turns, agent.format.max_parallel_calls) == (HermesFormat, 4, 2)
+    assert list(agent.format.tools) == ["open"] and agent.format.result_limit == 77  # null: data.max_obs_length
     assert [s.class_name for s in run_tool_specs(load_config(["actor_rollout_ref.rollout.multi_turn.format=hermes"]))
             ] == ["SearchTool"]  # null: the recipe's DEFAULT_TOOLS
     assert run_tool_specs(load_config([])) is None  # the tag format shows no tools

@@ -12,17 +12,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from search_r1.config import SearchConfig
 from search_r1.llm_agent.formatting import INVALID_ACTION_FEEDBACK, information_block
-from search_r1.llm_agent.generation import (
-    CONTEXT_BUDGET,
-    TRAJECTORY_BUDGET,
-    TURN_BUDGET,
-    AgentConfig,
-    LLMGenerationManager,
-    StopReason,
-)
 from search_r1.search.client import RetrievalClient
+from tests.search_r1.agent_settings import make_agent
 from tests.search_r1.llm_agent.conftest import ScriptedEngine
+from verl.agent.trajectory import CONTEXT_BUDGET, TRAJECTORY_BUDGET, TURN_BUDGET, StopReason
 from verl.config import load_config
 from verl.workers.rollout.base import SamplingParams
 
@@ -91,10 +86,10 @@ def segments(info_mask: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def run_scripts(tokenizer, url, cfg: AgentConfig, scripts=SCRIPTS):
+def run_scripts(tokenizer, url, cfg: SearchConfig, scripts=SCRIPTS):
     prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in scripts]
     engine = ScriptedEngine(tokenizer, {tuple(p): t for p, t in zip(prompts, scripts.values(), strict=True)})
-    agent = LLMGenerationManager(tokenizer, engine, RetrievalClient(url, TOPK), cfg)
+    agent = make_agent(tokenizer, engine, RetrievalClient(url, TOPK), cfg)
     return prompts, agent.run(prompts, GREEDY)
 
 
@@ -103,8 +98,9 @@ def test_search_r1_overrides_give_search_r1_shaped_trajectories(qwen_tokenizer, 
     passages keeps both blocks (the bug: no block fitted a 500-token whole-response budget), a turn cut at the
     per-turn budget gets feedback and goes on, and every segment has Search-R1's length."""
     tok = qwen_tokenizer
-    cfg = AgentConfig.from_config(load_config(SEARCH_R1_OVERRIDES))
-    assert (cfg.max_response_length, cfg.max_trajectory_length, cfg.max_prompt_length) == (500, 4096, 4096)
+    cfg = load_config(SEARCH_R1_OVERRIDES)
+    assert (cfg.data.max_response_length, cfg.data.max_trajectory_length, cfg.data.max_prompt_length) == \
+        (500, 4096, 4096)
     prompts, result = run_scripts(tok, long_service_url, cfg)
     client = RetrievalClient(long_service_url, TOPK)
     feedback_len = len(tok(INVALID_ACTION_FEEDBACK, add_special_tokens=False)["input_ids"])
@@ -133,7 +129,7 @@ def test_search_r1_overrides_give_search_r1_shaped_trajectories(qwen_tokenizer, 
     # Search-R1's 500 as a whole-trajectory budget (the bug's setting): the blocks no longer fit
     ({"max_trajectory_length": 500}, TRAJECTORY_BUDGET),
     # a context budget a prompt and one block exhaust: the second block is refused
-    ({"max_prompt_length": 600}, CONTEXT_BUDGET),
+    ({"max_prompt_length": 600, "max_start_length": 600}, CONTEXT_BUDGET),
     # a per-turn budget below what the policy writes before acting: every turn is cut
     ({"max_response_length": 12}, TURN_BUDGET),
 ])
@@ -141,11 +137,10 @@ def test_a_budget_that_costs_searches_or_answers_is_counted_and_named(qwen_token
                                                                       overrides, budget):
     """Every trajectory cut for length is counted under its budget, and a warning names the key when more than
     LENGTH_WARN_FRAC of the rows lost a search or an answer to it, whichever budget it is."""
-    base = AgentConfig.from_config(load_config(SEARCH_R1_OVERRIDES))
-    cfg = AgentConfig(**{**base.__dict__, **overrides})
+    cfg = load_config(SEARCH_R1_OVERRIDES + [f"data.{key}={value}" for key, value in overrides.items()])
     scripts = {k: v for k, v in SCRIPTS.items() if "two searches" in k}
     scripts.update({k.replace("two searches", f"two searches {i}"): v for i in range(3) for k, v in scripts.items()})
-    with caplog.at_level(logging.WARNING, logger="search_r1.llm_agent.generation"):
+    with caplog.at_level(logging.WARNING, logger="verl.agent.loop"):
         _, result = run_scripts(qwen_tokenizer, long_service_url, cfg, scripts)
     key = budget.split(".")[-1]
     assert result.metrics()[f"agent/cut/{key}"] >= len(scripts)

@@ -11,19 +11,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from search_r1.llm_agent.generation import AgentConfig, LLMGenerationManager
 from search_r1.reward.qa_em import compute_score
 from search_r1.reward.terms import TERMS, Context, TermsReward, Trajectory, Turn, contains, trajectories
 from search_r1.search.client import RetrievalClient
+from tests.search_r1.agent_settings import make_agent, search_config
 from verl.algorithms.turn_credit import place_turn_rewards, turn_index
 from verl.protocol import Batch
 from verl.trainer.reward import RewardManager
 from verl.utils.seq import pack_trajectories
 from verl.workers.rollout.base import SamplingParams
 
-CFG = AgentConfig(max_turns=3, max_start_length=64, max_prompt_length=564, max_response_length=500,
-                  max_trajectory_length=500,
-                  max_obs_length=300, do_search=True, topk=2)
+CFG = search_config(max_turns=3, max_start_length=64, max_prompt_length=564, max_response_length=500,
+                    max_trajectory_length=500,
+                    max_obs_length=300, do_search=True, topk=2)
 SCRIPTS = {  # prompt -> the policy's turns; gold answers below
     "Question: capital of France?": ["<search> capital of France </search>", "<answer> Paris </answer>"],
     "Question: capital of Germany?": ["<search> Nile river Africa </search>", "<answer> Berlin </answer>"],
@@ -37,7 +37,7 @@ GOLD = [["Paris"], ["Berlin"], ["the Himalayas"], ["Tokyo"]]
 @pytest.fixture
 def batch(tokenizer, make_engine, service_url):
     engine, prompts = make_engine(SCRIPTS)
-    result = LLMGenerationManager(tokenizer, engine, RetrievalClient(service_url, 2), CFG).run(
+    result = make_agent(tokenizer, engine, RetrievalClient(service_url, 2), CFG).run(
         prompts, SamplingParams(max_tokens=1, temperature=0.0))
     trajs = result.trajectories
     tensors = pack_trajectories([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],

@@ -10,8 +10,8 @@ import torch
 from data_prep.cold_start import rows_to_sft_parquet, sft_row
 from data_prep.qa_search import make_row, rows_to_parquet
 from search_r1.llm_agent.formatting import feedback_turn, information_turn, policy_turn
-from search_r1.llm_agent.generation import LLMGenerationManager
 from search_r1.search.client import RetrievalClient
+from tests.search_r1.agent_settings import make_agent
 from tests.search_r1.llm_agent.conftest import ScriptedEngine
 from tests.search_r1.llm_agent.test_agent_loop import GREEDY, TOPK, agent_cfg
 from verl.utils.dataset import PromptDataset
@@ -56,7 +56,7 @@ def test_sft_rows_have_the_rl_loops_tokens_and_masks(tokenizer, service_url, tmp
     prompts = PromptDataset(str(tmp_path / "rl.parquet"), tokenizer, max_prompt_length=4096)
     engine = ScriptedEngine(tokenizer, {tuple(ids): [text for text, _ in script]
                                         for ids, script in zip(prompts.prompt_ids, SCRIPTS.values(), strict=True)})
-    agent = LLMGenerationManager(tokenizer, engine, client, agent_cfg(max_start_length=4096, max_prompt_length=4096,
+    agent = make_agent(tokenizer, engine, client, agent_cfg(max_start_length=4096, max_prompt_length=4096,
                                                                       max_trajectory_length=2000))
     rl = agent(prompts.batch(range(len(qa_rows))), GREEDY)
     assert list(rl["stop_reason"]) == ["answered"] * 3 and list(rl["num_searches"]) == [2, 0, 1]

@@ -1,5 +1,5 @@
 """The trainer knows no task: a second recipe (arithmetic, ``arith_recipe.py``) trains through it, and code named on
-the command line (``plugins``) extends what the config allows.
+the command line (``plugins``, here ``examples/my_estimator.py``) extends what the config allows.
 
 Guards against search settings creeping back into the trainer (a non-search recipe would then carry
 ``retriever.*`` or need a retrieval service), against a recipe's own section not being checked like the trainer's,
@@ -26,26 +26,6 @@ from verl.config import DEMO_CONFIG, ConfigError, load_config, to_yaml
 from verl.trainer.main_ppo import build_trainer, main, startup_summary
 
 RECIPE = "tests.verl.trainer.arith_recipe"
-
-PLUGIN = '''
-"""A plug-in: registers the advantage estimator ``sign_of_score`` and records that it ran."""
-import os
-
-import torch
-
-from verl.algorithms.registry import register_adv_estimator
-
-
-@register_adv_estimator("sign_of_score")
-def sign_of_score(inputs):
-    """+1 / -1 / 0 on every policy token by the sign of the row's outcome score (no critic, no groups)."""
-    with open(os.environ["PLUGIN_CALLS"], "a") as f:
-        f.write("called\\n")
-    score = inputs.token_level_rewards.sum(dim=-1, keepdim=True)  # [B, 1]
-    advantages = torch.sign(score) * inputs.mask  # [B, T]
-    return advantages, advantages
-'''
-
 
 @pytest.fixture(scope="module")
 def arith_workspace(tmp_path_factory) -> Path:
@@ -128,26 +108,24 @@ def test_one_grpo_step_of_the_second_recipe(arith_workspace, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_plugin_estimator_trains_through_the_entry_point(workspace, tmp_path):
-    """``plugins=[module]`` on the command line of ``python -m verl.trainer.main_ppo``: the module (on PYTHONPATH
-    only, not imported by this test) registers an estimator, which the config accepts and the trainer calls."""
-    plugin_dir = tmp_path / "plugins"
-    plugin_dir.mkdir()
-    (plugin_dir / "sign_estimator.py").write_text(PLUGIN)
-    calls = tmp_path / "calls.txt"
+def test_the_example_estimator_trains_through_plugins_on_the_entry_point(workspace, tmp_path):
+    """``plugins=[examples.my_estimator]`` on the command line of ``python -m verl.trainer.main_ppo``: the module
+    (not imported by this test) registers an estimator, which the config accepts and the trainer calls; without
+    ``plugins=`` the name is refused."""
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{plugin_dir}", "PLUGIN_CALLS": str(calls)}
-    args = overrides(workspace, out, 1, "plugins=[sign_estimator]", "algorithm.adv_estimator=sign_of_score",
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = overrides(workspace, out, 1, "plugins=[examples.my_estimator]",
+                     "algorithm.adv_estimator=reinforce_plus_plus_baseline", "actor_rollout_ref.rollout.n=2",
                      "trainer.device=cpu")
     done = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "run      sign_of_score, 1 steps" in done.stdout
+    assert "run      reinforce_plus_plus_baseline, 1 steps" in done.stdout
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1] and "actor/pg_loss" in records[0]
-    assert "critic/vf_loss" not in records[0]  # the plug-in's estimator declares no critic: none was built
-    assert calls.read_text().count("called") == 1
-    unknown = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args[:-3],
-                              "algorithm.adv_estimator=sign_of_score"], cwd=ROOT, env=env, capture_output=True,
-                             text=True, timeout=600)  # without plugins=: the name is not registered
-    assert unknown.returncode == 2 and "algorithm.adv_estimator='sign_of_score' is invalid" in unknown.stderr
+    assert "critic/vf_loss" not in records[0]  # the estimator declares no critic: none was built
+    without = [a for a in args if not a.startswith("plugins=")]  # the name is not registered
+    unknown = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *without], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert unknown.returncode == 2 and "algorithm.adv_estimator='reinforce_plus_plus_baseline' is invalid" in \
+        unknown.stderr

@@ -53,5 +53,5 @@ def test_a_new_key_set_away_from_its_default_is_refused(tmp_path: Path) -> None:
 def test_a_key_the_new_config_lacks_is_still_a_difference() -> None:
     old = to_yaml(Config())
     new = _without(old, "actor_rollout_ref.rollout.multi_turn")
-    assert "actor_rollout_ref.rollout.multi_turn.format: 'search_r1' -> '(absent)'" in \
+    assert "actor_rollout_ref.rollout.multi_turn.max_parallel_calls: 4 -> '(absent)'" in \
         config_differences(old, new, frozenset(), old)

@@ -1,12 +1,14 @@
-"""Driver-side scheduling of a multi-turn rollout in which every trajectory runs as its own coroutine.
+"""Driver-side scheduling of the agent loop (``verl.agent.loop``), in which every trajectory runs as its own
+coroutine.
 
 A trajectory's loop awaits two kinds of service: a generation (``EngineScheduler.generate``, or
-``Lockstep.submit``) and its environment's reply (for search, a retrieval). Two schedules serve them:
+``Lockstep.submit``) and its environment's reply (the action format's ``Service``s; for example a retrieval).
+Two schedules serve them:
 
 * ``Lockstep`` (``rollout.mode: sync``): nothing is sent until every live trajectory waits; then all
   waiting requests of the first kind in priority order that has any go out as ONE call, rows in
-  trajectory order. With retrieval before generation this is exactly the turn-by-turn loop: one engine
-  call per turn for all active rows, one retrieval per turn for all searching rows.
+  trajectory order. With the environment's services before generation this is exactly the turn-by-turn loop:
+  one engine call per turn for all active rows, one call per service and turn for all rows that use it.
 * ``EngineScheduler`` (``rollout.mode: async``): no barrier. A request goes at once to an engine of the
   ``EnginePool``: the one that served the trajectory's previous turn (its prefix cache holds the
   context) unless that engine's pending work exceeds the least-loaded engine's by more than the
@@ -37,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -356,7 +357,3 @@ class Coalescer:
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
-
-
-def elapsed_since(start: float) -> float:
-    return time.perf_counter() - start
