@@ -22,8 +22,8 @@ from verl.config.schema import section, setting
 from verl.config.shared import DTYPE_NAMES, OptimConfig, RunConfig
 from verl.tools import format_names
 
-_SEARCH_R1_MINI = ("rollout.n_agent (Search-R1) is rollout.n here: samples per prompt; ppo_mini_batch_size counts "
-                   "trajectories, as in Search-R1")
+_N_AGENT_NOTE = ("rollout.n_agent (Search-R1) is rollout.n here: samples per prompt; ppo_mini_batch_size counts "
+                 "trajectories, as in Search-R1")
 
 
 @dataclass
@@ -217,7 +217,7 @@ class RolloutConfig:
     top_p: float = setting(1.0, "Nucleus sampling threshold (1.0 = off).", low=0, high=1)
     top_k: int = setting(-1, "Top-k sampling (-1 = off).", low=1, off=-1)
     n: int = setting(1, "Samples per prompt (GRPO/RLOO group size; 1 for PPO with a critic).", low=1,
-                     spellings=(Alias("actor_rollout_ref.rollout.n_agent", _SEARCH_R1_MINI),))
+                     spellings=(Alias("actor_rollout_ref.rollout.n_agent", _N_AGENT_NOTE),))
     dtype: str = setting(
         "float32", "Model dtype in the rollout engine only (and of the weights synced into it): float32 | bfloat16 | "
         "float16. Training precision is actor.fsdp_config.dtype / critic.model.fsdp_config.dtype.",

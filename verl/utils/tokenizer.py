@@ -8,8 +8,9 @@ prompt never starts with two bos tokens. A tokenizer without a pad token pads wi
 the pad id, say which positions are padding, so pad = eos is safe).
 
 Tools (an action format that calls tools): their JSON schemas go to the chat template (``tools=``); a template that
-ignores them (its render does not name the tools) gets them in the system message in the Hermes convention (``<tools>``
-JSON lines ``</tools>``, calls as ``<tool_call>`` JSON), and tool results wrapped in ``<tool_response>`` tags.
+ignores them (its render does not name the tools) gets them in the system message in the common ``<tools>``
+convention (``<tools>`` JSON lines ``</tools>``, calls as ``<tool_call>`` JSON; for example Qwen's and the Hermes
+models' templates), and tool results wrapped in ``<tool_response>`` tags.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 # How a base model's prompt joins its messages' contents (Search-R1 uses the single user message's content as is).
 PLAIN_TEXT_JOIN = "\n\n"
 
-HERMES_SYSTEM = (
+TOOLS_SYSTEM = (
     "You are a function calling AI model. You are provided with function signatures within <tools></tools> XML "
     "tags. You may call one or more functions to assist with the user query. Don't make assumptions about what "
     "values to plug into functions. Here are the available tools: <tools>\n{tools}\n</tools>\nFor each function "
@@ -45,7 +46,7 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict], to
         native = template_shows_tools(tokenizer, tools)
     messages = [dict(m) for m in messages]
     if not native:
-        system = HERMES_SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        system = TOOLS_SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
         if messages and messages[0]["role"] == "system":
             messages[0]["content"] = messages[0]["content"] + "\n\n" + system
         else:
