@@ -85,7 +85,7 @@ ablations: install
 # OMP_NUM_THREADS=1: one thread per worker (two workers already fill the two cores; more spin-wait).
 JOBS ?= 2
 test: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q -n $(JOBS) --dist loadscope --durations=25
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests -q -n $(JOBS) --dist loadscope --durations=60
 
 test-fast: install
 	$(PY) -m pytest tests -q -m "not slow"
