@@ -16,14 +16,15 @@ package) on the same test questions (EfficientQA dev, ``data_prep.wiki_nq``), ev
   searching the BM25 or the dense (MiniLM) index, state masking on; ``grpo_bm25_nomask``: masking off.
 
 The RL rows use ``make demo-real``'s settings (24 trajectories a step: GRPO 6 prompts x 4, PPO 24 x 1; lr 1e-5,
-bfloat16) and run once per seed; they validate on the first ``VAL_N`` validation questions along the way (the EM
-against training step). Sizes: the default (first ``--test-n`` = 60 test questions, ``--steps`` = 8, seed 1) is
-meant to run from a fresh clone in about 2 h on a 2-core machine, most of it the data build (its dense index, ~30
-min) and the six RL rows (~8 min each at demo-real's 58-151 s steps; an estimate, not yet measured end to end);
-``--full`` is the issue's acceptance size: all 1,800 test questions (714 answer-bearing), 24 steps (demo-real's),
-seeds 1 and 2 (many hours here; docs/results.md says what was measured).
+bfloat16) and run once per seed; they validate on the first ``--val-n`` validation questions ``--val-points`` times
+along the way (the EM against training step). Sizes: the default (the first ``--test-n`` = 60 test questions,
+``--steps`` = 8, seed 1, 2 validations of 30 questions) is meant to run from a fresh clone in about 2 h on a 2-core
+machine, most of it the data build (its dense index, ~30 min) and the six RL rows (~8-12 min each at demo-real's
+58-151 s steps; an estimate, not yet measured end to end); ``--full`` is the issue's acceptance size: all 1,800 test
+questions (714 answer-bearing), 24 steps (demo-real's), seeds 1 and 2, 6 validations of 200 (many hours here).
 
-Each row has its own directory (``OUT/<row>/seed<S>/``: the trained run, ``eval/`` and ``row.json``); a row whose
+Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<row>/seed<S>/``: the trained run,
+``eval/`` and ``row.json``; the cold start is ``OUT/sft/``, shared by the rows that start from it); a row whose
 ``row.json`` exists is skipped, and an interrupted row continues (the trainer resumes from its last checkpoint,
 ``search_r1.evaluate`` from its last written batch), so the command is resumable. ``OUT/settings.json`` records the
 size; another size in the same ``--out`` is refused. Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and
@@ -192,7 +193,7 @@ def train(name: str, row: Row, seed: int, args: argparse.Namespace, out: Path, r
     run([sys.executable, "-m", "verl.trainer.main_ppo", *COMMON, *RL, *row.train, *search,
          f"actor_rollout_ref.model.path={start}", f"data.train_files={data / 'train.parquet'}",
          f"data.val_files={data / 'val.parquet'}", f"data.val_max_samples={args.val_n}",
-         f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={max(1, args.steps // 4)}",
+         f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={max(1, args.steps // args.val_points)}",
          f"trainer.seed={seed}", f"data.seed={seed}", f"trainer.default_local_dir={run_dir}",
          f"trainer.experiment_name=paper_{name}"], out / "logs" / f"{name}_seed{seed}.log")
     return model
@@ -307,19 +308,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-n", type=int, default=None, help="first N test questions (default 60; --full: 1800)")
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 8; --full: 24)")
     p.add_argument("--val-n", type=int, default=None, help=f"validation questions (default {VAL_N}; --full: 200)")
+    p.add_argument("--val-points", type=int, default=None,
+                   help="in-training validations per RL run, the EM-against-step curve (default 2; --full: 6)")
     p.add_argument("--data", type=Path, default=ROOT / DATA, help="a data_prep.wiki_nq build (built when missing)")
     p.add_argument("--model", type=Path, default=ROOT / MODEL, help="the policy (imported when missing)")
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "paper_table")
     args = p.parse_args(argv)
-    for key, default, full in (("seeds", [1], [1, 2]), ("test_n", 60, 1800), ("steps", 8, 24), ("val_n", VAL_N, 200)):
+    for key, default, full in (("seeds", [1], [1, 2]), ("test_n", 60, 1800), ("steps", 8, 24), ("val_n", VAL_N, 200),
+                               ("val_points", 2, 6)):
         if getattr(args, key) is None:
             setattr(args, key, full if args.full else default)
-    for key in ("test_n", "steps", "val_n"):
+    for key in ("test_n", "steps", "val_n", "val_points"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    check_settings(out, {"test_n": args.test_n, "steps": args.steps, "val_n": args.val_n,
+    check_settings(out, {"test_n": args.test_n, "steps": args.steps, "val_n": args.val_n, "val_points": args.val_points,
                          "data": str(args.data.resolve()), "model": str(args.model.resolve())})
     start = time.time()
     figures: dict[str, list[dict]] = {}

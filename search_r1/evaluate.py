@@ -19,7 +19,10 @@ Choices:
 - Greedy by default. ``--n K`` samples K trajectories per question at ``--temperature`` (default 1.0
   then) and adds pass@K; rows are repeated, as the trainer does for n samples.
 - Scores: the answer is the last ``<answer>`` block of the response (``qa_em.extract_answer``);
-  EM, sub-EM and F1 under ``reward.normalize`` (default ``squad``, the published recipe).
+  EM, sub-EM and F1 under ``reward.normalize`` (default ``squad``, the published recipe). Beside them each report
+  gives searches, retrieval recall, turns, response tokens and the error classes with 95% intervals, on all
+  questions and on those flagged ``extra_info.answer_bearing`` (``search_r1.eval_report``); a record keeps its
+  flag (``answer_bearing``) and the passages its prompt held (``prompt_passages``: RAG's, else empty).
 - Resumable: trajectories are appended in batches of ``--batch-size`` and flushed; a rerun with the
   same ``--out`` skips every (row, sample) already written, drops a torn last line, and refuses to
   mix runs whose settings (``run.json``) differ. ``--limit N`` evaluates the first N rows only; the
@@ -278,11 +281,16 @@ def evaluate(args: argparse.Namespace) -> dict:
     done = {(r["row"], r["sample"]): r for r in read_done(path)}
     todo = [item for item in items if item not in done]
     if todo:
-        agent = build_agent(cfg, tokenizer)
-        search = retrieval_client(cfg).search if args.mode == "rag" else None
-        prompts = BatchPrompts(args.mode, dataset, tokenizer, tools, cfg, search)
-        _roll_out(agent, tokenizer, dataset, prompts, todo, args, cfg.reward.normalize, path,
-                  done_before=len(items) - len(todo))
+        rag_client = retrieval_client(cfg) if args.mode == "rag" else None  # RAG's retrieval, before each batch
+        try:
+            agent = build_agent(cfg, tokenizer)
+            prompts = BatchPrompts(args.mode, dataset, tokenizer, tools, cfg,
+                                   rag_client.search if rag_client else None)
+            _roll_out(agent, tokenizer, dataset, prompts, todo, args, cfg.reward.normalize, path,
+                      done_before=len(items) - len(todo))
+        finally:
+            if rag_client is not None:
+                rag_client.close()
         done.update({(r["row"], r["sample"]): r for r in read_done(path)})
     records = [done[item] for item in items]
     title = f"{Path(args.model).name} on {', '.join(Path(d).name for d in args.data)}" + \
@@ -296,7 +304,8 @@ class BatchPrompts:
 
     def __init__(self, mode: str, dataset, tokenizer, tools: list[dict], cfg: SearchConfig,
                  search: SearchFn | None) -> None:
-        self.mode, self.dataset, self.tokenizer, self.tools, self.search = mode, dataset, tokenizer, tools, search
+        self.mode, self.dataset, self.tokenizer, self.search = mode, dataset, tokenizer, search
+        self.tools = tools if mode == "agent" else None  # a baseline offers no tool
         self.max_prompt_length = cfg.data.max_prompt_length
         self.max_start_length = cfg.data.max_start_length
 
