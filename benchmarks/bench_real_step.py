@@ -18,8 +18,9 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
 One fresh trainer process per (variant, run), the variants interleaved (run 1 of every variant, then run 2, ...),
 so a machine whose load changes mid-benchmark affects all; the 1-minute load average is printed before and after
 each run. Per variant: the step seconds (``timing/step``) of every step after the first (the first loads the engine
-and, with k=1, has nothing to overlap), their median, and the ratio to ``hf-sync``'s median (issue 59's goal:
-<= 0.5). Figures belong in docs/results.md with the date, machine, load and commit.
+and, with k=1, has nothing to overlap; ``--steps 1`` counts its one step), their median, and the ratio to
+``hf-sync``'s median (issue 59's goal: <= 0.5). Figures belong in docs/results.md with the date, machine, load and
+commit.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ DEMO = ROOT / "data" / "demo"
 
 
 def train(url: str, model: Path, variant: str, steps: int, out: Path) -> list[float]:
-    """One fresh run of ``steps`` steps -> the seconds of each step after the first."""
+    """One fresh run of ``steps`` steps -> the seconds of each step after the first (of the only one, with 1)."""
     shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl appends: no earlier run's records
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *COMMON, *RL, *GRPO, *VARIANTS[variant],
@@ -66,12 +67,13 @@ def train(url: str, model: Path, variant: str, steps: int, out: Path) -> list[fl
     if status != 0:
         raise SystemExit(f"{variant} failed (exit {status}); see {out.with_suffix('.log')}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["timing/step"] for r in records if "timing/step" in r and r["step"] > 1]
+    return [r["timing/step"] for r in records if "timing/step" in r and (r["step"] > 1 or steps == 1)]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=3, help="steps per run (the first is not counted)")
+    p.add_argument("--steps", type=int, default=3,
+                   help="steps per run; the first is not counted unless it is the only one (a quick look)")
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--model", type=Path, default=ROOT / "outputs" / "demo_real" / "sft" / "hf_model")
@@ -79,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or args.steps < 2 or args.runs < 1:
-        p.error(f"variants must be among {', '.join(VARIANTS)} (got {unknown}); --steps >= 2; --runs >= 1")
+    if unknown or args.steps < 1 or args.runs < 1:
+        p.error(f"variants must be among {', '.join(VARIANTS)} (got {unknown}); --steps >= 1; --runs >= 1")
     if not (args.model / "config.json").exists() or not (DEMO / "index_bm25").exists():
         raise SystemExit(f"needs {args.model} and {DEMO}: run `make demo-real` (or scripts/demo_real.sh) once")
     seconds: dict[str, list[float]] = {v: [] for v in variants}

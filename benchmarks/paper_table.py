@@ -17,11 +17,15 @@ package) on the same test questions (EfficientQA dev, ``data_prep.wiki_nq``), ev
 
 The RL rows use ``make demo-real``'s settings (24 trajectories a step: GRPO 6 prompts x 4, PPO 24 x 1; lr 1e-5,
 bfloat16) and run once per seed; they validate on the first ``--val-n`` validation questions ``--val-points`` times
-along the way (the EM against training step). Sizes: the default (the first ``--test-n`` = 60 test questions,
-``--steps`` = 8, seed 1, 2 validations of 30 questions) is meant to run from a fresh clone in about 2 h on a 2-core
-machine, most of it the data build (its dense index, ~30 min) and the six RL rows (~8-12 min each at demo-real's
-58-151 s steps; an estimate, not yet measured end to end); ``--full`` is the issue's acceptance size: all 1,800 test
-questions (714 answer-bearing), 24 steps (demo-real's), seeds 1 and 2, 6 validations of 200 (many hours here).
+along the way (the EM against training step).
+
+Sizes: the default is the first ``--test-n`` = 30 test questions (one evaluation batch), ``--steps`` = 4, seed 1,
+2 validations of 12 questions. Measured here (2026-11-27, 2 cores shared, load 4-5): the data build 29 min, a
+30-question evaluation 2.7 min (Direct) to 9 min (RAG: longer prompts, and a batch waits for its longest row);
+with demo-real's 58-151 s GRPO steps the default comes to about 3 h on a loaded machine, so issue 59's 2 h from a
+fresh clone needs the faster step (``benchmarks/bench_real_step.py``) or an idle machine. ``--full`` is the issue's
+acceptance size: all 1,800 test questions (714 answer-bearing), 24 steps (demo-real's), seeds 1 and 2, 6
+validations of 200 (days here at these speeds).
 
 Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<row>/seed<S>/``: the trained run,
 ``eval/`` and ``row.json``; the cold start is ``OUT/sft/``, shared by the rows that start from it); a row whose
@@ -70,7 +74,7 @@ PPO = ["algorithm.adv_estimator=gae", "data.train_batch_size=24", "actor_rollout
        "critic.ppo_mini_batch_size=24", "critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-5",
        "critic.model.fsdp_config.dtype=bfloat16"]
 SFT_STEPS = 6  # demo-real's cold start (scripts/demo_real.sh)
-VAL_N = 30  # validation questions per in-training validation (the EM-against-step curve); --full: 200
+VAL_N = 12  # validation questions per in-training validation (the EM-against-step curve); --full: 200
 
 
 @dataclass(frozen=True)
@@ -302,11 +306,12 @@ def plot(figures: dict[str, list[dict]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--full", action="store_true", help="the issue's size: 1,800 test questions, 24 steps, seeds 1 2")
+    p.add_argument("--full", action="store_true",
+                   help="the issue's size: 1,800 test questions, 24 steps, seeds 1 2, 6 validations of 200")
     p.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="RL rows' seeds (default 1; --full: 1 2)")
-    p.add_argument("--test-n", type=int, default=None, help="first N test questions (default 60; --full: 1800)")
-    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 8; --full: 24)")
+    p.add_argument("--test-n", type=int, default=None, help="first N test questions (default 30; --full: 1800)")
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 4; --full: 24)")
     p.add_argument("--val-n", type=int, default=None, help=f"validation questions (default {VAL_N}; --full: 200)")
     p.add_argument("--val-points", type=int, default=None,
                    help="in-training validations per RL run, the EM-against-step curve (default 2; --full: 6)")
@@ -314,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=ROOT / MODEL, help="the policy (imported when missing)")
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "paper_table")
     args = p.parse_args(argv)
-    for key, default, full in (("seeds", [1], [1, 2]), ("test_n", 60, 1800), ("steps", 8, 24), ("val_n", VAL_N, 200),
+    for key, default, full in (("seeds", [1], [1, 2]), ("test_n", 30, 1800), ("steps", 4, 24), ("val_n", VAL_N, 200),
                                ("val_points", 2, 6)):
         if getattr(args, key) is None:
             setattr(args, key, full if args.full else default)
