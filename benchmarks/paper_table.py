@@ -289,6 +289,8 @@ def plot(figures: dict[str, list[dict]], path: Path) -> None:
         bars.bar([i + offset for i, _ in present], means, 0.4, yerr=errors, capsize=3, label=label)
     bars.set_xticks(range(len(names)), [ROWS[n].label for n in names], rotation=30, ha="right", fontsize=7)
     bars.set_ylabel("test EM (95% bootstrap CI)")
+    bars.set_ylim(0, 1.05)
+    curves.set_ylim(0, 1.05)
     bars.legend(fontsize=8)
     for name in names:
         for f in figures[name]:
