@@ -22,8 +22,9 @@ along the way (the EM against training step).
 Sizes: the default is the first ``--test-n`` = 30 test questions (one evaluation batch), ``--steps`` = 4, seed 1,
 2 validations of 12 questions. Measured here (2026-11-27, 2 cores shared, load 4-5): the data build 29 min, a
 30-question evaluation 2.7 min (Direct) to 9 min (RAG: longer prompts, and a batch waits for its longest row);
-with demo-real's 58-151 s GRPO steps the default comes to about 3 h on a loaded machine, so issue 59's 2 h from a
-fresh clone needs the faster step (``benchmarks/bench_real_step.py``) or an idle machine. ``--full`` is the issue's
+with demo-real's 58-151 s GRPO steps the default comes to about 3 h on a loaded machine (an estimate from these
+figures, not measured end to end), so issue 59's 2 h from a fresh clone needs the faster step
+(``benchmarks/bench_real_step.py``) or an idle machine. ``--full`` is the issue's
 acceptance size: all 1,800 test questions (714 answer-bearing), 24 steps (demo-real's), seeds 1 and 2, 6
 validations of 200 (days here at these speeds).
 
