@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 LOCK := requirements/lock.txt
 LOCK_VENV := .venv-lock
 
-.PHONY: install lock demo demo-real grpo ablations test test-fast test-gpu gpu-wheels lint docs bench clean-demo
+.PHONY: install lock demo demo-real demo-wiki grpo ablations test test-fast test-gpu gpu-wheels lint docs bench clean-demo
 
 install: $(STAMP)
 
@@ -61,6 +61,13 @@ demo-real: install
 	PYTHON=$(PY) DEMO_REAL_FORMAT=$(or $(FORMAT),search_r1) \
 		$(if $(filter command line environment,$(origin SEED)),DEMO_REAL_SEED=$(SEED)) \
 		$(if $(VARIANT),DEMO_REAL_VARIANT=$(VARIANT)) bash scripts/demo_real.sh
+
+# `make demo-wiki`: Search-R1's main table in miniature on real questions over real Wikipedia (issue 59): Direct, RAG,
+# SFT, R1 and Search-R1 (GRPO / PPO, BM25 / dense, masking off) with SmolLM2-135M-Instruct, each row in its own
+# directory under outputs/paper_table, resumable (benchmarks/paper_table.py; builds data/wiki_nq and imports the model
+# when missing). ARGS="--full": the issue's size (1,800 test questions, 24 steps, seeds 1 2); ARGS="--rows direct rag".
+demo-wiki: install
+	$(PY) benchmarks/paper_table.py $(ARGS)
 
 SEED ?= 0
 DEMO_RUN := outputs/search_r1/demo_ppo$(if $(filter-out 0,$(SEED)),_seed$(SEED))

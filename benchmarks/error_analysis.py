@@ -20,14 +20,14 @@ Prints, per run and question type (one-hop / two-hop), mean and spread over seed
 - ``wrong, not retrieved``: answered wrongly with no gold answer in any retrieved evidence.
 
 Search credit (turn rewards, retrieval-hit terms) can only fix the last kind; the others are the policy's reading
-of what it found.
+of what it found. The classes are ``search_r1.eval_report.error_classes`` (every evaluation's report gives them on
+all questions, with intervals); this script sets them side by side over runs and seeds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -36,21 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search_r1.reward.qa_em import normalize_answer  # noqa: E402
+from search_r1.eval_report import error_classes  # noqa: E402
 
-EVIDENCE = re.compile(r"<information>(.*?)</information>|<tool_response>(.*?)</tool_response>", re.S)
 TYPES = (("demo_single", "one-hop"), ("demo_multi", "two-hop"))
 COLUMNS = ("EM", "gold retrieved", "wrong, gold retrieved", "of which another name read", "wrong, not retrieved")
-
-
-def contains_gold(text: str, golds: list[str]) -> bool:
-    haystack = f" {normalize_answer(text)} "
-    return any(f" {normalize_answer(g)} " in haystack for g in golds if normalize_answer(g))
-
-
-def evidence(response: str) -> str:
-    """The text of every evidence block of one trajectory (either format), joined."""
-    return " ".join(a or b for a, b in EVIDENCE.findall(response))
 
 
 @dataclass
@@ -68,23 +57,17 @@ class Shares:
 
 
 def shares(path: Path, source: str) -> Shares:
-    """The shares over one evaluation's (``trajectories.jsonl``) questions of ``source``."""
+    """The shares over one evaluation's (``trajectories.jsonl``) questions of ``source`` (the classes of
+    ``search_r1.eval_report.error_classes``, which the evaluation's own report gives with intervals)."""
     rows = [json.loads(line) for line in path.open() if line.strip()]
     rows = [r for r in rows if r["data_source"] == source]
     if not rows:
         raise SystemExit(f"{path}: no questions of type {source!r}")
     n = len(rows)
-    em = hit = wrong_hit = name_read = wrong_miss = 0
-    for r in rows:
-        found = evidence(r["response"])
-        gold = contains_gold(found, r["golden"])
-        right = r["em"] >= 1
-        em += right
-        hit += gold
-        wrong_hit += gold and not right
-        name_read += gold and not right and bool(r.get("answer")) and contains_gold(found, [r["answer"]])
-        wrong_miss += not gold and not right
-    return Shares(em / n, hit / n, wrong_hit / n, name_read / n, wrong_miss / n)
+    classes = [error_classes(r) for r in rows]
+    return Shares(sum(r["em"] >= 1 for r in rows) / n,
+                  *(sum(c[name] for c in classes) / n
+                    for name in ("recall", "wrong_retrieved", "name_read", "wrong_not_retrieved")))
 
 
 def trajectories_file(path: Path) -> Path:

@@ -56,6 +56,7 @@ run_trainer() {
       data.train_files|data.val_files|actor_rollout_ref.model.path|critic.model.path) user_points+=" $key" ;;
       retriever.url) user_points+=" $key"; url=${1#*=} ;;
       do_search) do_search=${1#*=} ;;
+      max_turns) if [ "${1#*=}" = 0 ]; then do_search=false; fi ;;  # search disabled (R1): no service needed
     esac
     args+=("$1"); shift
   done

@@ -14,9 +14,9 @@ Choices:
   ``http(s)://HOST[:PORT][/PATH]`` or ``ray://NAME``; a ``;`` (or any other separator), a bad port, a query
   string or an empty host is named with the entry, before the client ever sends a request. Search-R1 names the
   endpoint (``.../retrieve``); the config keeps the base URL (``RetrieverConfig.__post_init__``).
-- ``retriever.url`` is required only when a run starts with ``do_search=true`` (``check_paths``): configs with no
-  service (evaluation without search, tests) still load; there is no default address, so a run never searches
-  another user's service by accident.
+- ``retriever.url`` is required only when a run retrieves (``do_search=true`` and ``max_turns`` >= 1,
+  ``SearchConfig.retrieves``; ``check_paths``): configs with no service (search disabled, tests) still load; there
+  is no default address, so a run never searches another user's service by accident.
 """
 
 from __future__ import annotations
@@ -132,12 +132,26 @@ class SearchConfig(Config):
     retriever: RetrieverConfig = section(
         RetrieverConfig, "URL and results per query of the retrieval service (see retrieval_launch.sh).")
     max_turns: int = setting(
-        2, "Maximum search turns per trajectory; after the last one a final answer turn without search is forced.",
-        low=1)
+        2, "Maximum search turns per trajectory; after the last one a final answer turn without search is forced. "
+        "0 = search disabled (R1 without search, and the Direct and RAG baselines): the policy answers in its one "
+        "turn, nothing is retrieved or inserted, no retrieval service is needed; give it a prompt that offers no "
+        "search (search_r1.prompts.NO_SEARCH_TEMPLATE).", low=0)
     do_search: bool = setting(
         True, "Call the retrieval service on <search>; false = every search gets an empty <information> block.")
     reward: RewardConfig = section(RewardConfig)
     trainer: TrainerConfig = section(TrainerConfig, project_name="search_r1")
+
+    @property
+    def search_turns(self) -> int:
+        """The turns that may search: ``max_turns``, or ``multi_turn.max_assistant_turns - 1`` when that is set."""
+        assistant_turns = self.actor_rollout_ref.rollout.multi_turn.max_assistant_turns
+        return self.max_turns if assistant_turns is None else assistant_turns - 1
+
+    @property
+    def retrieves(self) -> bool:
+        """The loop calls the retrieval service: ``do_search`` and at least one search turn (``max_turns=0`` is
+        search disabled: no client, no request, nothing inserted)."""
+        return self.do_search and self.search_turns > 0
 
     def check(self) -> None:
         super().check()
@@ -151,7 +165,7 @@ class SearchConfig(Config):
     def check_paths(self) -> None:
         super().check_paths()
         run_tool_specs(self)  # a tool-calling format's tool config: readable, well formed, its classes known
-        if self.do_search and self.retriever.url is None:
+        if self.retrieves and self.retriever.url is None:
             raise ConfigError("config key retriever.url is not set: name your retrieval service (e.g. "
                               "retriever.url=http://127.0.0.1:8000; retrieval_launch.sh serves on its PORT), required "
                               "with do_search=true; there is no default, so a run never searches another user's "

