@@ -81,7 +81,7 @@ def test_a_constructed_collapse_raises_the_alarm_saying_what_to_do(tmp_path, cap
     monitor = HealthMonitor(TrainerConfig(), tmp_path)
     fired = alarms(monitor, COLLAPSE)
     assert [step for step, on in fired.items() if on] == [6, 7, 8]
-    assert "step 6: HEALTH ALARM entropy collapse: actor/entropy=0.15 is below 0.2 x the run's starting entropy 0.87" \
+    assert "HEALTH ALARM entropy_collapse at step 6: actor/entropy=0.15 is below 0.2 x the run's starting 0.87" \
         in caplog.text
     assert "What to do: lower actor_rollout_ref.actor.optim.lr" in caplog.text
     sharp = HealthMonitor(TrainerConfig(), tmp_path)
@@ -107,6 +107,7 @@ def test_the_absolute_floor_and_the_clip_fraction_alarm(tmp_path, caplog):
     assert alarms(monitor, AFTER_SFT[:1]) == {1: 1.0}
     monitor = HealthMonitor(TrainerConfig(), tmp_path)
     health = monitor.observe(1, {"actor/entropy": 0.8, "actor/pg_clipfrac": 0.7})
-    assert health == {"health/entropy_collapse": 0.0, "health/clipfrac_explosion": 1.0}
-    assert "HEALTH ALARM clipfrac explosion: actor/pg_clipfrac=0.7 > trainer.alarm_clipfrac_above=0.5" in caplog.text
+    assert (health["health/entropy_collapse"], health["health/clipfrac_explosion"]) == (0.0, 1.0)
+    assert "HEALTH ALARM clipfrac_explosion at step 1: actor/pg_clipfrac=0.7 > trainer.alarm_clipfrac_above=0.5" \
+        in caplog.text
     assert "What to do: lower actor_rollout_ref.actor.optim.lr" in caplog.text
