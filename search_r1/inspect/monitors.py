@@ -24,7 +24,6 @@ from search_r1.inspect.records import InspectInputError, find_files
 from verl.config import Config, ConfigError, load_config
 from verl.trainer.alarms import SCORE_KEY
 from verl.trainer.health import HealthMonitor
-from verl.trainer.recipe import recipe_alarms
 from verl.utils.tracking import read_metrics
 
 logger = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ def replay(run_dir: str | Path, overrides: list[str] | None = None) -> Replay:
         raise InspectInputError(f"{run_dir}: no metrics.jsonl (the run logged no step yet)")
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("step", 0) > 0]
     rows = train_rows(run_dir)
-    health = HealthMonitor(cfg.trainer, run_dir, recipe_alarms(cfg))
+    health = HealthMonitor.for_run(cfg, run_dir)
     alarms = [AlarmReplay(a.name, a.key) for a in health.alarms]
     for record in records:
         step = record["step"]

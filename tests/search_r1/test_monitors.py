@@ -1,5 +1,5 @@
 """The search task's health alarms (search_r1/monitors.py) on constructed trajectory records, through the recipe
-seam (``verl.trainer.recipe.recipe_alarms`` of the default config): each text pattern fires on trajectories that
+seam (``HealthMonitor.for_run`` of the default config: ``verl.trainer.recipe.recipe_alarms``): each text pattern fires on trajectories that
 show it, naming one, and stays quiet on the demo's healthy trajectories (the scripted turns its tiny policy is
 warm-started on, ``data_prep.tiny_policy``); the score rising while the retrieval hits fall fires too.
 
@@ -15,7 +15,6 @@ from data_prep.tiny_policy import THINK_ANSWER, THINK_NEXT_HOP, THINK_SEARCH, TH
 from search_r1.monitors import copied_answer, hedged_answer, repeated_ngrams, repeated_query, think_empty_or_copied
 from verl.config import load_config
 from verl.trainer.health import HealthMonitor
-from verl.trainer.recipe import recipe_alarms
 
 QUESTION = "Who founded the guild that built the Ostvar bridge?"
 FACT = "The guild that built the Ostvar bridge was founded by Maren Tolk."
@@ -78,8 +77,7 @@ def test_the_patterns_and_the_demos_trajectories():
 
 
 def search_monitor(tmp_path, *overrides: str) -> HealthMonitor:
-    cfg = load_config(list(overrides))
-    return HealthMonitor(cfg.trainer, tmp_path, recipe_alarms(cfg))
+    return HealthMonitor.for_run(load_config(list(overrides)), tmp_path)
 
 
 @pytest.mark.parametrize("alarm", list(PATTERNS))

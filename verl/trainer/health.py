@@ -28,9 +28,10 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from verl.config import TrainerConfig
+from verl.config import Config, TrainerConfig
 from verl.errors import ConfigError, TrainingStopped
 from verl.trainer.alarms import Alarm, Row, generic_alarms
+from verl.trainer.recipe import recipe_alarms
 from verl.utils import checkpoint
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,11 @@ class HealthMonitor:
         self.warned: set[str] = set()  # alarms that fired (and warned) already in this run
         self.first_fired: dict[str, tuple[int, str]] = {}  # alarm -> (step, warning line) of its first firing here
         self.stopping: str | None = None  # set when an alarm trainer.stop_on names fired: the run stops
+
+    @classmethod
+    def for_run(cls, cfg: Config, out_dir: Path) -> HealthMonitor:
+        """The monitor of a run of ``cfg``: the trainer's alarms and its recipe module's (``recipe_alarms``)."""
+        return cls(cfg.trainer, out_dir, recipe_alarms(cfg))
 
     def restore(self, records: list[dict]) -> None:
         """The steps a resumed run already logged (``metrics.jsonl``'s records, in order), for the alarms' state."""

@@ -25,9 +25,9 @@ may zero it on the rows the length budget cut, or add a length penalty to the re
 Stability (docs/design.md, "Faults and what the trainer does"): every step logs the rollout/trainer
 mismatch over the policy tokens (``rollout/*``, from the engines' log-probs); a NaN/Inf advantage skips the
 step's updates (a NaN/Inf loss or gradient norm skips an optimiser step in the workers), and ``health.HealthMonitor``
-stops the run after ``trainer.max_skipped_updates`` such steps in a row and raises the entropy and
-clip-fraction alarms; when the recipe's environment stays down (``EnvironmentUnavailable``) the run
-saves the last finished step and stops, so a rerun continues with no step lost.
+stops the run after ``trainer.max_skipped_updates`` such steps in a row and raises the health alarms (collapse,
+reward hacking; ``alarms.py``), which stop the run after saving when ``trainer.stop_on`` names them; when the
+recipe's environment stays down (``EnvironmentUnavailable``) the run saves the last finished step and stops.
 """
 
 from __future__ import annotations
@@ -74,13 +74,7 @@ from verl.tools import run_tool_specs
 from verl.trainer import columns, step_metrics
 from verl.trainer.health import HealthMonitor, TrainingStopped
 from verl.trainer.pipeline import Generated, InlineRollout, PipelinedRollout, fill_batch, round_seed, staleness
-from verl.trainer.recipe import (
-    EnvironmentUnavailable,
-    RecipeBuilder,
-    check_generated,
-    expected_row_lengths,
-    recipe_alarms,
-)
+from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated, expected_row_lengths
 from verl.trainer.reward import RewardManager, apply_overlong, compute_advantages, load_custom_score_fn
 from verl.trainer.step_metrics import StepResult, StepTimings, timed
 from verl.utils import checkpoint, run_dir
@@ -108,7 +102,7 @@ class PPOTrainer:
         check_models(cfg)
         check_positions(cfg)
         self.out_dir = Path(cfg.trainer.default_local_dir)
-        self.health = HealthMonitor(cfg.trainer, self.out_dir, recipe_alarms(cfg))  # checks trainer.stop_on
+        self.health = HealthMonitor.for_run(cfg, self.out_dir)  # checks trainer.stop_on before anything is written
         config_yaml = to_yaml(cfg)
         # checks only: nothing of the run directory is written until every start-up check has passed (run_dir)
         run_dir.claim(self.out_dir, config_yaml, cfg.trainer.resume_mode, cfg.trainer.val_only, steering_keys(cfg),
@@ -391,8 +385,7 @@ class PPOTrainer:
         raise TrainingStopped(f"{err}\nsaved the last finite weights as checkpoint {self._saved()}") from err
 
     def stop_for_alarm(self, why: str) -> NoReturn:
-        """An alarm ``trainer.stop_on`` names fired: the step, logged already, is saved as a checkpoint (unless
-        save_freq saved it) and ``TrainingStopped`` names it; the same command resumes from it."""
+        """An alarm ``trainer.stop_on`` names fired: the step (logged) is saved and ``TrainingStopped`` names it."""
         raise TrainingStopped(f"{why}\nsaved checkpoint {self._saved()}; run the same command to continue at step "
                               f"{self.step + 1} (without the alarm in trainer.stop_on to train past it)")
 
