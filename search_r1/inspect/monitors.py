@@ -96,6 +96,7 @@ def replay(run_dir: str | Path, overrides: list[str] | None = None) -> Replay:
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("step", 0) > 0]
     rows = train_rows(run_dir)
     health = HealthMonitor.for_run(cfg, run_dir)
+    health.warned = {alarm.name for alarm in health.alarms}  # the first firings are printed below, not logged
     alarms = [AlarmReplay(a.name, a.key) for a in health.alarms]
     for record in records:
         step = record["step"]

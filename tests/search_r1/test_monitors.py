@@ -1,7 +1,8 @@
 """The search task's health alarms (search_r1/monitors.py) on constructed trajectory records, through the recipe
-seam (``HealthMonitor.for_run`` of the default config: ``verl.trainer.recipe.recipe_alarms``): each text pattern fires on trajectories that
-show it, naming one, and stays quiet on the demo's healthy trajectories (the scripted turns its tiny policy is
-warm-started on, ``data_prep.tiny_policy``); the score rising while the retrieval hits fall fires too.
+seam (``HealthMonitor.for_run`` of the default config: ``verl.trainer.recipe.recipe_alarms``): each text pattern
+fires on trajectories that show it, naming one, and stays quiet on the demo's healthy trajectories (the scripted
+turns its tiny policy is warm-started on, ``data_prep.tiny_policy``); the score rising while the retrieval hits fall
+fires too.
 
 Guards against reward hacking and degenerate text that the score hides (EM gamed by "A or B or C"; reasoning that
 degenerates before the score does: Search-R1 #186, Agent-R1 #8): nothing watched the trajectories' text before.
