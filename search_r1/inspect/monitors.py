@@ -123,7 +123,7 @@ def print_replay(result: Replay, console) -> None:
     table = Table(title=f"health alarms over {result.run_dir}: {result.steps} steps ({result.steps_with_rows} with "
                         "kept trajectories)")
     for column in ("alarm", "reads", "min / median / max", "first fired", "steps fired"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("alarm", "reads"))
     for a in result.alarms:
         ordered = sorted(a.values)
         spread = (f"{ordered[0]:.3g} / {ordered[len(ordered) // 2]:.3g} / {ordered[-1]:.3g}" if ordered else "-")
