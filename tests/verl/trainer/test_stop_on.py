@@ -45,3 +45,15 @@ def test_an_alarm_in_stop_on_stops_after_saving_and_the_run_resumes(workspace, t
     assert f"resuming from {out / 'global_step_1'}" in log
     assert "HEALTH ALARM length_budget" not in log  # warned before the stop already
     assert [r["step"] for r in metrics(out)] == [1, 2, 3]
+
+
+def test_a_stop_on_name_that_is_no_alarm_is_refused_before_anything_is_written(workspace, tmp_path):
+    """Guards against a typo in trainer.stop_on found only when the alarm would fire (or never): exit 2 at start,
+    naming the key and the alarms, and no run directory."""
+    out = tmp_path / "run"
+    done = main_ppo_in_process(*overrides(workspace, out, 1, "trainer.stop_on=[entropy]"))
+    log = done.stdout + done.stderr
+    assert done.returncode == 2, log[-3000:]
+    assert "trainer.stop_on=['entropy'] is invalid: 'entropy' is no alarm; allowed: entropy_collapse" in log
+    assert "hedged_answers" in log and not out.exists()
+
