@@ -159,8 +159,9 @@ class SearchConfig(Config):
         True, "Call the retrieval service on <search>; false = every search gets an empty <information> block.")
     reward: RewardConfig = section(RewardConfig)
     monitors: MonitorsConfig = section(
-        MonitorsConfig, "The search task's health alarms (search_r1/monitors.py): what its trajectories' text shows, "
-        "as the share of a step's trajectories that fires the alarm. trainer.stop_on may name them.")
+        MonitorsConfig, "The search task's health alarms (search_r1/monitors.py): the share of a step's trajectories "
+        "whose text shows a pattern (logged as monitor/<name>) that fires the alarm when its mean over the last "
+        "trainer.alarm_window steps is above it. trainer.stop_on may name them.")
     trainer: TrainerConfig = section(TrainerConfig, project_name="search_r1")
 
     def check(self) -> None:

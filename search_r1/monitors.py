@@ -2,7 +2,8 @@
 before the score shows it (docs/design.md, "Monitors").
 
 Each is a ``verl.trainer.alarms.RowShare``: the share of a step's trajectory records (``verl.utils.rollout_log``)
-that show the pattern, logged every step as ``monitor/<name>``, firing above its ``monitors.*`` setting. They read
+that show the pattern, logged every step as ``monitor/<name>``, firing when its mean over the last
+``trainer.alarm_window`` steps is above its ``monitors.*`` setting. They read
 the record's text: its policy segments (the ``<think>`` blocks), inserted segments (the passages), ``queries``,
 ``answer`` and the question in ``input``. ``alarms(cfg)`` (which ``search_r1.recipe`` exports as the recipe module's
 ``alarms``) adds to them ``score_without_retrieval``: the score rising while ``reward/retrieval_hit`` (a search found
@@ -139,7 +140,7 @@ PATTERNS: dict[str, tuple[Callable[[Row], bool], str, str, str]] = {
 def alarms(cfg: SearchConfig) -> list[Alarm]:
     """The search task's alarms for ``cfg`` (its ``monitors.*`` and ``trainer.alarm_*`` thresholds)."""
     m, t = cfg.monitors, cfg.trainer
-    found: list[Alarm] = [RowShare(name, shows, getattr(m, key), f"monitors.{key}", what, advice)
+    found: list[Alarm] = [RowShare(name, shows, getattr(m, key), t.alarm_window, f"monitors.{key}", what, advice)
                           for name, (shows, key, what, advice) in PATTERNS.items()]
     return found + [ScoreVsSignal("score_without_retrieval", RECALL_SIGNAL, t.alarm_score_rise, t.alarm_signal_drop,
                                   t.alarm_baseline_steps, t.alarm_window)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from data_prep.tiny_policy import THINK_ANSWER, THINK_NEXT_HOP, THINK_SEARCH, THINK_SEARCH_TWO
+from search_r1.monitors import PATTERNS as SEARCH_PATTERNS
 from search_r1.monitors import copied_answer, hedged_answer, repeated_ngrams, repeated_query, think_empty_or_copied
 from verl.config import load_config
 from verl.trainer.health import HealthMonitor
@@ -60,6 +61,9 @@ PATTERNS = {  # alarm -> a trajectory that shows it
 }
 
 
+PATTERNS_KEYS = {name: key for name, (_, key, _, _) in SEARCH_PATTERNS.items()}  # alarm -> its monitors.* setting
+
+
 def test_the_patterns_and_the_demos_trajectories():
     """Each predicate on the trajectories that show its pattern and on the demo's scripted ones (none shows any)."""
     checks = {"repeated_ngrams": repeated_ngrams, "think_empty_or_copied": think_empty_or_copied,
@@ -83,32 +87,53 @@ def search_monitor(tmp_path, *overrides: str) -> HealthMonitor:
 
 @pytest.mark.parametrize("alarm", list(PATTERNS))
 def test_each_text_alarm_fires_above_its_share_naming_an_example(tmp_path, caplog, alarm):
-    """Through the recipe seam with the default thresholds: a healthy step is quiet; a step where 6 of 26 rows
-    (0.23, above every default share) show the pattern fires that alarm alone, its warning naming one of them."""
-    monitor = search_monitor(tmp_path)
+    """Through the recipe seam with the default settings: a healthy step is quiet (share 0); then 6 of 26 rows a step
+    show the pattern (0.23, above every default share) and the alarm alone fires from the first step whose mean share
+    over the last trainer.alarm_window steps is above its setting (a plain loop here), its one warning naming one of
+    those rows."""
+    cfg = load_config([])
+    monitor, limit, window = search_monitor(tmp_path), getattr(cfg.monitors, PATTERNS_KEYS[alarm]), \
+        cfg.trainer.alarm_window
     quiet = monitor.observe(1, {}, HEALTHY)
     assert [k for k, v in quiet.items() if k.startswith("health/") and v] == []
     assert quiet[f"monitor/{alarm}"] == 0.0
     bad = [dict(PATTERNS[alarm], uid=f"bad-{k}", group="bad") for k in range(6)]
-    health = monitor.observe(2, {}, HEALTHY[:20] + bad)
-    assert [k for k, v in health.items() if k.startswith("health/") and v] == [f"health/{alarm}"]
-    assert health[f"monitor/{alarm}"] == pytest.approx(6 / 26)
-    assert f"HEALTH ALARM {alarm} at step 2 (example trajectory bad-0): 23% of the trajectories" in caplog.text
+    shares, fired = [0.0], []
+    for step in range(2, window + 3):
+        health = monitor.observe(step, {}, HEALTHY[:20] + bad)
+        shares.append(6 / 26)
+        assert health[f"monitor/{alarm}"] == pytest.approx(6 / 26)
+        flags = [k for k, v in health.items() if k.startswith("health/") and v]
+        assert flags in ([], [f"health/{alarm}"])
+        fired += [step] if flags else []
+    expected = [s for s in range(window, window + 3) if sum(shares[s - window:s]) / window > limit]
+    assert fired == expected and expected[-1] == window + 2
+    assert caplog.text.count(f"HEALTH ALARM {alarm}") == 1
+    assert f"HEALTH ALARM {alarm} at step {expected[0]} (example trajectory bad-0): " in caplog.text
 
 
 def test_the_score_rising_while_retrieval_hits_fall_fires(tmp_path, caplog):
-    """score_without_retrieval: the score up 0.3 while reward/retrieval_hit falls from 0.9 to 0.4 (the mean of the
-    last 3 steps against the first 3) fires from the step both moves exceed the thresholds; the score and the hits
-    rising together never fire."""
+    """score_without_retrieval: the score rising while reward/retrieval_hit falls fires from the first step whose
+    windowed means (the last trainer.alarm_window steps against the first trainer.alarm_baseline_steps) moved past
+    both thresholds (a plain loop here); the score and the hits rising together never fire."""
+    t = load_config([]).trainer
+    scores = [0.4, 0.4, 0.4, 0.45, 0.5, 0.6, 0.7, 0.7, 0.7, 0.7, 0.7]
+    hits = [0.9, 0.9, 0.9, 0.85, 0.8, 0.6, 0.4, 0.4, 0.4, 0.4, 0.4]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    b, w = t.alarm_baseline_steps, t.alarm_window
+    expected = [s for s in range(max(b + 1, w), len(scores) + 1)
+                if mean(scores[s - w:s]) - mean(scores[:b]) >= t.alarm_score_rise
+                and mean(hits[:b]) - mean(hits[s - w:s]) >= t.alarm_signal_drop]
     monitor = search_monitor(tmp_path)
-    scores = [0.4, 0.4, 0.4, 0.45, 0.5, 0.6, 0.7, 0.7]
-    hits = [0.9, 0.9, 0.9, 0.85, 0.8, 0.6, 0.4, 0.4]
     fired = [step for step, (s, h) in enumerate(zip(scores, hits, strict=True), start=1)
              if monitor.observe(step, {"critic/score/mean": s, "reward/retrieval_hit": h}, HEALTHY)[
                  "health/score_without_retrieval"]]
-    assert fired == [6, 7, 8]  # step 5: score +0.05 (0.1 needed), hits -0.05; step 6: score +0.117, hits -0.15
-    assert "HEALTH ALARM score_without_retrieval at step 6 (example trajectory row0-1): critic/score/mean rose " \
-           "0.4 -> 0.517 while reward/retrieval_hit fell 0.9 -> 0.75" in caplog.text
+    assert fired == expected and expected[0] < len(scores)
+    assert f"HEALTH ALARM score_without_retrieval at step {expected[0]} (example trajectory row0-1): " \
+           "critic/score/mean rose 0.4 -> " in caplog.text
     rising = search_monitor(tmp_path)
     assert not any(rising.observe(step, {"critic/score/mean": s, "reward/retrieval_hit": s + 0.3}, HEALTHY)[
         "health/score_without_retrieval"] for step, s in enumerate(scores, start=1))

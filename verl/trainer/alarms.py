@@ -150,24 +150,33 @@ class Above(Alarm):
 
 
 class RowShare(Alarm):
-    """The share of the step's rows showing a pattern (``shows(row)``) above ``limit``; logged every step as
-    ``monitor/<name>``. On a replay the live run's logged value, measured over its whole batch, wins over the
+    """The share of a step's rows showing a pattern (``shows(row)``), logged every step as ``monitor/<name>``; fires
+    when its mean over the last ``window`` steps that measured it is above ``limit`` (a small batch's share is noisy:
+    one step's is not enough). On a replay the live run's logged value, measured over its whole batch, wins over the
     share in the kept sample."""
 
-    def __init__(self, name: str, shows: Callable[[Row], bool], limit: float, setting: str, what: str, advice: str):
-        self.name, self.shows, self.limit, self.setting, self.what, self.advice = \
-            name, shows, limit, setting, what, advice
+    def __init__(self, name: str, shows: Callable[[Row], bool], limit: float, window: int, setting: str, what: str,
+                 advice: str):
+        self.name, self.shows, self.limit, self.window, self.setting, self.what, self.advice = \
+            name, shows, limit, window, setting, what, advice
         self.key = f"monitor/{name}"
+        self.recent: list[float] = []  # the shares of the last ``window`` steps that measured one
+
+    def restore(self, step: int, metrics: dict[str, float]) -> None:
+        share = metrics.get(self.key)
+        if share is not None:
+            self.recent = [*self.recent, share][-self.window:]
 
     def observe(self, step: int, metrics: dict[str, float], rows: Sequence[Row]) -> Reading:
         showing = [row for row in rows if self.shows(row)]
         share = metrics.get(self.key, len(showing) / len(rows) if rows else None)
         if share is None:
             return Reading()
-        reading = Reading(values={self.key: share})
-        if share > self.limit:
-            reading.warning = (f"{share:.0%} of the trajectories {self.what} ({self.key} > {self.setting}="
-                               f"{self.limit:g}): {self.advice}")
+        self.restore(step, {self.key: share})
+        reading, mean = Reading(values={self.key: share}), sum(self.recent) / len(self.recent)
+        if len(self.recent) == self.window and mean > self.limit:
+            reading.warning = (f"{mean:.0%} of the trajectories {self.what} ({self.key}, the mean of the last "
+                               f"{self.window} steps, > {self.setting}={self.limit:g}): {self.advice}")
             reading.example = str(showing[0]["uid"]) if showing else None
         return reading
 
@@ -176,8 +185,8 @@ class FlatGroups(RowShare):
     """The share of rows in groups whose samples all scored the same (every sample right, or every one wrong): their
     group-relative advantage is 0, the step learns nothing from them. Rows of groups of one are not counted."""
 
-    def __init__(self, limit: float):
-        super().__init__("flat_groups", lambda row: False, limit, "trainer.alarm_flat_groups_above",
+    def __init__(self, limit: float, window: int):
+        super().__init__("flat_groups", lambda row: False, limit, window, "trainer.alarm_flat_groups_above",
                          "are in groups whose samples all scored the same (zero advantage: nothing learnt from them)",
                          "the prompts are too easy or too hard for the policy, or it has collapsed onto one answer. "
                          "What to do: check actor/entropy; use algorithm.filter_groups.enable=true (dynamic "
@@ -258,5 +267,5 @@ def generic_alarms(cfg: TrainerConfig) -> list[Alarm]:
                      "trainer.alarm_valid_action_fraction",
                      "the policy writes fewer well-formed actions (malformed tags or tool calls, verl #3070 and "
                      f"#2364). What to do: {LR_ADVICE}; a format reward term helps", not_answered),
-        FlatGroups(cfg.alarm_flat_groups_above),
+        FlatGroups(cfg.alarm_flat_groups_above, cfg.alarm_window),
     ]

@@ -83,13 +83,15 @@ EXAMPLES = {"length_collapse": "row0-0", "length_budget": "row7-4", "valid_actio
 @pytest.mark.parametrize("alarm", ["entropy_collapse", "clipfrac_explosion", "length_collapse", "length_budget",
                                    "valid_actions_falling", "flat_groups"])
 def test_each_alarm_fires_on_its_pattern_once_warned_with_step_and_example(tmp_path, caplog, alarm):
-    """The pattern starts at step 6: the alarm fires on steps 6-10 (and no other alarm does), warning once, naming
-    step 6 and a trajectory that shows the pattern."""
+    """The pattern starts at step 6: the alarm fires on steps 6-10 (flat_groups, a share averaged over
+    trainer.alarm_window = 5 steps: step 10, its first window of flat steps), and no other alarm does; it warns once,
+    naming its first step and a trajectory that shows the pattern."""
     rng = random.Random(1)
     fired = run(HealthMonitor(TrainerConfig(), tmp_path), [collapsed(s, rng, alarm) for s in range(1, 11)])
-    assert fired == {alarm: [6, 7, 8, 9, 10]}
+    expected = [10] if alarm == "flat_groups" else [6, 7, 8, 9, 10]
+    assert fired == {alarm: expected}
     warnings = [r.getMessage() for r in caplog.records if "HEALTH ALARM" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].startswith(f"HEALTH ALARM {alarm} at step 6")
+    assert len(warnings) == 1 and warnings[0].startswith(f"HEALTH ALARM {alarm} at step {expected[0]}")
     if EXAMPLES.get(alarm):
         assert f"(example trajectory {EXAMPLES[alarm]})" in warnings[0]
     assert "What to do" in warnings[0]
@@ -102,7 +104,7 @@ def test_flat_groups_counts_the_rows_of_groups_whose_scores_agree(tmp_path):
         groups = [[float(rng.random() < rng.random()) for _ in range(rng.randint(1, 5))] for _ in range(6)]
         counted = [g for g in groups if len(g) >= 2]
         flat = sum(len(g) for g in counted if len(set(g)) == 1)
-        reading = FlatGroups(0.9).observe(1, {}, rows(groups))
+        reading = FlatGroups(0.9, 1).observe(1, {}, rows(groups))
         if counted:
             assert reading.values["monitor/flat_groups"] == pytest.approx(flat / sum(len(g) for g in counted))
         else:
@@ -115,7 +117,7 @@ def test_stop_on_names_are_checked_and_a_named_alarm_stops(tmp_path):
     with pytest.raises(ConfigError, match=r"trainer.stop_on=\['entropy'\] is invalid: 'entropy' is no alarm; "
                                           r"allowed: entropy_collapse, clipfrac_explosion, length_collapse"):
         HealthMonitor(TrainerConfig(stop_on=["entropy"]), tmp_path)
-    monitor = HealthMonitor(TrainerConfig(stop_on=["flat_groups"]), tmp_path)
+    monitor = HealthMonitor(TrainerConfig(stop_on=["flat_groups"], alarm_window=1), tmp_path)
     monitor.observe(1, {"actor/pg_clipfrac": 0.9}, rows([[0.0, 1.0]]))
     assert monitor.stopping is None
     monitor.observe(2, {}, rows([[1.0, 1.0]]))
@@ -127,7 +129,7 @@ def test_a_resumed_run_does_not_warn_again_for_an_alarm_that_fired(tmp_path, cap
     """The steps logged before a resume (metrics.jsonl) hold health/<name> = 1: the resumed process sets the flag
     when the alarm fires again but does not repeat the warning; an alarm that never fired still warns."""
     logged = [{"step": 1, "actor/pg_clipfrac": 0.9, "health/clipfrac_explosion": 1.0}]
-    monitor = HealthMonitor(TrainerConfig(), tmp_path)
+    monitor = HealthMonitor(TrainerConfig(alarm_window=1), tmp_path)
     monitor.restore(logged)
     health = monitor.observe(2, {"actor/pg_clipfrac": 0.9}, rows([[1.0, 1.0]]))
     assert health["health/clipfrac_explosion"] == 1.0 and health["health/flat_groups"] == 1.0
