@@ -122,8 +122,8 @@ class MonitorsConfig:
         "mostly repeat (monitor/repeated_ngrams) above this.", low=0, high=1, what="a share of the trajectories",
         steers=True)
     think_above: float = setting(
-        0.2, "Health alarm think_empty_or_copied: share with a <think> block that is empty, is the question or "
-        "repeats an earlier one word for word, above this.", low=0, high=1, what="a share of the trajectories",
+        0.2, "Health alarm think_empty_or_copied: share with a <think> block that is empty or is the question, above "
+        "this.", low=0, high=1, what="a share of the trajectories",
         steers=True)
     hedge_above: float = setting(
         0.1, "Health alarm hedged_answers: share whose answer lists candidates (A or B; A/B; A, B, C), above this.",

@@ -122,12 +122,12 @@ def print_replay(result: Replay, console) -> None:
 
     table = Table(title=f"health alarms over {result.run_dir}: {result.steps} steps ({result.steps_with_rows} with "
                         "kept trajectories)")
-    for column in ("alarm", "reads", "min / median / max", "first fired", "steps fired"):
-        table.add_column(column, no_wrap=column in ("alarm", "reads"))
+    for column in ("alarm", "what it reads: min / median / max", "first fired", "steps fired"):
+        table.add_column(column, no_wrap=column == "alarm")
     for a in result.alarms:
         ordered = sorted(a.values)
         spread = (f"{ordered[0]:.3g} / {ordered[len(ordered) // 2]:.3g} / {ordered[-1]:.3g}" if ordered else "-")
-        table.add_row(a.name, a.key or "-", spread, str(a.fired[0]) if a.fired else "never", str(len(a.fired)))
+        table.add_row(a.name, f"{a.key}: {spread}", str(a.fired[0]) if a.fired else "never", str(len(a.fired)))
     console.print(table)
     for a in result.alarms:
         if a.first_warning:

@@ -73,8 +73,9 @@ def test_the_patterns_and_the_demos_trajectories():
         assert not any(shows(row) for row in HEALTHY), name
     question = record("q-0", ["<think> who founded the guild that built the Ostvar bridge </think><search> x "
                               "</search>"], None, ["x"])
-    again = record("a-0", ["<think> Found it. </think><search> a </search>", "<think> found it </think>"], None, ["a"])
-    assert think_empty_or_copied(question) and think_empty_or_copied(again)
+    again = record("a-0", ["<think> I need to search for this. </think><search> a </search>",
+                           "<think> I need to search for this. </think><search> b </search>"], None, ["a", "b"])
+    assert think_empty_or_copied(question) and not think_empty_or_copied(again)  # demo-real's template: no copy
     assert hedged_answer({"answer": "Kessa; Vuzaholm"}) and hedged_answer({"answer": "Kessa, Vuzaholm, Ostvar"})
     assert not hedged_answer({"answer": "Simon and Garfunkel"}) and not hedged_answer({"answer": None})
     assert copied_answer(record("c-0", [], "who founded the guild that built the Ostvar bridge", []))
