@@ -48,11 +48,10 @@ def test_the_replay_fires_where_the_run_did_and_prints_it(trained_run, tmp_path,
     quiet = replay(run_dir, ["trainer.alarm_overlong_above=1.0"])
     assert "length_budget" not in replayed_firings(quiet)
 
-    assert main(["--monitors", str(run_dir)]) == 0
+    assert main(["--monitors", str(run_dir), "trainer.alarm_window=2"]) == 0  # a score trend over 4 steps
     out = capsys.readouterr().out
-    first = min(steps[0] for steps in live.values())
     assert "health alarms over" in out and f"HEALTH ALARM {next(iter(live))} at step" in out
-    assert "score (critic/score/mean, windowed mean): peak" in out and str(first) in out
+    assert "score (critic/score/mean, windowed mean): peak" in out
 
 
 def test_a_directory_that_is_no_run_is_refused(tmp_path, capsys):
