@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from search_r1.inspect.cli import main
 from search_r1.inspect.monitors import replay
 from tests.verl.trainer.trainer_test_utils import metrics
@@ -31,6 +33,7 @@ def replayed_firings(result) -> dict[str, list[int]]:
     return {a.name: a.fired for a in result.alarms if a.fired}
 
 
+@pytest.mark.slow  # the shared trained run (trainer_test_utils.trained_run), built once per test run
 def test_the_replay_fires_where_the_run_did_and_prints_it(trained_run, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir)
