@@ -116,6 +116,27 @@ class RewardConfig:
 
 
 @dataclass
+class MonitorsConfig:
+    repetition_above: float = setting(
+        0.2, "Health alarm repeated_ngrams: share of a step's trajectories with a policy turn whose word 4-grams "
+        "mostly repeat (monitor/repeated_ngrams) above this.", low=0, high=1, what="a share of the trajectories",
+        steers=True)
+    think_above: float = setting(
+        0.2, "Health alarm think_empty_or_copied: share with a <think> block that is empty or is the question, above "
+        "this.", low=0, high=1, what="a share of the trajectories",
+        steers=True)
+    hedge_above: float = setting(
+        0.1, "Health alarm hedged_answers: share whose answer lists candidates (A or B; A/B; A, B, C), above this.",
+        low=0, high=1, what="a share of the trajectories", steers=True)
+    copy_above: float = setting(
+        0.1, "Health alarm copied_answers: share whose answer copies the question or a whole passage, above this.",
+        low=0, high=1, what="a share of the trajectories", steers=True)
+    repeated_queries_above: float = setting(
+        0.2, "Health alarm repeated_queries: share that send the same query twice, above this.", low=0, high=1,
+        what="a share of the trajectories", steers=True)
+
+
+@dataclass
 class SearchConfig(Config):
     """The one flat config of the trainer with the search recipe. Every key is documented above its line.
     Generated from the declarations (verl/config/sections.py, verl/config/algorithm.py, search_r1/config.py) by
@@ -139,6 +160,10 @@ class SearchConfig(Config):
     do_search: bool = setting(
         True, "Call the retrieval service on <search>; false = every search gets an empty <information> block.")
     reward: RewardConfig = section(RewardConfig)
+    monitors: MonitorsConfig = section(
+        MonitorsConfig, "The search task's health alarms (search_r1/monitors.py): the share of a step's trajectories "
+        "whose text shows a pattern (logged as monitor/<name>) that fires the alarm when its mean over the last "
+        "trainer.alarm_window steps is above it. trainer.stop_on may name them.")
     trainer: TrainerConfig = section(TrainerConfig, project_name="search_r1")
 
     @property

@@ -6,9 +6,10 @@ plus ``retriever.*``, ``max_turns``, ``do_search``, ``reward.*``; ``search_r1.co
 action format when ``multi_turn.format`` is null: Search-R1's tags), ``DEFAULT_TOOLS`` (the hermes format's tools
 when ``multi_turn.tool_config_path`` is null: ``search``; ``search_r1.tools``), ``BASE_CONFIG`` (its documented
 defaults, ``configs/ppo_trainer.yaml``), ``HELP`` and ``describe`` (the entry point's help and start-up lines),
-``response_tokens`` (the start-up memory estimate's response length, from the blocks the service returns) and
-``build_recipe``. Importing it registers the action formats (``search_r1.llm_agent.tags`` and ``hermes``) and the
-reward terms (``search_r1.reward.terms``), so ``multi_turn.format`` and ``reward.terms`` are checked against them.
+``response_tokens`` (the start-up memory estimate's response length, from the blocks the service returns), ``alarms``
+(the task's health alarms, ``search_r1.monitors``) and ``build_recipe``. Importing it registers the action formats
+(``search_r1.llm_agent.tags`` and ``hermes``) and the reward terms (``search_r1.reward.terms``), so
+``multi_turn.format`` and ``reward.terms`` are checked against them.
 This project's setup.py registers this module as the installed recipe (entry point group ``verl.recipes``), which
 makes it the default of the config key ``recipe``. Importing it is light (no torch, transformers or Ray: the
 config, which imports this module first, refuses a bad key in about a second); the loop, the retrieval client and
@@ -164,6 +165,14 @@ def check_retrieval_identity(cfg: SearchConfig, health: dict) -> None:
     out = Path(cfg.trainer.default_local_dir)
     resuming = cfg.trainer.resume_mode != "disable" and checkpoint.find_latest(out) is not None
     record_retrieval(out, cfg.retriever.url, health, resuming)
+
+
+def alarms(cfg: SearchConfig) -> list:
+    """The search task's health alarms (``search_r1.monitors``: its text patterns and the score against the
+    retrieval hits), which the trainer adds to its own (``verl.trainer.recipe.recipe_alarms``)."""
+    from search_r1.monitors import alarms as search_alarms
+
+    return search_alarms(cfg)
 
 
 def build_recipe(cfg: SearchConfig, tokenizer: PreTrainedTokenizerBase, generator: Generator) -> Recipe:

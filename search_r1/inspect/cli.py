@@ -3,13 +3,16 @@
     search-r1-inspect RUN_DIR_OR_EVAL_DIR [--step N] [--split train|val|test] [--out report.html] [--limit N]
     search-r1-inspect A B [--step N] [--split S] [--out compare.html] [--limit N]
     ... --text [--show ID]
+    search-r1-inspect --monitors RUN_DIR [key=value ...]
 
 One path: its trajectories (a run directory's training samples and validation generations, an evaluation's
 ``trajectories.jsonl``, a directory of ``<step>.jsonl`` or one such file; ``search_r1.inspect.records``), a sample
 of at most ``--limit``, with filters and each trajectory's turns. Two paths: each one step of one split (an
 evaluation, or ``--step``/``--split``, or a ``<step>.jsonl`` file), compared on the questions both hold: the ones
 one got right and the other wrong, side by side, and the EM difference with its paired bootstrap 95% interval
-(``search_r1.inspect.compare``). ``--text`` prints the same with rich instead of writing a page.
+(``search_r1.inspect.compare``). ``--text`` prints the same with rich instead of writing a page. ``--monitors``
+replays the health alarms over a run directory (its config, metrics and kept trajectories; ``key=value`` arguments
+try other thresholds) and prints when each fired against when the score fell (``search_r1.inspect.monitors``).
 
 Exit status 0; 2 with ``error: <message>`` naming the bad path, step or option (nothing is written then).
 """
@@ -43,9 +46,16 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
                    help="at most this many trajectories (comparing: changed questions), a random sample beyond")
     p.add_argument("--text", action="store_true", help="print to the terminal (rich) instead of writing a page")
+    p.add_argument("--monitors", action="store_true",
+                   help="replay the health alarms over the run directory PATH (then key=value: other thresholds) "
+                        "and print when each fired")
     p.add_argument("--show", default=None, metavar="ID",
                    help="with --text: print this trajectory (a uid or list id; comparing: a question id qN)")
     args = p.parse_args(argv)
+    if args.monitors:
+        if any("=" not in arg for arg in args.paths[1:]):
+            p.error("--monitors takes one run directory, then only key=value settings (trainer.alarm_*, monitors.*)")
+        return args
     if len(args.paths) > 2:
         p.error(f"give one path to view or two to compare, got {len(args.paths)}")
     if args.limit < 1:
@@ -81,6 +91,11 @@ def compare_paths(a: str | Path, b: str | Path, step: int | None = None, split: 
 
 def run(args: argparse.Namespace) -> None:
     """Check the inputs, load, then write the page and/or print."""
+    if args.monitors:
+        from search_r1.inspect.monitors import print_replay, replay
+
+        print_replay(replay(args.paths[0], args.paths[1:]), _console())
+        return
     if args.out is not None:
         check_out(args.out)
     if len(args.paths) == 1:

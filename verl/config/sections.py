@@ -379,9 +379,10 @@ class TrainerConfig(RunConfig):
         "trainer.max_skipped_updates skipped steps on), in a row or not.", low=0, high=1, low_open=True,
         what="a share of the steps", steers=True)
     alarm_entropy_fraction: float = setting(
-        0.2, "Health alarm (console warning + health/entropy_collapse = 1): mean policy entropy below this fraction of "
+        0.1, "Health alarm (console warning + health/entropy_collapse = 1): mean policy entropy below this fraction of "
         "the run's starting entropy (the mean over its first trainer.alarm_baseline_steps steps): relative, so a run "
-        "from a sharp SFT checkpoint is not a collapse. 0 = off.", low=0, high=1, what="a fraction of the starting "
+        "from a sharp SFT checkpoint is not a collapse; a healthy run may end far below its start (make demo-real's "
+        "GRPO: 1.54 -> 0.25 nats). 0 = off.", low=0, high=1, what="a fraction of the starting "
         "entropy", steers=True)
     alarm_baseline_steps: int = setting(
         3, "Steps whose mean entropy is the run's starting entropy (trainer.alarm_entropy_fraction; no relative "
@@ -391,4 +392,38 @@ class TrainerConfig(RunConfig):
         "no floor (the relative alarm only).", low=0, null_means="no floor", steers=True)
     alarm_clipfrac_above: float = setting(
         0.5, "Health alarm (console warning + health/clipfrac_explosion = 1): PPO clip fraction above this.",
+        steers=True)
+    alarm_length_fraction: float = setting(
+        0.5, "Health alarm length_collapse: mean response length (response_length/mean) below this fraction of the "
+        "run's starting length (its first trainer.alarm_baseline_steps steps). 0 = off.", low=0, high=1,
+        what="a fraction of the starting length", steers=True)
+    alarm_overlong_above: float = setting(
+        0.5, "Health alarm length_budget: share of a step's trajectories cut by the length budget "
+        "(train/overlong_frac) above this.", low=0, high=1, what="a share of the trajectories", steers=True)
+    alarm_valid_action_fraction: float = setting(
+        0.8, "Health alarm valid_actions_falling: the share of well-formed actions (agent/valid_action_ratio) below "
+        "this fraction of the run's starting share. 0 = off.", low=0, high=1, what="a fraction of the starting share",
+        steers=True)
+    alarm_flat_groups_above: float = setting(
+        0.9, "Health alarm flat_groups: share of a step's trajectories in groups (a prompt's samples, rollout.n >= 2) "
+        "whose samples all scored the same, so their group-relative advantage is 0 (monitor/flat_groups), its mean "
+        "over the last trainer.alarm_window steps above this.", low=0, high=1, what="a share of the trajectories",
+        steers=True)
+    alarm_score_rise: float = setting(
+        0.1, "Health alarm score_without_<signal> (a recipe's recall signal, for example the search's retrieval "
+        "hits): fires when the mean score of the last trainer.alarm_window steps rose at least this much above the "
+        "run's start while the signal fell at least trainer.alarm_signal_drop below its start.", low=0,
+        what="a score difference", steers=True)
+    alarm_signal_drop: float = setting(
+        0.2, "The fall of the recall signal that alarm needs (see trainer.alarm_score_rise).", low=0,
+        what="a difference of the signal", steers=True)
+    alarm_window: int = setting(
+        5, "Steps averaged by the alarms that watch a noisy value: the score against the recall signal, and the "
+        "shares of trajectories (flat_groups, the recipe's text alarms); they fire from the step the window is "
+        "full.", low=1, steers=True)
+    stop_on: list[str] = setting(
+        [], "Health alarms that stop the run when they fire (names: entropy_collapse, clipfrac_explosion, "
+        "length_collapse, length_budget, valid_actions_falling, flat_groups and the recipe's own, listed in the "
+        "error a wrong name gets): the step is logged and saved as a checkpoint, then the run exits 3; the same "
+        "command (without the name here, to train on) resumes from that checkpoint. [] = alarms only warn.",
         steers=True)

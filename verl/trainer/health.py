@@ -1,4 +1,4 @@
-"""Watching a run's health: non-finite updates, entropy collapse, clip-fraction explosion.
+"""Watching a run's health: non-finite updates stop it; the alarms catch collapse and reward hacking.
 
 Choices:
 
@@ -12,29 +12,26 @@ Choices:
   train on for ever.
   Skipped are updates with a NaN/Inf advantage, loss or gradient norm, and those that would have left a weight
   NaN/Inf (undone).
-* Alarms are warnings, not stops, each calibrated to the run it watches and each saying what to do. An
-  ``Alarm`` watches one metric, logs a console warning when it fires and sets ``health/<name>`` to 1 for that
-  step (0 otherwise); a resumed run gives it the steps already logged (``HealthMonitor.restore``), so a state such
-  as a baseline survives the resume. A new monitor is one more ``Alarm`` in ``HealthMonitor.alarms``, its
-  thresholds settings of ``trainer``.
-
-  - ``EntropyCollapse``: the policy entropy falling below ``trainer.alarm_entropy_fraction`` of the run's own
-    starting entropy (the mean of its first ``trainer.alarm_baseline_steps`` steps), the GRPO failure of
-    Search-R1 #88. Relative, because where a run starts is its own: right after a supervised cold start the policy
-    is sharp (0.03 nats a token in issue 57's run), which is no collapse, while a run from a base model starts
-    near 1. ``trainer.alarm_entropy_below`` adds an absolute floor (off by default).
-  - ``ClipFractionExplosion``: the PPO clip fraction above ``trainer.alarm_clipfrac_above`` (updates far
-    off-policy). Absolute: every run starts at 0 (one update on the batch's own policy clips nothing).
+* Alarms (``alarms.py``: one ``Alarm`` per monitor, thresholds settings of ``trainer``; a task adds its own through
+  the recipe module's ``alarms(cfg)``) watch for collapse and reward hacking. Each logs ``health/<name>`` every step
+  (1 on a step it fired) and its own ``monitor/*`` values, and warns once, the first time it fires, in one line
+  naming the step and an example trajectory (``HEALTH ALARM <name> at step N (example trajectory UID): ...``). An
+  alarm that ``trainer.stop_on`` names also stops the run after that step is logged and saved (exit 3; the same
+  command resumes from that checkpoint). A resumed run gives the alarms the steps already logged
+  (``HealthMonitor.restore``), so their baselines survive, and an alarm that fired before does not warn again.
+  ``trainer.stop_on`` is checked against the alarms' names when the trainer is built, before anything is written.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
-from verl.config import TrainerConfig
-from verl.errors import TrainingStopped  # noqa: F401 -- raised here, defined below torch
+from verl.config import Config, TrainerConfig
+from verl.errors import ConfigError, TrainingStopped
+from verl.trainer.alarms import Alarm, Row, generic_alarms
+from verl.trainer.recipe import recipe_alarms
 from verl.utils import checkpoint
 
 logger = logging.getLogger(__name__)
@@ -44,85 +41,29 @@ NONFINITE_CAUSES = {"actor/nonfinite_advantages": "advantage", "actor/nonfinite_
                     "actor/nonfinite_grad_norm": "gradient norm", "actor/nonfinite_update": "weight after the update"}
 
 
-class Alarm(Protocol):
-    """A watched metric: ``observe`` returns the warning when it fires on a step (what happened and what to do)."""
-
-    name: str  # logged as health/<name>: 1 on a step it fired, else 0
-
-    def observe(self, step: int, metrics: dict[str, float]) -> str | None:
-        """The warning for this step's ``metrics``, or None."""
-        ...
-
-    def restore(self, step: int, metrics: dict[str, float]) -> None:
-        """Take a step that a resumed run logged before (its state only: no warning)."""
-        ...
-
-
-class EntropyCollapse:
-    """``actor/entropy`` below ``fraction`` x the run's starting entropy (the mean over its first ``baseline_steps``
-    steps; not checked before), or below ``floor`` (any step; None = no floor)."""
-
-    name = "entropy_collapse"
-    ADVICE = ("the policy has stopped exploring (GRPO groups whose samples agree carry no signal). What to do: lower "
-              "actor_rollout_ref.actor.optim.lr, add an entropy bonus (actor_rollout_ref.actor.entropy_coeff) or a KL "
-              "loss (actor_rollout_ref.actor.use_kl_loss=true, kl_loss_coef), and resume from a checkpoint before the "
-              "fall")
-
-    def __init__(self, fraction: float, baseline_steps: int, floor: float | None):
-        self.fraction, self.baseline_steps, self.floor = fraction, baseline_steps, floor
-        self.first: list[float] = []  # the entropies of the run's first steps (its baseline once complete)
-
-    def restore(self, step: int, metrics: dict[str, float]) -> None:
-        entropy = metrics.get("actor/entropy")
-        if entropy is not None and len(self.first) < self.baseline_steps:
-            self.first.append(entropy)
-
-    def observe(self, step: int, metrics: dict[str, float]) -> str | None:
-        entropy = metrics.get("actor/entropy")
-        if entropy is None:  # no update ran this step
-            return None
-        baseline = sum(self.first) / len(self.first) if len(self.first) == self.baseline_steps else None
-        self.restore(step, metrics)
-        if self.floor is not None and entropy < self.floor:
-            return (f"actor/entropy={entropy:.4g} < trainer.alarm_entropy_below={self.floor:g}: {self.ADVICE}")
-        if baseline is not None and entropy < self.fraction * baseline:
-            return (f"actor/entropy={entropy:.4g} is below {self.fraction:g} x the run's starting entropy "
-                    f"{baseline:.4g} (the mean of its first {self.baseline_steps} step(s); "
-                    f"trainer.alarm_entropy_fraction): {self.ADVICE}")
-        return None
-
-
-class ClipFractionExplosion:
-    """``actor/pg_clipfrac`` above ``limit``."""
-
-    name = "clipfrac_explosion"
-
-    def __init__(self, limit: float):
-        self.limit = limit
-
-    def restore(self, step: int, metrics: dict[str, float]) -> None:
-        pass  # no state
-
-    def observe(self, step: int, metrics: dict[str, float]) -> str | None:
-        clipfrac = metrics.get("actor/pg_clipfrac")
-        if clipfrac is None or clipfrac <= self.limit:
-            return None
-        return (f"actor/pg_clipfrac={clipfrac:.4g} > trainer.alarm_clipfrac_above={self.limit:g}: the updates move "
-                "the policy far from the one that sampled the batch. What to do: lower "
-                "actor_rollout_ref.actor.optim.lr, use fewer actor_rollout_ref.actor.ppo_epochs or a larger "
-                "ppo_mini_batch_size; with trainer.max_staleness > 0, lower it")
-
-
 class HealthMonitor:
-    def __init__(self, cfg: TrainerConfig, out_dir: Path):
+    def __init__(self, cfg: TrainerConfig, out_dir: Path, extra: Sequence[Alarm] = ()):
+        """The stop rules of ``cfg`` and its alarms: the trainer's (``alarms.generic_alarms``) and ``extra`` (the
+        task's, ``verl.trainer.recipe.recipe_alarms``). ConfigError when ``trainer.stop_on`` names no alarm."""
         self.cfg = cfg
         self.out_dir = out_dir
         self.skipped_in_a_row = 0
         self.last_good_step = 0  # the last step whose update went through (0 = none yet)
         self.steps = self.skipped = 0  # steps observed by this process, and those whose update was skipped
-        self.alarms: list[Alarm] = [
-            EntropyCollapse(cfg.alarm_entropy_fraction, cfg.alarm_baseline_steps, cfg.alarm_entropy_below),
-            ClipFractionExplosion(cfg.alarm_clipfrac_above)]
+        self.alarms: list[Alarm] = [*generic_alarms(cfg), *extra]
+        names = [alarm.name for alarm in self.alarms]
+        unknown = [name for name in cfg.stop_on if name not in names]
+        if unknown:
+            raise ConfigError(f"config key trainer.stop_on={list(cfg.stop_on)} is invalid: {unknown[0]!r} is no "
+                              f"alarm; allowed: {', '.join(names)}")
+        self.warned: set[str] = set()  # alarms that fired (and warned) already in this run
+        self.first_fired: dict[str, tuple[int, str]] = {}  # alarm -> (step, warning line) of its first firing here
+        self.stopping: str | None = None  # set when an alarm trainer.stop_on names fired: the run stops
+
+    @classmethod
+    def for_run(cls, cfg: Config, out_dir: Path) -> HealthMonitor:
+        """The monitor of a run of ``cfg``: the trainer's alarms and its recipe module's (``recipe_alarms``)."""
+        return cls(cfg.trainer, out_dir, recipe_alarms(cfg))
 
     def restore(self, records: list[dict]) -> None:
         """The steps a resumed run already logged (``metrics.jsonl``'s records, in order), for the alarms' state."""
@@ -130,9 +71,13 @@ class HealthMonitor:
             if record.get("step", 0) > 0:
                 for alarm in self.alarms:
                     alarm.restore(record["step"], record)
+                    if record.get(f"health/{alarm.name}"):
+                        self.warned.add(alarm.name)
 
-    def observe(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
-        """Check one step's metrics; returns the ``health/*`` metrics. Raises ``TrainingStopped`` at the limit."""
+    def observe(self, step: int, metrics: dict[str, float], rows: Sequence[Row] = ()) -> dict[str, float]:
+        """Check one step's metrics and trajectory records ``rows`` (``verl.utils.rollout_log``; none: the alarms
+        that read rows stay quiet); returns the ``health/*`` and ``monitor/*`` metrics. Raises ``TrainingStopped`` at
+        the skipped-update limit; sets ``stopping`` when an alarm ``trainer.stop_on`` names fired."""
         cause = next((name for key, name in NONFINITE_CAUSES.items() if metrics.get(key, 0) > 0), None)
         self.steps += 1
         if metrics.get("actor/skipped_updates", 0) > 0:
@@ -153,10 +98,26 @@ class HealthMonitor:
                 f"stopped at step {step}: the actor update was skipped {why} because a {cause} was NaN/Inf; "
                 f"last good checkpoint: {good if good is not None else 'none'} (step {self.last_good_step} was the "
                 "last with a finite update)")
-        health = {}
+        return self.check_alarms(step, metrics, rows)
+
+    def check_alarms(self, step: int, metrics: dict[str, float], rows: Sequence[Row]) -> dict[str, float]:
+        """Every alarm's reading of the step: its ``health/<name>`` flag and ``monitor/*`` values; the first firing
+        of each is logged as one warning line."""
+        health: dict[str, float] = {}
         for alarm in self.alarms:
-            warning = alarm.observe(step, metrics)
-            if warning is not None:
-                logger.warning("step %d: HEALTH ALARM %s: %s", step, alarm.name.replace("_", " "), warning)
-            health[f"health/{alarm.name}"] = float(warning is not None)
+            reading = alarm.observe(step, metrics, rows)
+            health.update(reading.values)
+            health[f"health/{alarm.name}"] = float(reading.warning is not None)
+            if reading.warning is None:
+                continue
+            example = f" (example trajectory {reading.example})" if reading.example else ""
+            if alarm.name not in self.first_fired:
+                self.first_fired[alarm.name] = (step, f"HEALTH ALARM {alarm.name} at step {step}{example}: "
+                                                      f"{reading.warning}")
+                if alarm.name not in self.warned:
+                    logger.warning("%s", self.first_fired[alarm.name][1])
+                self.warned.add(alarm.name)
+            if alarm.name in self.cfg.stop_on and self.stopping is None:
+                self.stopping = (f"stopped at step {step}: the health alarm {alarm.name} fired{example} and "
+                                 f"trainer.stop_on names it: {reading.warning}")
         return health

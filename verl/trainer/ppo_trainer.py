@@ -25,9 +25,9 @@ may zero it on the rows the length budget cut, or add a length penalty to the re
 Stability (docs/design.md, "Faults and what the trainer does"): every step logs the rollout/trainer
 mismatch over the policy tokens (``rollout/*``, from the engines' log-probs); a NaN/Inf advantage skips the
 step's updates (a NaN/Inf loss or gradient norm skips an optimiser step in the workers), and ``health.HealthMonitor``
-stops the run after ``trainer.max_skipped_updates`` such steps in a row and raises the entropy and
-clip-fraction alarms; when the recipe's environment stays down (``EnvironmentUnavailable``) the run
-saves the last finished step and stops, so a rerun continues with no step lost.
+stops the run after ``trainer.max_skipped_updates`` such steps in a row and raises the health alarms (collapse,
+reward hacking; ``alarms.py``), which stop the run after saving when ``trainer.stop_on`` names them; when the
+recipe's environment stays down (``EnvironmentUnavailable``) the run saves the last finished step and stops.
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class PPOTrainer:
         check_models(cfg)
         check_positions(cfg)
         self.out_dir = Path(cfg.trainer.default_local_dir)
+        self.health = HealthMonitor.for_run(cfg, self.out_dir)  # checks trainer.stop_on before anything is written
         config_yaml = to_yaml(cfg)
         # checks only: nothing of the run directory is written until every start-up check has passed (run_dir)
         run_dir.claim(self.out_dir, config_yaml, cfg.trainer.resume_mode, cfg.trainer.val_only, steering_keys(cfg),
@@ -142,7 +143,6 @@ class PPOTrainer:
         self.trajectories = TrajectoryLog(cfg.trainer, self.out_dir, self.tokenizer, self.recipe.trajectory_fields)
         self.tracker = Tracker(cfg.trainer.logger, self.out_dir, cfg.trainer.project_name,
                                cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
-        self.health = HealthMonitor(cfg.trainer, self.out_dir)
         self._trained_step = 0  # the last step whose updates ran (an outage before them rewinds the step)
         self.loader_state = self.loader.state_dict()  # after the last trained batch (what a checkpoint stores)
 
@@ -204,12 +204,14 @@ class PPOTrainer:
                         self.stop_for_outage(err)
                     metrics = result.metrics
                     try:
-                        metrics.update(self.health.observe(self.step, metrics))
+                        metrics.update(self.health.observe(self.step, metrics, result.records))
                     except TrainingStopped as err:
                         self.stop_unhealthy(err)
                     self.tracker.log({**metrics, **result.timings.metrics(), **self._perf(result)}, step=self.step)
                     if self._due(self.cfg.trainer.save_freq):  # after the log: a kill in between redoes the step
                         self.save()
+                    if self.health.stopping is not None:  # an alarm trainer.stop_on names fired
+                        self.stop_for_alarm(self.health.stopping)
                     progress.update()
         finally:
             rollout.close()
@@ -241,7 +243,7 @@ class PPOTrainer:
         sync_metrics, timings.sync = timed(self._sync_step, rollout, trained.updated)
         metrics.update(sync_metrics)
         self._trained_step, self.loader_state = self.step, generated.loader_state
-        self.trajectories.keep_trained(self.step, trained.batch)
+        records = self.trajectories.keep_trained(self.step, trained.batch)  # every row's; a sample kept on disk
         metrics["perf/overlap_s"] = rollout.overlap_s(train_start, time.perf_counter())
         if self._due(self.cfg.trainer.test_freq):
             validate_start = time.perf_counter()
@@ -251,7 +253,7 @@ class PPOTrainer:
             metrics.update(self.last_validation)
         timings.wait_rollout, timings.gen = wait_s, generated.seconds  # gen: generation and reward, every round
         timings.step = time.perf_counter() - start
-        return StepResult(trained.batch, metrics, trained.updated, timings)
+        return StepResult(trained.batch, metrics, trained.updated, timings, records)
 
     def _sync_step(self, rollout: InlineRollout | PipelinedRollout, updated: bool) -> dict[str, float]:
         """The engines move to this step's version: with its new weights when the actor was updated (unchanged
@@ -380,10 +382,17 @@ class PPOTrainer:
     def stop_unhealthy(self, err: TrainingStopped) -> NoReturn:
         """Too many skipped updates: save the weights as they are (every skipped update left them untouched, so they
         are the last finite ones) as this step's checkpoint, and raise ``TrainingStopped`` naming it."""
+        raise TrainingStopped(f"{err}\nsaved the last finite weights as checkpoint {self._saved()}") from err
+
+    def stop_for_alarm(self, why: str) -> NoReturn:
+        """An alarm ``trainer.stop_on`` names fired: the step (logged) is saved and ``TrainingStopped`` names it."""
+        raise TrainingStopped(f"{why}\nsaved checkpoint {self._saved()}; run the same command to continue at step "
+                              f"{self.step + 1} (without the alarm in trainer.stop_on to train past it)")
+
+    def _saved(self) -> Path:
+        """This step's checkpoint, written now unless it exists."""
         saved = checkpoint.step_dir(self.out_dir, self.step)
-        if not saved.exists():
-            saved = self.save()
-        raise TrainingStopped(f"{err}\nsaved the last finite weights as checkpoint {saved}") from err
+        return saved if saved.exists() else self.save()
 
     def sync_weights(self) -> dict[str, float]:
         """The actor's new weights into every engine (``roles.sync_engines``: in memory, not via the driver).

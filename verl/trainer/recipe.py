@@ -18,6 +18,9 @@ module; what the trainer reads of it:
 * ``response_tokens(cfg, tokenizer, questions) -> (tokens, words)`` (optional): the longest response the task's
   trajectories can have at the lengths its environment really inserts (``questions``: a sample of the training
   data's), for the start-up memory estimate (``expected_row_lengths``); without it, ``data.max_trajectory_length``.
+* ``alarms(cfg) -> list[Alarm]`` (optional): the task's health alarms (``verl.trainer.alarms``), for example ones that
+  read its trajectories' text (think blocks, answers, queries) or a ``ScoreVsSignal`` on its recall metric; built
+  from the config alone (``recipe_alarms``), so a finished run's directory can be replayed through them too.
 
 The trainer imports the module by name, so dependencies point one way: a recipe imports ``verl``,
 ``verl`` never imports a recipe. The config's default is the recipe the installed packages register
@@ -40,6 +43,7 @@ import numpy as np
 from verl.config import Config, ConfigError, recipe_module
 from verl.errors import EnvironmentUnavailable  # noqa: F401 -- raised here, defined below torch
 from verl.protocol import Batch
+from verl.trainer.alarms import Alarm
 from verl.trainer.columns import PHASES, Column, ColumnError, made_by, notify, shape_problem, sizes, undeclared
 from verl.trainer.reward import ScoreFn
 from verl.utils.dataset import PromptDataset
@@ -142,3 +146,9 @@ def expected_row_lengths(cfg: Config, tokenizer, dataset: PromptDataset) -> RowL
     texts = [str(dataset.rows[i]["prompt"][-1]["content"]) for i in dict.fromkeys(picked.tolist())]
     response, words = expect(cfg, tokenizer, [text.rsplit("Question:", 1)[-1].strip() or text for text in texts])
     return RowLengths(prompt, min(response, cfg.data.max_trajectory_length), f"the data's longest prompt; {words}")
+
+
+def recipe_alarms(cfg: Config) -> list[Alarm]:
+    """The health alarms of the recipe module ``cfg.recipe`` (its ``alarms(cfg)``; none when it defines none)."""
+    build = getattr(recipe_module(cfg.recipe), "alarms", None)
+    return list(build(cfg)) if build is not None else []

@@ -77,6 +77,7 @@ class StepResult:
     metrics: dict[str, float]
     updated: bool  # the actor was updated: its new weights go to the engines
     timings: StepTimings = field(default_factory=StepTimings)
+    records: list[dict] = field(default_factory=list)  # every row's trajectory record (verl.utils.rollout_log)
 
 
 # rollout/* of an on-policy step come from the update's forward pass (actor.py), under the actor's prefix

@@ -149,11 +149,14 @@ class TrajectoryLog:
         return trajectory_records(batch, self.tokenizer, step, split, rows,
                                   self.fields(batch) if self.fields is not None else None)
 
-    def keep_trained(self, step: int, batch: Batch) -> None:
-        """A sample of the step's trained ``batch`` (whole groups of its ``uid``) as ``<train dir>/<step>.jsonl``."""
-        rows = sample_rows([str(uid) for uid in batch["uid"]], self.train_rows)
-        if rows:
-            write_records(self.train_dir, step, self.records(batch, step, "train", rows))
+    def keep_trained(self, step: int, batch: Batch) -> list[dict]:
+        """The records of every row of the step's trained ``batch`` (what the health alarms read); a sample of them
+        (whole groups of its ``uid``) is written as ``<train dir>/<step>.jsonl``."""
+        records = self.records(batch, step, "train", range(len(batch)))
+        kept = sample_rows([record["group"] for record in records], self.train_rows)
+        if kept:
+            write_records(self.train_dir, step, [records[i] for i in kept])
+        return records
 
     def validation_sample(self, prompts: int, n: int) -> set[int]:
         """The dataset rows (of ``prompts``, each generated ``n`` times) whose generations a validation keeps."""

@@ -76,26 +76,26 @@ def test_a_run_from_an_sft_checkpoint_raises_no_entropy_alarm(tmp_path, caplog):
 
 
 def test_a_constructed_collapse_raises_the_alarm_saying_what_to_do(tmp_path, caplog):
-    """Entropy falling to a fifth of the run's start (the mean of its first 3 steps, 0.87) fires from the step it
-    does (0.15 < 0.174), with a warning that says what to do; the same fall relative to an SFT start fires too."""
+    """Entropy falling below a tenth of the run's start (the mean of its first 3 steps, 0.87) fires from the step it
+    does (0.06 < 0.087), with a warning that says what to do; the same fall relative to an SFT start fires too."""
     monitor = HealthMonitor(TrainerConfig(), tmp_path)
     fired = alarms(monitor, COLLAPSE)
-    assert [step for step, on in fired.items() if on] == [6, 7, 8]
-    assert "step 6: HEALTH ALARM entropy collapse: actor/entropy=0.15 is below 0.2 x the run's starting entropy 0.87" \
+    assert [step for step, on in fired.items() if on] == [7, 8]
+    assert "HEALTH ALARM entropy_collapse at step 7: actor/entropy=0.06 is below 0.1 x the run's starting 0.87" \
         in caplog.text
     assert "What to do: lower actor_rollout_ref.actor.optim.lr" in caplog.text
     sharp = HealthMonitor(TrainerConfig(), tmp_path)
-    assert [step for step, on in alarms(sharp, AFTER_SFT[:3] + [0.004]).items() if on] == [4]
+    assert [step for step, on in alarms(sharp, AFTER_SFT[:3] + [0.003]).items() if on] == [4]
 
 
 def test_the_starting_entropy_survives_a_resume(tmp_path):
     """A resumed run takes its starting entropy from the steps it logged before (metrics.jsonl), not from the
-    first steps after the resume: resumed at step 5 of the collapse, steps 6-8 still alarm; and a resumed run from
+    first steps after the resume: resumed at step 5 of the collapse, steps 7-8 still alarm; and a resumed run from
     SFT still does not."""
     logged = [{"step": 0, "val/em": 0.1}] + [{"step": s, "actor/entropy": e} for s, e in enumerate(COLLAPSE[:5], 1)]
     monitor = HealthMonitor(TrainerConfig(), tmp_path)
     monitor.restore(logged)
-    assert [step for step, on in alarms(monitor, COLLAPSE[5:], first_step=6).items() if on] == [6, 7, 8]
+    assert [step for step, on in alarms(monitor, COLLAPSE[5:], first_step=6).items() if on] == [7, 8]
     sft = HealthMonitor(TrainerConfig(), tmp_path)
     sft.restore([{"step": s, "actor/entropy": e} for s, e in enumerate(AFTER_SFT[:4], 1)])
     assert set(alarms(sft, AFTER_SFT[4:], first_step=5).values()) == {0.0}
@@ -107,6 +107,7 @@ def test_the_absolute_floor_and_the_clip_fraction_alarm(tmp_path, caplog):
     assert alarms(monitor, AFTER_SFT[:1]) == {1: 1.0}
     monitor = HealthMonitor(TrainerConfig(), tmp_path)
     health = monitor.observe(1, {"actor/entropy": 0.8, "actor/pg_clipfrac": 0.7})
-    assert health == {"health/entropy_collapse": 0.0, "health/clipfrac_explosion": 1.0}
-    assert "HEALTH ALARM clipfrac explosion: actor/pg_clipfrac=0.7 > trainer.alarm_clipfrac_above=0.5" in caplog.text
+    assert (health["health/entropy_collapse"], health["health/clipfrac_explosion"]) == (0.0, 1.0)
+    assert "HEALTH ALARM clipfrac_explosion at step 1: actor/pg_clipfrac=0.7 > trainer.alarm_clipfrac_above=0.5" \
+        in caplog.text
     assert "What to do: lower actor_rollout_ref.actor.optim.lr" in caplog.text

@@ -103,7 +103,7 @@ def test_nan_updates_are_skipped_then_the_run_stops_naming_step_quantity_and_che
             f"because a advantage was NaN/Inf; last good checkpoint: {out / 'global_step_1'}") in log
     assert f"saved the last finite weights as checkpoint {out / 'global_step_3'}" in log
     assert checkpoint.find_latest(out) == out / "global_step_3"
-    assert "HEALTH ALARM entropy collapse" in log
+    assert "HEALTH ALARM entropy_collapse at step 1" in log
     records = metrics(out)
     assert [r["step"] for r in records] == [1, 2]  # step 3 stopped the run before it was logged
     assert records[0]["actor/skipped_updates"] == 0 and records[1]["actor/skipped_updates"] == 2

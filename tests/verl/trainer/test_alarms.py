@@ -1,0 +1,136 @@
+"""The trainer's health alarms (verl/trainer/alarms.py) on constructed runs: each fires on the pattern it watches,
+from the step the pattern crosses its threshold, with one warning naming the step and an example trajectory, and
+stays quiet on a healthy run (pure objects: no model, no run).
+
+Guards against collapse and reward hacking seen only in the score (Search-R1 #88, #92, #186; ZeroSearch #23;
+Agent-R1 #8): before these alarms only the entropy and the clip fraction were watched.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from verl.config import TrainerConfig
+from verl.errors import ConfigError
+from verl.trainer.alarms import FlatGroups
+from verl.trainer.health import HealthMonitor
+
+
+def rows(groups: list[list[float]], length: int = 100, stop: str = "answered") -> list[dict]:
+    """Trajectory records: one group (a prompt's samples) per list of scores."""
+    return [{"uid": f"row{g}-{k}", "group": f"row{g}", "score": score, "response_length": length + k + g,
+             "stop_reason": stop, "reward_terms": {}}
+            for g, scores in enumerate(groups) for k, score in enumerate(scores)]
+
+
+def healthy_step(step: int, rng: random.Random) -> tuple[dict, list[dict]]:
+    """A step of a healthy GRPO run: the entropy, lengths and valid actions wander around where they started, a
+    tenth of the rows are cut by the budget, most groups' samples disagree."""
+    metrics = {"actor/entropy": 0.6 + rng.uniform(-0.1, 0.1), "actor/pg_clipfrac": rng.uniform(0, 0.05),
+               "response_length/mean": 110 + rng.uniform(-20, 20), "train/overlong_frac": rng.uniform(0, 0.15),
+               "agent/valid_action_ratio": 0.95 + rng.uniform(-0.05, 0.04), "critic/score/mean": 0.5 + 0.01 * step}
+    groups = [[float(rng.random() < 0.5) for _ in range(5)] for _ in range(8)]
+    groups[0] = [0.0, 1.0, 0.0, 0.0, 1.0]  # at least one group that disagrees
+    return metrics, rows(groups)
+
+
+def run(monitor: HealthMonitor, steps: list[tuple[dict, list[dict]]]) -> dict[str, list[int]]:
+    """Feed the steps; alarm name -> the steps it fired on."""
+    fired: dict[str, list[int]] = {}
+    for step, (metrics, step_rows) in enumerate(steps, start=1):
+        for key, flag in monitor.observe(step, metrics, step_rows).items():
+            if key.startswith("health/") and flag:
+                fired.setdefault(key.removeprefix("health/"), []).append(step)
+    return fired
+
+
+def test_a_healthy_run_raises_no_alarm(tmp_path, caplog):
+    """Guards against false alarms: thirty steps of a healthy GRPO run (the defaults' demo-like values) fire none."""
+    rng = random.Random(0)
+    assert run(HealthMonitor(TrainerConfig(), tmp_path), [healthy_step(s, rng) for s in range(1, 31)]) == {}
+    assert "HEALTH ALARM" not in caplog.text
+
+
+def collapsed(step: int, rng: random.Random, alarm: str) -> tuple[dict, list[dict]]:
+    """A healthy step, changed from step 6 on to show the pattern ``alarm`` watches."""
+    metrics, step_rows = healthy_step(step, rng)
+    if step < 6:
+        return metrics, step_rows
+    if alarm == "length_collapse":  # answers without reasoning or search
+        metrics["response_length/mean"] = 30.0
+        step_rows = rows([[1.0, 0.0]], length=12)
+    elif alarm == "length_budget":  # the policy never stops
+        metrics["train/overlong_frac"] = 0.8
+    elif alarm == "valid_actions_falling":  # malformed actions
+        metrics["agent/valid_action_ratio"] = 0.6
+        step_rows = rows([[0.0, 1.0], [0.0, 0.0]])
+        step_rows[3]["stop_reason"] = "max_turns"  # row1-1 never answered
+    elif alarm == "flat_groups":  # every group all right or all wrong
+        step_rows = rows([[1.0] * 5] * 5 + [[0.0] * 5] * 3)
+    elif alarm == "clipfrac_explosion":
+        metrics["actor/pg_clipfrac"] = 0.7
+    elif alarm == "entropy_collapse":
+        metrics["actor/entropy"] = 0.05
+    return metrics, step_rows
+
+
+EXAMPLES = {"length_collapse": "row0-0", "length_budget": "row7-4", "valid_actions_falling": "row1-1",
+            "flat_groups": "row0-0"}
+
+
+@pytest.mark.parametrize("alarm", ["entropy_collapse", "clipfrac_explosion", "length_collapse", "length_budget",
+                                   "valid_actions_falling", "flat_groups"])
+def test_each_alarm_fires_on_its_pattern_once_warned_with_step_and_example(tmp_path, caplog, alarm):
+    """The pattern starts at step 6: the alarm fires on steps 6-10 (flat_groups, a share averaged over
+    trainer.alarm_window = 5 steps: step 10, its first window of flat steps), and no other alarm does; it warns once,
+    naming its first step and a trajectory that shows the pattern."""
+    rng = random.Random(1)
+    fired = run(HealthMonitor(TrainerConfig(), tmp_path), [collapsed(s, rng, alarm) for s in range(1, 11)])
+    expected = [10] if alarm == "flat_groups" else [6, 7, 8, 9, 10]
+    assert fired == {alarm: expected}
+    warnings = [r.getMessage() for r in caplog.records if "HEALTH ALARM" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith(f"HEALTH ALARM {alarm} at step {expected[0]}")
+    if EXAMPLES.get(alarm):
+        assert f"(example trajectory {EXAMPLES[alarm]})" in warnings[0]
+    assert "What to do" in warnings[0]
+
+
+def test_flat_groups_counts_the_rows_of_groups_whose_scores_agree(tmp_path):
+    """monitor/flat_groups against a plain count; groups of one are left out (no spread to measure)."""
+    rng = random.Random(2)
+    for _ in range(20):
+        groups = [[float(rng.random() < rng.random()) for _ in range(rng.randint(1, 5))] for _ in range(6)]
+        counted = [g for g in groups if len(g) >= 2]
+        flat = sum(len(g) for g in counted if len(set(g)) == 1)
+        reading = FlatGroups(0.9, 1).observe(1, {}, rows(groups))
+        if counted:
+            assert reading.values["monitor/flat_groups"] == pytest.approx(flat / sum(len(g) for g in counted))
+        else:
+            assert reading.values == {}
+
+
+def test_stop_on_names_are_checked_and_a_named_alarm_stops(tmp_path):
+    """trainer.stop_on: a name that is no alarm is a ConfigError listing the alarms (before anything runs); a named
+    alarm sets ``stopping`` with the step, the example and the warning; an alarm not named does not."""
+    with pytest.raises(ConfigError, match=r"trainer.stop_on=\['entropy'\] is invalid: 'entropy' is no alarm; "
+                                          r"allowed: entropy_collapse, clipfrac_explosion, length_collapse"):
+        HealthMonitor(TrainerConfig(stop_on=["entropy"]), tmp_path)
+    monitor = HealthMonitor(TrainerConfig(stop_on=["flat_groups"], alarm_window=1), tmp_path)
+    monitor.observe(1, {"actor/pg_clipfrac": 0.9}, rows([[0.0, 1.0]]))
+    assert monitor.stopping is None
+    monitor.observe(2, {}, rows([[1.0, 1.0]]))
+    assert monitor.stopping.startswith("stopped at step 2: the health alarm flat_groups fired (example trajectory "
+                                       "row0-0) and trainer.stop_on names it: 100% of the trajectories")
+
+
+def test_a_resumed_run_does_not_warn_again_for_an_alarm_that_fired(tmp_path, caplog):
+    """The steps logged before a resume (metrics.jsonl) hold health/<name> = 1: the resumed process sets the flag
+    when the alarm fires again but does not repeat the warning; an alarm that never fired still warns."""
+    logged = [{"step": 1, "actor/pg_clipfrac": 0.9, "health/clipfrac_explosion": 1.0}]
+    monitor = HealthMonitor(TrainerConfig(alarm_window=1), tmp_path)
+    monitor.restore(logged)
+    health = monitor.observe(2, {"actor/pg_clipfrac": 0.9}, rows([[1.0, 1.0]]))
+    assert health["health/clipfrac_explosion"] == 1.0 and health["health/flat_groups"] == 1.0
+    assert "clipfrac_explosion" not in caplog.text and "HEALTH ALARM flat_groups at step 2" in caplog.text
