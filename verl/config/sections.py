@@ -409,6 +409,10 @@ class TrainerConfig(RunConfig):
         "whose samples all scored the same, so their group-relative advantage is 0 (monitor/flat_groups), its mean "
         "over the last trainer.alarm_window steps above this.", low=0, high=1, what="a share of the trajectories",
         steers=True)
+    alarm_kl_above: float = setting(
+        0.25, "Health alarm kl_drift: the policy's KL divergence from the reference model (actor/kl_loss, or "
+        "actor/reward_kl_penalty with algorithm.use_kl_in_reward) above this; the sign that comes first in a slow "
+        "collapse. 0 = off.", low=0, what="a KL divergence (nats)", steers=True)
     alarm_score_rise: float = setting(
         0.1, "Health alarm score_without_<signal> (a recipe's recall signal, for example the search's retrieval "
         "hits): fires when the mean score of the last trainer.alarm_window steps rose at least this much above the "
@@ -423,7 +427,7 @@ class TrainerConfig(RunConfig):
         "full.", low=1, steers=True)
     stop_on: list[str] = setting(
         [], "Health alarms that stop the run when they fire (names: entropy_collapse, clipfrac_explosion, "
-        "length_collapse, length_budget, valid_actions_falling, flat_groups and the recipe's own, listed in the "
-        "error a wrong name gets): the step is logged and saved as a checkpoint, then the run exits 3; the same "
+        "length_collapse, length_budget, valid_actions_falling, flat_groups, kl_drift and the recipe's own, listed in "
+        "the error a wrong name gets): the step is logged and saved as a checkpoint, then the run exits 3; the same "
         "command (without the name here, to train on) resumes from that checkpoint. [] = alarms only warn.",
         steers=True)

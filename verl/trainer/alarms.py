@@ -149,6 +149,30 @@ class Above(Alarm):
                        _pick(rows, self.example))
 
 
+class KLDrift(Above):
+    """The policy's KL divergence from the reference model above ``limit``: ``actor/kl_loss`` (with
+    ``actor.use_kl_loss``) or ``actor/reward_kl_penalty`` (with ``algorithm.use_kl_in_reward``), whichever the run logs
+    (quiet in a run that logs neither). Absolute: every run starts at 0 (the reference is the policy it starts from).
+    The leading sign of a slow collapse: in ``make grpo`` at 10x its learning rate the KL passed 0.25 at step 4, two
+    steps before the score fell (docs/design.md, "Monitors")."""
+
+    KEYS = ("actor/kl_loss", "actor/reward_kl_penalty")
+
+    def __init__(self, limit: float):
+        super().__init__("kl_drift", self.KEYS[0], limit, "trainer.alarm_kl_above",
+                         "the policy is moving away from the model it started from faster than a healthy run does, "
+                         "which comes before a collapse of the score. What to do: look at the example; lower "
+                         "actor_rollout_ref.actor.optim.lr or raise the KL coefficient "
+                         "(actor_rollout_ref.actor.kl_loss_coef, algorithm.kl_ctrl.kl_coef), and resume from a "
+                         "checkpoint before the rise", lambda row: row["response_length"])
+
+    def observe(self, step: int, metrics: dict[str, float], rows: Sequence[Row]) -> Reading:
+        self.key = next((key for key in self.KEYS if metrics.get(key) is not None), self.KEYS[0])
+        if self.limit <= 0:
+            return Reading()
+        return super().observe(step, metrics, rows)
+
+
 class RowShare(Alarm):
     """The share of a step's rows showing a pattern (``shows(row)``), logged every step as ``monitor/<name>``; fires
     when its mean over the last ``window`` steps that measured it is above ``limit`` (a small batch's share is noisy:
@@ -268,4 +292,5 @@ def generic_alarms(cfg: TrainerConfig) -> list[Alarm]:
                      "the policy writes fewer well-formed actions (malformed tags or tool calls, verl #3070 and "
                      f"#2364). What to do: {LR_ADVICE}; a format reward term helps", not_answered),
         FlatGroups(cfg.alarm_flat_groups_above, cfg.alarm_window),
+        KLDrift(cfg.alarm_kl_above),
     ]

@@ -30,7 +30,8 @@ def healthy_step(step: int, rng: random.Random) -> tuple[dict, list[dict]]:
     tenth of the rows are cut by the budget, most groups' samples disagree."""
     metrics = {"actor/entropy": 0.6 + rng.uniform(-0.1, 0.1), "actor/pg_clipfrac": rng.uniform(0, 0.05),
                "response_length/mean": 110 + rng.uniform(-20, 20), "train/overlong_frac": rng.uniform(0, 0.15),
-               "agent/valid_action_ratio": 0.95 + rng.uniform(-0.05, 0.04), "critic/score/mean": 0.5 + 0.01 * step}
+               "agent/valid_action_ratio": 0.95 + rng.uniform(-0.05, 0.04), "critic/score/mean": 0.5 + 0.01 * step,
+               "actor/kl_loss": 0.004 * step}  # the KL to the reference grows slowly from 0
     groups = [[float(rng.random() < 0.5) for _ in range(5)] for _ in range(8)]
     groups[0] = [0.0, 1.0, 0.0, 0.0, 1.0]  # at least one group that disagrees
     return metrics, rows(groups)
@@ -73,6 +74,11 @@ def collapsed(step: int, rng: random.Random, alarm: str) -> tuple[dict, list[dic
         metrics["actor/pg_clipfrac"] = 0.7
     elif alarm == "entropy_collapse":
         metrics["actor/entropy"] = 0.05
+    elif alarm == "kl_drift":  # the policy runs away from the reference
+        metrics["actor/kl_loss"] = 0.3
+    elif alarm == "kl_drift_in_reward":  # the same, measured by the KL penalty of the reward
+        del metrics["actor/kl_loss"]
+        metrics["actor/reward_kl_penalty"] = 0.4
     return metrics, step_rows
 
 
@@ -81,7 +87,7 @@ EXAMPLES = {"length_collapse": "row0-0", "length_budget": "row7-4", "valid_actio
 
 
 @pytest.mark.parametrize("alarm", ["entropy_collapse", "clipfrac_explosion", "length_collapse", "length_budget",
-                                   "valid_actions_falling", "flat_groups"])
+                                   "valid_actions_falling", "flat_groups", "kl_drift", "kl_drift_in_reward"])
 def test_each_alarm_fires_on_its_pattern_once_warned_with_step_and_example(tmp_path, caplog, alarm):
     """The pattern starts at step 6: the alarm fires on steps 6-10 (flat_groups, a share averaged over
     trainer.alarm_window = 5 steps: step 10, its first window of flat steps), and no other alarm does; it warns once,
@@ -89,9 +95,10 @@ def test_each_alarm_fires_on_its_pattern_once_warned_with_step_and_example(tmp_p
     rng = random.Random(1)
     fired = run(HealthMonitor(TrainerConfig(), tmp_path), [collapsed(s, rng, alarm) for s in range(1, 11)])
     expected = [10] if alarm == "flat_groups" else [6, 7, 8, 9, 10]
-    assert fired == {alarm: expected}
+    name = alarm.removesuffix("_in_reward")
+    assert fired == {name: expected}
     warnings = [r.getMessage() for r in caplog.records if "HEALTH ALARM" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].startswith(f"HEALTH ALARM {alarm} at step {expected[0]}")
+    assert len(warnings) == 1 and warnings[0].startswith(f"HEALTH ALARM {name} at step {expected[0]}")
     if EXAMPLES.get(alarm):
         assert f"(example trajectory {EXAMPLES[alarm]})" in warnings[0]
     assert "What to do" in warnings[0]
