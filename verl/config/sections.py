@@ -211,7 +211,8 @@ class RolloutConfig:
     name: str = setting(
         "hf", "Generation engine, one per actor rank, colocated with the rank's FSDP shard: vllm (vllm.LLM inside the "
         "worker) | hf (transformers generate). hf is the default because it is faster for the tiny demo policy on CPU "
-        "in one process (benchmarks/bench_ppo_step.py); use vllm for real models on GPUs.", choices=("vllm", "hf"))
+        "in one process (benchmarks/bench_ppo_step.py); use vllm for real models, on GPUs and on CPU (a GRPO step of "
+        "SmolLM2-135M on 2 cores: about half the HF engine's, benchmarks/bench_real_step.py).", choices=("vllm", "hf"))
     temperature: float = setting(1.0, "Sampling temperature for training rollouts (0 = greedy).", low=0, high=10,
                                  what="a sampling temperature (0 = greedy)")
     top_p: float = setting(1.0, "Nucleus sampling threshold (1.0 = off).", low=0, high=1)
