@@ -144,7 +144,7 @@ def test_stop_on_takes_the_recipes_alarms(tmp_path):
     """trainer.stop_on may name the search task's alarms (registered through the recipe seam); the error for a wrong
     name lists them with the trainer's."""
     assert search_monitor(tmp_path, "trainer.stop_on=[hedged_answers]").cfg.stop_on == ["hedged_answers"]
-    with pytest.raises(Exception, match=r"'hedging' is no alarm; allowed: .*flat_groups, repeated_ngrams, "
+    with pytest.raises(Exception, match=r"'hedging' is no alarm; allowed: .*flat_groups, kl_drift, repeated_ngrams, "
                                         r"think_empty_or_copied, hedged_answers, copied_answers, repeated_queries, "
                                         r"score_without_retrieval"):
         search_monitor(tmp_path, "trainer.stop_on=[hedging]")
