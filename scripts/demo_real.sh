@@ -26,7 +26,8 @@
 # lockstep turns, as every recorded run) or vllm (vLLM's CPU engine, trajectories scheduled as they finish,
 # rollout.mode=async): about half the step time on this kind of machine, but its one seed-1 run ended at test EM 0.783
 # on 60 questions and 0.745 on 200, just below the HF engine's seeds (0.800-0.850 and 0.755-0.795), so it is not yet the
-# default (docs/results.md, "The real model"). Evaluations use the HF engine either way (greedy).
+# default (docs/results.md, "The real model"). A vllm run trains into $DEMO_REAL_DIR/<variant>_vllm (never resuming or
+# reusing an hf run's); evaluations use the HF engine either way (greedy).
 # Everything goes to DEMO_REAL_DIR (default outputs/demo_real, with _hermes and _seedN added for a non-default format
 # or seed); a rerun resumes or reuses each finished part.
 # The demo's 96-token passage budget (configs/demo.yaml) is sized for the tiny policy's tokenizer; a real tokenizer
@@ -51,6 +52,7 @@ case "$ENGINE" in
   hf) ENGINE_ARGS=(actor_rollout_ref.rollout.name=hf actor_rollout_ref.rollout.mode=sync) ;;
   *) echo "[demo-real] error: DEMO_REAL_ENGINE=$ENGINE; allowed: vllm, hf" >&2; exit 2;;
 esac
+RUN=$VARIANT$([ "$ENGINE" = hf ] || echo "_$ENGINE")  # the RL run's directory and evaluation name
 suffix=""
 [ "$FORMAT" = search_r1 ] || suffix+="_$FORMAT"
 [ "$SEED" = 1 ] || suffix+="_seed$SEED"
@@ -132,17 +134,17 @@ say "cold start: $SFT_STEPS SFT steps"
   trainer.default_local_dir="$OUT/sft" data.train_batch_size=8 data.micro_batch_size_per_gpu=4 optim.lr=5e-5 \
   trainer.total_training_steps="$SFT_STEPS" trainer.seed="$SEED" model.dtype=bfloat16 trainer.save_freq=8 trainer.logger=[jsonl]
 evaluate sft "$OUT/sft/hf_model"
-say "$VARIANT: $GRPO_STEPS steps ($ENGINE engine)"
-logged "$OUT/$VARIANT.log" bash train_grpo.sh --config configs/demo.yaml actor_rollout_ref.model.path="$OUT/sft/hf_model" \
+say "$RUN: $GRPO_STEPS steps ($ENGINE engine)"
+logged "$OUT/$RUN.log" bash train_grpo.sh --config configs/demo.yaml actor_rollout_ref.model.path="$OUT/sft/hf_model" \
   data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" retriever.url="$URL" "${LENGTHS[@]}" \
   trainer.total_training_steps="$GRPO_STEPS" trainer.seed="$SEED" data.seed="$SEED" data.train_batch_size=6 actor_rollout_ref.rollout.n=4 \
   actor_rollout_ref.actor.ppo_mini_batch_size=24 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
   actor_rollout_ref.actor.fsdp_config.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 \
   actor_rollout_ref.actor.optim.lr=1e-5 trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=8 \
-  "${ENGINE_ARGS[@]}" "${VARIANT_ARGS[@]}" trainer.default_local_dir="$OUT/$VARIANT"
-evaluate "$VARIANT" "$OUT/$VARIANT/hf_model"
-"$PYTHON" - "$OUT" "$(( $(date +%s) - start ))" "$FORMAT" "$SEED" "$VARIANT" <<'PY'
+  "${ENGINE_ARGS[@]}" "${VARIANT_ARGS[@]}" trainer.default_local_dir="$OUT/$RUN"
+evaluate "$RUN" "$OUT/$RUN/hf_model"
+"$PYTHON" - "$OUT" "$(( $(date +%s) - start ))" "$FORMAT" "$SEED" "$RUN" <<'PY'
 import json, sys
 out, seconds, fmt, seed, variant = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 print(f"[demo-real] {fmt} format, seed {seed}: test EM (one-hop / two-hop / overall) and searches per question, "
