@@ -141,3 +141,14 @@ def test_a_resumed_run_does_not_warn_again_for_an_alarm_that_fired(tmp_path, cap
     health = monitor.observe(2, {"actor/pg_clipfrac": 0.9}, rows([[1.0, 1.0]]))
     assert health["health/clipfrac_explosion"] == 1.0 and health["health/flat_groups"] == 1.0
     assert "clipfrac_explosion" not in caplog.text and "HEALTH ALARM flat_groups at step 2" in caplog.text
+
+
+def test_kl_drift_is_off_at_zero_and_quiet_without_a_kl(tmp_path):
+    """trainer.alarm_kl_above=0 turns kl_drift off; a run that logs no KL (no KL loss, no KL in the reward: make demo's
+    PPO) never fires it, whatever the threshold."""
+    rng = random.Random(2)
+    steps = [collapsed(s, rng, "kl_drift") for s in range(1, 11)]
+    assert run(HealthMonitor(TrainerConfig(alarm_kl_above=0.0), tmp_path), steps) == {}
+    for metrics, _ in steps:
+        metrics.pop("actor/kl_loss")
+    assert run(HealthMonitor(TrainerConfig(alarm_kl_above=0.01), tmp_path / "b"), steps) == {}
