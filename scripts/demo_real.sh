@@ -49,7 +49,7 @@ esac
 ENGINE=${DEMO_REAL_ENGINE:-hf}
 case "$ENGINE" in
   vllm) ENGINE_ARGS=(actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async) ;;
-  hf) ENGINE_ARGS=(actor_rollout_ref.rollout.name=hf actor_rollout_ref.rollout.mode=sync) ;;
+  hf) ENGINE_ARGS=() ;;  # the config's own engine: hf, lockstep turns
   *) echo "[demo-real] error: DEMO_REAL_ENGINE=$ENGINE; allowed: vllm, hf" >&2; exit 2;;
 esac
 RUN=$VARIANT$([ "$ENGINE" = hf ] || echo "_$ENGINE")  # the RL run's directory and evaluation name

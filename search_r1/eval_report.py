@@ -79,12 +79,12 @@ def bootstrap_ci(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed:
     return [float(lo), float(hi)]
 
 
-def summarise(records: list[dict], normalize: str = DEFAULT_NORMALIZE) -> dict:
+def summarise(records: list[dict]) -> dict:
     """Figures of one group of trajectory records (each with row, em, subem, f1, searches, turns, response_tokens,
-    stop_reason, golden, answer, response): the scores, counters and error classes per question, with intervals."""
+    stop_reason and its ``error_classes``): the scores, counters and error classes per question, with intervals."""
     by_question: dict[int, list[dict]] = defaultdict(list)
     for r in records:
-        by_question[r["row"]].append({**r, **error_classes(r, normalize)})
+        by_question[r["row"]].append(r)
     per_question = {s: np.array([np.mean([r[s] for r in rs]) for rs in by_question.values()])  # [N] each
                     for s in (*SCORES, *COUNTERS, *CLASSES)}
     k = max(len(rs) for rs in by_question.values())
@@ -111,17 +111,18 @@ def build_results(records: list[dict], normalize: str = DEFAULT_NORMALIZE) -> di
     ``"answer_bearing": {...}`` (the overall figures on the answer-bearing questions) when some record is flagged."""
     if not records:
         raise ValueError("no trajectories to report")
+    records = [{**r, **error_classes(r, normalize)} for r in records]  # once, for every group below
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         groups[r["data_source"]].append(r)
-    by_source = {name: summarise(rs, normalize) for name, rs in sorted(groups.items())}
-    overall = summarise(records, normalize)
+    by_source = {name: summarise(rs) for name, rs in sorted(groups.items())}
+    overall = summarise(records)
     overall["macro_em"] = float(np.mean([s["em"] for s in by_source.values()]))
     overall["macro_f1"] = float(np.mean([s["f1"] for s in by_source.values()]))
     results = {"overall": overall, "by_source": by_source}
     bearing = [r for r in records if r.get("answer_bearing")]
     if bearing:
-        results["answer_bearing"] = summarise(bearing, normalize)
+        results["answer_bearing"] = summarise(bearing)
     return results
 
 
