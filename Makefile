@@ -67,8 +67,9 @@ demo-real: install
 # SFT, R1 and Search-R1 (GRPO / PPO, BM25 / dense, masking off) with SmolLM2-135M-Instruct, each row in its own
 # directory under outputs/paper_table, resumable (benchmarks/paper_table.py; builds data/wiki_nq and imports the model
 # when missing). ARGS="--full": the issue's size (1,800 test questions, 24 steps, seeds 1 2); ARGS="--rows direct rag".
+# ENGINE=vllm: vLLM's CPU engine for every evaluation and RL run, into outputs/paper_table_vllm.
 demo-wiki: install
-	$(PY) benchmarks/paper_table.py $(ARGS)
+	$(PY) benchmarks/paper_table.py $(if $(ENGINE),--engine $(ENGINE)) $(ARGS)
 
 SEED ?= 0
 DEMO_RUN := outputs/search_r1/demo_ppo$(if $(filter-out 0,$(SEED)),_seed$(SEED))

