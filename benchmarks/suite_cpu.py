@@ -11,7 +11,7 @@ between samples loses what it used after the last one: the totals are a lower bo
 suite whose processes live seconds or longer. Orphans reparented to this script are not reaped until it ends. Linux
 only. Exits with the command's status.
 
-Written for issue 58's suite time: which processes a ``make test`` pays for (docs/results.md, "Tests").
+Written for issue 58's suite time: which processes a ``make test`` pays for (docs/results.md, "Test suite").
 """
 
 from __future__ import annotations
