@@ -24,7 +24,9 @@ Sizes: the default is the first ``--test-n`` = 30 test questions (one evaluation
 30-question evaluation 2.7 min (Direct) to 9 min (RAG: longer prompts, and a batch waits for its longest row);
 with demo-real's 58-151 s GRPO steps the default comes to about 3 h on a loaded machine (an estimate from these
 figures, not measured end to end), so issue 59's 2 h from a fresh clone needs the faster step
-(``benchmarks/bench_real_step.py``) or an idle machine. ``--full`` is the issue's
+(``benchmarks/bench_real_step.py``) or an idle machine. ``--engine vllm`` gave the baselines' greedy responses to
+the letter in 0.50-0.61x the time, and a GRPO step in 0.47-0.51x (2026-11-28, docs/results.md): the default size
+with it is estimated at under 2 h on an idle machine, also not measured end to end. ``--full`` is the issue's
 acceptance size: all 1,800 test questions (714 answer-bearing), 24 steps (demo-real's), seeds 1 and 2, 6
 validations of 200 (days here at these speeds).
 
