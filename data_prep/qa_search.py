@@ -262,13 +262,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="FlashRAG dataset directory (DIR/<name>/{train,dev,test}.jsonl): adds --datasets")
     parser.add_argument("--datasets", nargs="+", default=list(FLASHRAG_BENCHMARKS), metavar="NAME",
                         help=f"FlashRAG benchmarks to take from --flashrag (default: {' '.join(FLASHRAG_BENCHMARKS)})")
-    prompt = parser.add_mutually_exclusive_group()
-    prompt.add_argument("--template", type=Path, metavar="PATH",
-                        help="prompt template file with a {question} placeholder (default: search_r1.prompts' "
-                        "template of --format, this project's wording)")
-    prompt.add_argument("--template-from-searchr1", type=Path, metavar="CHECKOUT",
-                        help="Search-R1's own prompt, read from your Search-R1 checkout (its "
-                        "scripts/data_process/nq_search.py's make_prefix; recorded with its sha256 in prompt.json)")
+    add_prompt_args(parser, "search_r1.prompts' template of --format, this project's wording")
     parser.add_argument("--format", choices=sorted(TEMPLATES), default="search_r1",
                         help="the action format the prompts ask for (actor_rollout_ref.rollout.multi_turn.format): "
                         "search_r1 = Search-R1's tags, hermes = the chat template's tool calls")
@@ -303,19 +297,30 @@ def template_file(path: Path) -> dict:
             "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
-def _prompt(args: argparse.Namespace) -> dict:
+def choose_prompt(template: Path | None, template_from_searchr1: Path | None, fmt: str = "search_r1") -> dict:
     """The prompt template and its source, as ``prompt.json`` records them: Search-R1's, read from
     ``--template-from-searchr1``; the ``--template`` file's; or the template of ``--format``
-    (``search_r1.prompts.TEMPLATES``)."""
-    if args.template_from_searchr1 is not None:
-        if args.format != "search_r1":
-            raise ValueError(f"--template-from-searchr1 gives Search-R1's tag-format prompt; --format {args.format} "
+    (``search_r1.prompts.TEMPLATES``). ValueError naming the bad file or combination."""
+    if template_from_searchr1 is not None:
+        if fmt != "search_r1":
+            raise ValueError(f"--template-from-searchr1 gives Search-R1's tag-format prompt; --format {fmt} "
                              "needs a prompt without tags (drop one of the two)")
-        return read_searchr1_template(args.template_from_searchr1).record()
-    if args.template is not None:
-        return template_file(args.template)
-    return {"template": TEMPLATES[args.format], "source": f"search_r1.prompts (--format {args.format})", "path": None,
+        return read_searchr1_template(template_from_searchr1).record()
+    if template is not None:
+        return template_file(template)
+    return {"template": TEMPLATES[fmt], "source": f"search_r1.prompts (--format {fmt})", "path": None,
             "sha256": None}
+
+
+def add_prompt_args(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--template PATH`` | ``--template-from-searchr1 CHECKOUT`` (one of them); ``default`` names the prompt used
+    without either."""
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--template", type=Path, metavar="PATH",
+                        help=f"prompt template file with a {{question}} placeholder (default: {default})")
+    prompt.add_argument("--template-from-searchr1", type=Path, metavar="CHECKOUT",
+                        help="Search-R1's own prompt, read from your Search-R1 checkout (its "
+                        "scripts/data_process/nq_search.py's make_prefix; recorded with its sha256 in prompt.json)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -331,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out} is a file; name a directory (created if missing) to write "
                              f"{', '.join(f'{s}.parquet' for s in SPLITS)} into")
-        prompt = _prompt(args)
+        prompt = choose_prompt(args.template, args.template_from_searchr1, args.format)
         template = prompt["template"]
         specs = {"train": [parse_source_spec(s) for s in args.train], "dev": [],
                  "test": [parse_source_spec(s) for s in args.test]}

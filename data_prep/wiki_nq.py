@@ -8,8 +8,10 @@ Builds under ``--out`` (docs/design.md, "Real questions over real Wikipedia"):
   built by ``python -m retrieval_server.build_index`` (``data_prep`` imports nothing of ``retrieval_server``:
   docs/design.md, "Layout and import rules"), ready for ``retrieval_server.serve --index OUT/bm25``;
 - ``search_r1/{train,val,test}.parquet``: QA rows in Search-R1's schema (``data_prep.qa_search.make_row``, the tag
-  format's prompt) plus ``extra_info.answer_bearing``; ``hermes/`` the same rows under the hermes format's prompt
-  (``data_prep.retemplate``);
+  format's prompt: this project's, or ``--template PATH``, or Search-R1's own read from a checkout with
+  ``--template-from-searchr1 CHECKOUT``, as ``qa_search`` takes them) plus ``extra_info.answer_bearing``; ``hermes/``
+  the same rows under the hermes format's prompt (``data_prep.retemplate``); each folder's ``prompt.json`` records
+  its template and where it came from;
 - ``manifest.json``: the counts, the settings (seed, validation size), and the sha256 of every input and output.
 
 The questions are NQ-Open's (Lee et al. 2019), shipped gzip-compressed in ``data_prep/real/nq_open/`` (CC BY-SA
@@ -49,7 +51,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from data_prep.qa_search import PARQUET_SCHEMA, make_row, rows_to_parquet
+from data_prep.qa_search import PARQUET_SCHEMA, PROMPT_RECORD, add_prompt_args, choose_prompt, make_row, rows_to_parquet
 from data_prep.retemplate import retemplate_parquet
 from data_prep.wiki_corpus import (
     CORPUS_LICENSE,
@@ -135,15 +137,16 @@ def read_questions(path: Path) -> list[Question]:
     return questions
 
 
-def _row(data_source: str, question: Question, split: str, answer_bearing: bool) -> dict:
-    row = make_row(data_source, question.text, question.answers, split, question.index)
+def _row(data_source: str, question: Question, split: str, answer_bearing: bool, template: str) -> dict:
+    row = make_row(data_source, question.text, question.answers, split, question.index, template)
     row["extra_info"]["answer_bearing"] = answer_bearing
     return row
 
 
 def make_splits(dev: Sequence[Question], test: Sequence[Question], finder: AnswerFinder, val_size: int,
-                seed: int) -> tuple[dict[str, list[dict]], dict[str, int]]:
-    """The rows of each split (``SPLITS``) and the counts for the manifest (module docstring: how they are split).
+                seed: int, template: str = TEMPLATES["search_r1"]) -> tuple[dict[str, list[dict]], dict[str, int]]:
+    """The rows of each split (``SPLITS``), prompts under the tag-format ``template``, and the counts for the
+    manifest (module docstring: how they are split).
 
     Raises ValueError when ``val_size`` leaves no training question or is below 1.
     """
@@ -162,9 +165,10 @@ def make_splits(dev: Sequence[Question], test: Sequence[Question], finder: Answe
                          "questions are answer-bearing and in no other split, and train needs at least one")
     val_positions = set(random.Random(seed).sample(range(len(eligible)), val_size))
     rows = {
-        "train": [_row(TRAIN_SOURCE, q, "train", True) for i, q in enumerate(eligible) if i not in val_positions],
-        "val": [_row(TRAIN_SOURCE, q, "val", True) for i, q in enumerate(eligible) if i in val_positions],
-        "test": [_row(TEST_SOURCE, q, "test", b) for q, b in zip(test, test_bearing, strict=True)],
+        "train": [_row(TRAIN_SOURCE, q, "train", True, template) for i, q in enumerate(eligible)
+                  if i not in val_positions],
+        "val": [_row(TRAIN_SOURCE, q, "val", True, template) for i, q in enumerate(eligible) if i in val_positions],
+        "test": [_row(TEST_SOURCE, q, "test", b, template) for q, b in zip(test, test_bearing, strict=True)],
     }
     counts = {"passages": len(finder), "nq_open_dev": len(dev), "nq_open_dev_answer_bearing": sum(dev_bearing),
               "nq_open_dev_left_out": sum(dev_bearing) - len(eligible), "efficientqa_dev": len(test),
@@ -243,20 +247,25 @@ def _build_index(corpus: Path, index_dir: Path, retriever: str) -> list[Path]:
     return sorted(p for p in index_dir.rglob("*") if p.is_file())
 
 
-def _write_qa_stage(out: Path, rows: dict[str, list[dict]]) -> list[Path]:
-    """Every split's parquet in every format, written into a staging folder and then moved into place."""
+def _write_qa_stage(out: Path, rows: dict[str, list[dict]], prompt: dict) -> list[Path]:
+    """Every split's parquet in every format, each folder with its ``prompt.json`` (the template and its source),
+    written into a staging folder and then moved into place. ``prompt``: the tag format's (``choose_prompt``)."""
     staging = out / ".qa.partial"
     shutil.rmtree(staging, ignore_errors=True)
     for split, split_rows in rows.items():
         tags = staging / "search_r1" / f"{split}.parquet"
         rows_to_parquet(split_rows, tags, QA_SCHEMA)
-        retemplate_parquet(tags, staging / "hermes" / f"{split}.parquet", "hermes")
+        retemplate_parquet(tags, staging / "hermes" / f"{split}.parquet", "hermes", prompt["template"])
+    hermes = {"template": TEMPLATES["hermes"], "source": "search_r1.prompts (--format hermes), the questions of "
+              "search_r1/ made again by data_prep.retemplate", "path": None, "sha256": None}
+    for fmt, record in (("search_r1", prompt), ("hermes", hermes)):
+        (staging / fmt / PROMPT_RECORD).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     written = []
     for fmt in FORMATS:
         (out / fmt).mkdir(exist_ok=True)
-        for split in rows:
-            os.replace(staging / fmt / f"{split}.parquet", out / fmt / f"{split}.parquet")
-            written.append(out / fmt / f"{split}.parquet")
+        for name in [*(f"{split}.parquet" for split in rows), PROMPT_RECORD]:
+            os.replace(staging / fmt / name, out / fmt / name)
+            written.append(out / fmt / name)
     shutil.rmtree(staging)
     return written
 
@@ -267,13 +276,14 @@ def _question_input(path: Path, count: int) -> dict:
 
 
 def build(out: Path, questions_dir: Path, val_size: int, seed: int, max_articles: int | None,
-          command: str, dense: bool = True) -> dict:
+          command: str, dense: bool = True, prompt: dict | None = None) -> dict:
     """Check the inputs, split, then build every stage into ``out`` (module docstring); returns the manifest.
 
     ``dense=False`` (``--no-dense``) leaves the dense stage out (the whole corpus's takes about 12 CPU-minutes); a
-    later build without it adds just that stage. Raises ``MissingInput`` (a package or file to get), ValueError (a
-    setting the data cannot give, a damaged input) before writing anything, and ``BuildFailed`` when an index build
-    fails.
+    later build without it adds just that stage. ``prompt``: the tag-format prompt (``qa_search.choose_prompt``; the
+    project's by default), recorded in the settings when it is another. Raises ``MissingInput`` (a package or file
+    to get), ValueError (a setting the data cannot give, a damaged input) before writing anything, and
+    ``BuildFailed`` when an index build fails.
     """
     paths = question_paths(questions_dir)
     source = locate_summaries()
@@ -285,13 +295,16 @@ def build(out: Path, questions_dir: Path, val_size: int, seed: int, max_articles
     articles = read_articles(source.path, max_articles)
     dev, test = (read_questions(paths[name]) for name in QUESTION_FILES)
     finder = AnswerFinder((a.contents for a in articles), desc="index passages")
-    rows, counts = make_splits(dev, test, finder, val_size, seed)
+    prompt = prompt or choose_prompt(None, None)
+    rows, counts = make_splits(dev, test, finder, val_size, seed, prompt["template"])
 
     inputs = {"corpus": {"package": PACKAGE, "version": source.package_version, "file": SUMMARIES_FILE,
                          "sha256": source.sha256, "package_license": source.package_license,
                          "corpus_license": CORPUS_LICENSE},
               **{name: _question_input(paths[name], len(qs)) for name, qs in zip(QUESTION_FILES, (dev, test))}}
-    settings = {"seed": seed, "val_size": val_size, "max_articles": max_articles}
+    settings = {"seed": seed, "val_size": val_size, "max_articles": max_articles,
+                **({} if prompt["template"] == TEMPLATES["search_r1"] else  # the default keeps earlier builds current
+                   {"prompt": {k: prompt[k] for k in ("source", "path", "sha256")}})}
     out.mkdir(parents=True, exist_ok=True)
     run = Build(out, {"command": command, "inputs": inputs, "settings": settings, "counts": counts})
     corpus = run.stage("corpus", {"package_version": source.package_version, "sha256": source.sha256,
@@ -308,7 +321,7 @@ def build(out: Path, questions_dir: Path, val_size: int, seed: int, max_articles
         run.skip("dense", dense_key, "--no-dense")
     templates = hashlib.sha256(json.dumps(TEMPLATES, sort_keys=True).encode()).hexdigest()
     run.stage("qa", {"corpus_sha256": corpus_sha, **{n: inputs[n]["sha256"] for n in QUESTION_FILES},
-                     "templates_sha256": templates, **settings}, lambda: _write_qa_stage(out, rows))
+                     "templates_sha256": templates, **settings}, lambda: _write_qa_stage(out, rows, prompt))
     run.save()
     return run.manifest
 
@@ -327,6 +340,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-dense", action="store_true",
                    help="leave out the dense index (the whole corpus's takes about 12 CPU-minutes; BM25 is enough for "
                         "the rows that do not search it); a later run without this flag builds just that index")
+    add_prompt_args(p, "search_r1.prompts' tag-format template, this project's wording")
     args = p.parse_args(argv)
     if args.max_articles is not None and args.max_articles < 1:
         p.error(f"--max-articles must be at least 1, got {args.max_articles}")
@@ -352,8 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     command = " ".join(["python -m data_prep.wiki_nq", *(sys.argv[1:] if argv is None else argv)])
     try:
+        prompt = choose_prompt(args.template, args.template_from_searchr1)
         manifest = build(args.out, args.questions, args.val_size, args.seed, args.max_articles, command,
-                         dense=not args.no_dense)
+                         dense=not args.no_dense, prompt=prompt)
     except BuildFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return e.status

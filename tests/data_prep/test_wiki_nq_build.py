@@ -33,12 +33,13 @@ from data_prep.wiki_nq import (
     question_key,
 )
 from retrieval_server.launcher import ServerProcess
-from search_r1.prompts import TEMPLATES
+from search_r1.prompts import TEMPLATES, make_prompt, question_of
 
 pytestmark = pytest.mark.slow  # builds BM25 and dense indexes and starts the retrieval service
 
 REPO = Path(__file__).resolve().parents[2]
 SLICE = ["--max-articles", "40", "--val-size", "3"]
+QA_OUTPUTS = {f"{fmt}/{name}" for fmt in FORMATS for name in [*(f"{split}.parquet" for split in SPLITS), "prompt.json"]}
 
 # Runs the command's main in a fresh interpreter that records every attempt to import a module of the corpus
 # package (a finder first on sys.meta_path sees each import, also one that fails), then prints the attempts and what
@@ -148,7 +149,8 @@ def test_the_retrieval_service_serves_both_indexes(built) -> None:
 def test_rerun_skips_what_is_current_and_rebuilds_what_changed(built, tmp_path) -> None:
     """Guards against a rerun that rebuilds everything (the dense index is minutes on the whole corpus) or one that
     keeps a stale stage: the same command skips every stage and leaves every file as it was; another seed rebuilds
-    only the parquet, with another validation draw; a damaged index file rebuilds only that index."""
+    only the parquet (and each folder's prompt.json), with another validation draw; a damaged index file rebuilds
+    only that index."""
     out = tmp_path / "wiki_nq"
     shutil.copytree(built[0], out)
     mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != MANIFEST}
@@ -158,7 +160,7 @@ def test_rerun_skips_what_is_current_and_rebuilds_what_changed(built, tmp_path) 
 
     assert main(["--out", str(out), *SLICE, "--seed", "1"]) == 0
     changed = {p.relative_to(out).as_posix() for p in mtimes if p.stat().st_mtime_ns != mtimes[p]}
-    assert changed == {f"{fmt}/{split}.parquet" for fmt in FORMATS for split in SPLITS}
+    assert changed == QA_OUTPUTS
     assert pq.read_table(out / "search_r1" / "val.parquet").to_pylist() != val_before
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["settings"]["seed"] == 1 and manifest["stages"]["qa"]["key"]["seed"] == 1
@@ -192,6 +194,42 @@ def test_no_dense_keeps_a_current_dense_index_and_lists_no_missing_one(built, tm
     assert set(manifest["stages"]) == {"corpus", "bm25", "qa"}
     assert all((out / rel).is_file() for stage in manifest["stages"].values() for rel in stage["outputs"])
     assert {p: p.stat().st_mtime_ns for p in mtimes if p.exists()} == {p: t for p, t in mtimes.items() if p.exists()}
+
+
+def test_a_users_template_rebuilds_only_the_parquet_under_it_and_is_recorded(built, tmp_path, capsys) -> None:
+    """Guards against ``--template`` (a user's own Search-R1 prompt) being ignored, rebuilding the indexes, losing
+    the hermes variant (its questions are read back with the user's template, not the default's) or going
+    unrecorded; a template without ``{question}`` is refused in one line and changes nothing."""
+    out = tmp_path / "wiki_nq"
+    shutil.copytree(built[0], out)
+    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != MANIFEST}
+    default_rows = {split: pq.read_table(out / "search_r1" / f"{split}.parquet").to_pylist() for split in SPLITS}
+    template = tmp_path / "mine.txt"
+    template.write_text("Answer with <search> query </search> and <answer> x </answer>. Q: {question}\n")
+    assert main(["--out", str(out), *SLICE, "--template", str(template)]) == 0
+    changed = {p.relative_to(out).as_posix() for p in mtimes if p.stat().st_mtime_ns != mtimes[p]}
+    assert changed == QA_OUTPUTS
+    for split in SPLITS:
+        rows = pq.read_table(out / "search_r1" / f"{split}.parquet").to_pylist()
+        hermes = pq.read_table(out / "hermes" / f"{split}.parquet").to_pylist()
+        questions = [question_of(r["prompt"][0]["content"]) for r in default_rows[split]]
+        assert None not in questions and [r["prompt"][0]["content"] for r in rows] == \
+            [make_prompt(q, template.read_text()) for q in questions]
+        assert [{**r, "prompt": None} for r in rows] == [{**r, "prompt": None} for r in default_rows[split]]
+        assert [r["prompt"][0]["content"] for r in hermes] == \
+            [r["prompt"][0]["content"] for r in pq.read_table(built[0] / "hermes" / f"{split}.parquet").to_pylist()]
+    recorded = json.loads((out / "search_r1" / "prompt.json").read_text())
+    assert recorded["source"] == "--template" and recorded["sha256"] == sha256_file(template)
+    assert json.loads((out / MANIFEST).read_text())["settings"]["prompt"]["sha256"] == sha256_file(template)
+    capsys.readouterr()
+
+    template.write_text("no placeholder here\n")
+    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    assert main(["--out", str(out), *SLICE, "--template", str(template)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("error: ") and f"{template}" in error[0] and \
+        "no {question} placeholder" in error[0], error
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
 
 
 def _error_line(done: subprocess.CompletedProcess, alone: bool = True) -> str:
