@@ -42,8 +42,8 @@ def kind(cmdline: str) -> str:
     if "multiprocessing" in cmdline:
         return "python multiprocessing child"
     if "-m" in words[1:]:
-        module = words[words.index("-m", 1) + 1] if words.index("-m", 1) + 1 < len(words) else "?"
-        return f"python -m {module}"
+        after = words[words.index("-m", 1) + 1:]
+        return f"python -m {after[0] if after else '?'}"
     name = Path(words[0]).name
     if name.startswith("python"):
         return "python -c / script" if len(words) > 1 else "python"

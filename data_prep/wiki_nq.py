@@ -188,8 +188,8 @@ class Build:
     def stage(self, name: str, key: dict, build: Callable[[], list[Path]]) -> dict:
         """``build()`` (-> the paths it wrote) unless the recorded stage ``name`` has ``key`` and its outputs are on
         disk with the recorded sha256; records the stage and saves the manifest; returns the record."""
-        record = self.manifest["stages"].get(name)
-        if record is not None and record["key"] == key and self._on_disk(record["outputs"]):
+        record = self._current(name, key)
+        if record is not None:
             print(f"[wiki] {name}: current (built from the same inputs), skipped")
             return record
         print(f"[wiki] {name}: building")
@@ -204,13 +204,17 @@ class Build:
     def skip(self, name: str, key: dict, why: str) -> None:
         """Leave stage ``name`` unbuilt: a current record (and its outputs) is kept; any other is dropped, so the
         manifest never lists files that are not there."""
-        record = self.manifest["stages"].get(name)
-        if record is not None and record["key"] == key and self._on_disk(record["outputs"]):
+        if self._current(name, key) is not None:
             print(f"[wiki] {name}: current (built from the same inputs), kept")
             return
         self.manifest["stages"].pop(name, None)
         print(f"[wiki] {name}: not built ({why})")
         self.save()
+
+    def _current(self, name: str, key: dict) -> dict | None:
+        """The record of stage ``name`` if it was built from ``key`` and its outputs are on disk as recorded."""
+        record = self.manifest["stages"].get(name)
+        return record if record is not None and record["key"] == key and self._on_disk(record["outputs"]) else None
 
     def _on_disk(self, outputs: dict[str, str]) -> bool:
         return all((self.out / rel).is_file() and sha256_file(self.out / rel) == sha for rel, sha in outputs.items())
