@@ -5,6 +5,7 @@ the query cache, resident memory at 100k and 1M passages, and the service's over
     git worktree add /tmp/base <older commit>                             # optional: today's code as baseline
     python benchmarks/bench_retrieval.py --baseline-src /tmp/base         # ... measured side by side
     python benchmarks/bench_retrieval.py --parts overhead                 # in-process vs service, 3 retrievers
+    python benchmarks/bench_retrieval.py --parts startup --passages 2000 --baseline-src /tmp/base  # start-up
 
 Parts (``--parts``, comma-separated):
 - ``encoder``: the query encoder alone, in-process, per dtype and backend (CPU: fp32 in torch and in ONNX
@@ -22,6 +23,10 @@ Parts (``--parts``, comma-separated):
   baseline serves the same vectors at both sizes.
 - ``overhead``: the in-process ``retriever.search`` against the service (1 and 8 clients) for dense flat,
   dense HNSW and BM25 (BM25 on one search thread).
+- ``startup``: seconds from ``python -m retrieval_server.serve`` to a ready /health, and the CPU seconds the server
+  process used by then, for the dense flat index: the default (which serves from the encoder's cached ONNX bundle
+  where one exists, without torch), ``--encoder-backend torch``, and the baseline's default; 5 alternating rounds,
+  after one start of each that warms the page cache and makes the bundle.
 Servers run side by side and are measured in alternating rounds, so that all see the same machine load
 (which moves a lot on a shared machine; the load average is printed). Figures, not pass/fail.
 """
@@ -55,7 +60,7 @@ ROUNDS = 3
 TOPK = 3
 N_QUERIES = 2048
 GRPO_PROMPTS, GRPO_N, GRPO_REQUESTS, GRPO_REPEAT = 100, 5, 12, 0.5
-PARTS = ("encoder", "service", "grpo", "rss", "overhead")
+PARTS = ("encoder", "service", "grpo", "rss", "overhead", "startup")
 
 
 @dataclass
@@ -282,6 +287,37 @@ def _serve_and_measure(index_dir: Path, corpus: Path, args: list[str], queries: 
         return ready_s, ready, server.memory()
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process (Linux /proc)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def part_startup(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[str]:
+    configs = {"default": ([], None), "torch": (["--encoder-backend", "torch"], None)}
+    if args.baseline_src is not None:
+        configs["today"] = ([], args.baseline_src)
+    common = ["--threads", str(args.threads), "--topk", str(TOPK)]
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in configs}
+    for round_ in range(6):  # round 0 warms the page cache and exports the bundle; not counted
+        for name, (extra, source) in configs.items():
+            start = time.perf_counter()
+            with ServerProcess(data / "index_dense-flat", corpus, [*common, *extra], source=source) as server:
+                health = server.wait_ready(timeout=600)
+                ready_s, cpu_s = time.perf_counter() - start, _cpu_s(server.proc.pid)
+            if round_:
+                times[name].append((ready_s, cpu_s))
+            else:
+                print(f"  {name}: encoder backend {health.get('encoder_backend', '?')}", flush=True)
+    lines = []
+    for name, got in times.items():
+        ready, cpu = sorted(t for t, _ in got), sorted(c for _, c in got)
+        lines.append(f"start-up {name:8s}: ready in {statistics.median(ready):5.2f} s (range {ready[0]:.2f}-"
+                     f"{ready[-1]:.2f}), server CPU {statistics.median(cpu):5.2f} s (median of {len(got)})")
+    return lines
+
+
 def part_rss(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[str]:
     from retrieval_server.index.import_faiss import import_index
     from retrieval_server.index.manifest import INDEX_FILE, Manifest
@@ -416,6 +452,9 @@ def main() -> None:
     if "rss" in parts:
         print("\nresident memory of the server (MiB)", flush=True)
         notes += part_rss(args.data, corpus, queries, args)
+    if "startup" in parts:
+        print("\nstart-up of the dense service", flush=True)
+        notes += part_startup(args.data, corpus, queries, args)
     print(f"\n{_load()} at the end\n{HEADER}")
     for f in figures:
         print(_row(f))

@@ -33,7 +33,7 @@ class RerankerError(RuntimeError):
 class Reranker:
     """A cross-encoder: ``rerank`` keeps the top ``k`` of each query's candidates by its scores."""
 
-    def __init__(self, path: str, batch_size: int = 64, device: str = "cpu"):
+    def __init__(self, path: str, batch_size: int = 64, device: str = "cpu", threads: int = 0):
         if not Path(path).is_dir():
             raise RerankerError(f"reranker {path} is not a directory; give a local cross-encoder saved with "
                                 "save_pretrained (a sequence-classification model with one output)")
@@ -45,6 +45,8 @@ class Reranker:
         self.placement: Placement | None = None  # its device and what it took there: set by service.load_service
         import torch
 
+        if threads > 0:  # the service's --threads (0: torch's default)
+            torch.set_num_threads(threads)
         self.model = CrossEncoder(path, device=device, model_kwargs={"dtype": torch.float32})
         if self.model.num_labels != 1:
             raise RerankerError(f"reranker {path} gives {self.model.num_labels} scores per (query, passage) pair; "

@@ -123,10 +123,7 @@ def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOpti
     from retrieval_server.index.encoder import Encoder
     from retrieval_server.search.dense import DenseRetriever
 
-    if options.threads > 0:
-        import torch
-
-        torch.set_num_threads(options.threads)
+    if options.threads > 0:  # the encoder sets torch's, where it loads torch (not from a cached ONNX bundle)
         faiss.omp_set_num_threads(options.threads)
     with measured(plan["encoder"]):
         encoder = Encoder(options.model or manifest.model, manifest.query_prefix, manifest.passage_prefix,
@@ -309,7 +306,7 @@ def load_service(index_dir: str | Path, corpus: str | Path, options: ServeOption
         from retrieval_server.search.rerank import Reranker
 
         with measured(next(p for p in plan if p.part == "reranker")) as placement:
-            reranker = Reranker(options.reranker, device=options.encoder_device)
+            reranker = Reranker(options.reranker, device=options.encoder_device, threads=options.threads)
         reranker.placement = placement
     service = SearchService(retriever, CorpusStore(scan), manifest, options, reranker, index_dir)
     service.warm_up()

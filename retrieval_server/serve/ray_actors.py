@@ -195,6 +195,15 @@ class ReplicaServer:
 # The deployment: a detached actor that keeps every slot served
 
 
+def shorten_problem(problem: str, limit: int = 500) -> str:
+    """``problem`` cut to about ``limit`` characters for the status report, keeping its head (the cause, e.g.
+    "server exited with status -9") and its tail (the end of the server's log); the middle gives way."""
+    if len(problem) <= limit:
+        return problem
+    head = limit // 2
+    return f"{problem[:head]} ... {problem[-(limit - head - 5):]}"
+
+
 @dataclass
 class _Slot:
     shard: int
@@ -249,7 +258,7 @@ class RetrievalDeployment:
             ray.kill(slot.actor)
         slot.actor, slot.ready, slot.state, slot.info = None, None, "new", {}
         slot.restarts += 1
-        slot.last_problem = problem[-500:]
+        slot.last_problem = shorten_problem(problem)
 
     def _tick(self) -> None:
         import ray

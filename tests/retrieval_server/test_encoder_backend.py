@@ -55,10 +55,10 @@ def test_the_service_serves_onnx_by_default_on_cpu_with_torch_results(flat_index
 
 def test_the_export_is_cached_and_a_broken_cached_file_is_made_again(tmp_path, monkeypatch):
     """Guards against exporting at every start (~10-20 s), and against a server that cannot start because the
-    cached file is unreadable (written by another ONNX Runtime, or damaged)."""
+    cached graph is unreadable (written by another ONNX Runtime, or damaged)."""
     monkeypatch.setenv("SEARCH_R1_CACHE", str(tmp_path))
     first = Encoder(DEFAULT_MODEL, backend="onnx")
-    cached = list((tmp_path / "onnx").glob("*.onnx"))
+    cached = list((tmp_path / "onnx").glob("*/encoder.onnx"))
     assert cached == [first._onnx.path]
     stamp = cached[0].stat().st_mtime_ns
     Encoder(DEFAULT_MODEL, backend="onnx")
@@ -66,8 +66,56 @@ def test_the_export_is_cached_and_a_broken_cached_file_is_made_again(tmp_path, m
     cached[0].write_bytes(b"not an ONNX model")
     again = Encoder(DEFAULT_MODEL, backend="onnx")
     assert again.backend == "onnx" and cached[0].stat().st_size > 1_000_000
-    assert list((tmp_path / "onnx").iterdir()) == cached  # no temporary file left behind
+    assert list((tmp_path / "onnx").iterdir()) == [cached[0].parent]  # no temporary directory left behind
     np.testing.assert_allclose(again.encode_queries(QUERIES), first.encode_queries(QUERIES), atol=1e-6)
+
+
+TORCH_FREE_START = """
+import json, sys
+from retrieval_server.index.encoder import DEFAULT_MODEL, Encoder
+encoder = Encoder(DEFAULT_MODEL, query_prefix=sys.argv[1], device="cpu", backend="auto", dtype="auto", threads=1)
+print(json.dumps({"backend": encoder.backend, "dtype": encoder.dtype,
+                  "imported": sorted(m for m in ("torch", "sentence_transformers", "transformers") if m in sys.modules),
+                  "vectors": encoder.encode_queries(json.loads(sys.argv[2])).tolist(),
+                  "fingerprint": encoder.fingerprint().tolist()}))
+"""
+
+
+def _start(prefix: str, cache) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.ray_cluster import ROOT
+
+    texts = json.dumps(QUERIES + ["", "x " * 600])
+    done = subprocess.run([sys.executable, "-c", TORCH_FREE_START, prefix, texts], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "SEARCH_R1_CACHE": str(cache)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_start_from_the_cached_bundle_loads_no_torch_and_embeds_like_torch(tmp_path):
+    """Guards against the service's start paying for torch and sentence-transformers (~6 s of a dense service's ~7 s
+    on a CPU) once its model was exported, and against that torch-free path embedding differently from torch: its
+    own tokenizer (truncation, padding, empty text), a query prefix, the manifest's fingerprint."""
+    from retrieval_server.index.manifest import PROBE_MIN_COSINE
+
+    torch_encoder = Encoder(DEFAULT_MODEL, query_prefix="query: ", backend="torch")
+    reference = torch_encoder.encode_queries(QUERIES + ["", "x " * 600])
+    first = _start("query: ", tmp_path)  # exports the bundle (torch loaded), then serves from it
+    assert first["backend"] == "onnx" and "torch" in first["imported"]
+    for prefix in ("query: ", ""):  # a bundle holds no prefix: one export serves both
+        again = _start(prefix, tmp_path)
+        assert (again["backend"], again["dtype"], again["imported"]) == ("onnx", "fp32", [])
+    again = _start("query: ", tmp_path)
+    vectors = np.asarray(again["vectors"], dtype=np.float32)
+    assert (vectors * reference).sum(axis=1).min() >= 0.9999
+    np.testing.assert_allclose(vectors, np.asarray(first["vectors"]), atol=1e-5)
+    fingerprint = np.asarray(again["fingerprint"])
+    assert fingerprint @ torch_encoder.fingerprint() >= PROBE_MIN_COSINE
+    assert len(list((tmp_path / "onnx").iterdir())) == 1
 
 
 def test_backend_choices_and_refusals(tmp_path, monkeypatch):

@@ -39,7 +39,8 @@ def test_bf16_agrees_with_fp32_at_top1_and_passes_the_manifest_check(flat_index)
     np.testing.assert_allclose(np.linalg.norm(vectors_bf16, axis=1), 1.0, atol=1e-5)  # normalised in fp32
     assert (vectors_fp32 * vectors_bf16).sum(axis=1).min() >= 0.99
     assert top1_bf16 == top1_fp32
-    np.testing.assert_array_equal(bf16.fingerprint(), fp32.fingerprint())  # taken before the cast
+    # taken before the cast (a bf16 one is ~1e-4 off); fp32 may serve from the ONNX bundle: float rounding only
+    np.testing.assert_allclose(bf16.fingerprint(), fp32.fingerprint(), atol=1e-6)
 
 
 def test_auto_is_fp32_on_cpu_and_fp16_needs_a_gpu():

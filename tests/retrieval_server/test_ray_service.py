@@ -24,7 +24,7 @@ from ray.cluster_utils import Cluster
 
 from retrieval_server.search.service import ServeOptions, load_service
 from retrieval_server.serve import ray_deploy
-from retrieval_server.serve.ray_actors import DeploymentError, DeploymentSpec, index_dirs
+from retrieval_server.serve.ray_actors import DeploymentError, DeploymentSpec, index_dirs, shorten_problem
 from search_r1.search import RetrievalClient, RetrievalUnavailable
 from search_r1.tools import OPEN_SCHEMA, ToolEnv
 from tests.entry_points import main_ppo_in_process
@@ -130,6 +130,17 @@ def test_a_killed_server_is_restarted_and_no_request_is_lost(deployment, referen
     assert "server exited with status -9" in after["last_problem"]
     assert len(results) >= n_before + 2 and all(r == want for r in results)
     assert after["url"] in ray_deploy.resolve_endpoints(f"ray://{NAME}")
+
+
+def test_a_long_server_log_does_not_push_the_cause_out_of_the_status():
+    """Guards against the status keeping only the tail of a problem: a first start that exported the encoder to ONNX
+    left long log lines, and "server exited with status -9" (the head) was cut off the 500 characters kept."""
+    log = " | ".join(f"2026-11-28 09:54:{i:02d} INFO exporting the encoder to ONNX (once per model): /root/.cache/"
+                     f"search_r1/onnx/{i:020d}.onnx" for i in range(20))
+    problem = f"server exited with status -9 (log /tmp/replica.log: ... {log} | index ready)"
+    short = shorten_problem(problem)
+    assert len(short) <= 500 and short.startswith("server exited with status -9") and short.endswith("index ready)")
+    assert shorten_problem("server exited with status 1") == "server exited with status 1"
 
 
 def test_open_reads_whole_documents_from_the_deployments_replicas(deployment, corpus_path):

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 PEFT_PREFIX = "base_model.model."  # peft's prefix of the wrapped model's parameter names
 ADAPTER = "default"
@@ -41,7 +44,10 @@ class LoraSpec:
 
 
 def add_lora(model: nn.Module, spec: LoraSpec) -> PeftModel:
-    """``model`` with LoRA adapters on ``spec.target_modules``; only the adapters require gradients."""
+    """``model`` with LoRA adapters on ``spec.target_modules``; only the adapters require gradients. peft is imported
+    here, not with the module: every trainer and worker process imports this module, few use LoRA (0.4 s each)."""
+    from peft import LoraConfig, get_peft_model
+
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.target_modules),
                         lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, config)
