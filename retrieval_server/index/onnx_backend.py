@@ -280,6 +280,7 @@ def export_bundle(model, probe: np.ndarray, directory: Path) -> None:
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=directory.parent))
+        tmp.chmod(0o755)  # as a directory made by mkdir (mkdtemp's is private)
     except OSError as e:
         raise RuntimeError(f"ONNX export of the encoder failed: cannot write {directory.parent}: {e}") from e
     try:
@@ -292,14 +293,15 @@ def export_bundle(model, probe: np.ndarray, directory: Path) -> None:
         (tmp / "bundle.json").write_text(json.dumps({
             "format": BUNDLE_FORMAT, "inputs": names, "dim": int(probe.shape[0]), "lower_case": lower_case,
             "exact_tokenizer": exact, "probe": [float(x) for x in probe]}))
-        shutil.rmtree(directory, ignore_errors=True)  # a broken bundle being replaced
         try:
             os.replace(tmp, directory)
-        except OSError:  # another process renamed its bundle there first: the same model's, so keep that one
+        except OSError as e:  # another process renamed its bundle there first: the same model's, so keep that one
             if not (directory / "bundle.json").is_file():
-                raise
+                raise RuntimeError(f"ONNX export of the encoder failed: cannot write {directory}: {e}") from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    for legacy in directory.parent.glob("*.onnx"):  # format 1's graphs (the transformer alone), ~90 MB each
+        legacy.unlink(missing_ok=True)
 
 
 def open_or_export(model, name: str, probe: np.ndarray, probe_text: str, threads: int = 0) -> OnnxEncoder:
@@ -315,6 +317,7 @@ def open_or_export(model, name: str, probe: np.ndarray, probe_text: str, threads
     for attempt in range(2):  # a cached bundle that does not load (another ONNX Runtime's, damaged) is made again
         if not (directory / "bundle.json").is_file():
             logger.info("exporting the encoder to ONNX (once per model): %s", directory)
+            shutil.rmtree(directory, ignore_errors=True)  # what is there is not a bundle (a rename is all or nothing)
             export_bundle(model, probe, directory)
         try:
             encoder = OnnxEncoder(directory, threads, tokenize)

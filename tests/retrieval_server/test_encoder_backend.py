@@ -7,7 +7,7 @@ import httpx
 import numpy as np
 import pytest
 
-from retrieval_server.index.encoder import DEFAULT_MODEL, Encoder, EncoderError
+from retrieval_server.index.encoder import DEFAULT_MODEL, PROBE_TEXT, Encoder, EncoderError
 from retrieval_server.index.manifest import Manifest
 from retrieval_server.launcher import ServerProcess
 from retrieval_server.search.service import ServeOptions, load_retriever
@@ -53,23 +53,6 @@ def test_the_service_serves_onnx_by_default_on_cpu_with_torch_results(flat_index
     assert answers["onnx"] == answers["torch"]
 
 
-def test_the_export_is_cached_and_a_broken_cached_file_is_made_again(tmp_path, monkeypatch):
-    """Guards against exporting at every start (~10-20 s), and against a server that cannot start because the
-    cached graph is unreadable (written by another ONNX Runtime, or damaged)."""
-    monkeypatch.setenv("SEARCH_R1_CACHE", str(tmp_path))
-    first = Encoder(DEFAULT_MODEL, backend="onnx")
-    cached = list((tmp_path / "onnx").glob("*/encoder.onnx"))
-    assert cached == [first._onnx.path]
-    stamp = cached[0].stat().st_mtime_ns
-    Encoder(DEFAULT_MODEL, backend="onnx")
-    assert cached[0].stat().st_mtime_ns == stamp  # loaded, not exported again
-    cached[0].write_bytes(b"not an ONNX model")
-    again = Encoder(DEFAULT_MODEL, backend="onnx")
-    assert again.backend == "onnx" and cached[0].stat().st_size > 1_000_000
-    assert list((tmp_path / "onnx").iterdir()) == [cached[0].parent]  # no temporary directory left behind
-    np.testing.assert_allclose(again.encode_queries(QUERIES), first.encode_queries(QUERIES), atol=1e-6)
-
-
 TORCH_FREE_START = """
 import json, sys
 from retrieval_server.index.encoder import DEFAULT_MODEL, Encoder
@@ -81,41 +64,58 @@ print(json.dumps({"backend": encoder.backend, "dtype": encoder.dtype,
 """
 
 
-def _start(prefix: str, cache) -> dict:
+def _start(prefix: str, texts: list[str]) -> dict:
+    """A service's encoder (device cpu, backend and dtype auto) built in a fresh process: what it imported, its
+    vectors of ``texts`` and its fingerprint."""
     import json
-    import os
     import subprocess
     import sys
 
     from tests.ray_cluster import ROOT
 
-    texts = json.dumps(QUERIES + ["", "x " * 600])
-    done = subprocess.run([sys.executable, "-c", TORCH_FREE_START, prefix, texts], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "SEARCH_R1_CACHE": str(cache)}, timeout=300)
+    done = subprocess.run([sys.executable, "-c", TORCH_FREE_START, prefix, json.dumps(texts)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # SEARCH_R1_CACHE: the test's
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def test_a_start_from_the_cached_bundle_loads_no_torch_and_embeds_like_torch(tmp_path):
-    """Guards against the service's start paying for torch and sentence-transformers (~6 s of a dense service's ~7 s
-    on a CPU) once its model was exported, and against that torch-free path embedding differently from torch: its
-    own tokenizer (truncation, padding, empty text), a query prefix, the manifest's fingerprint."""
+def test_the_export_is_cached_a_start_from_it_loads_no_torch_and_a_broken_one_is_made_again(tmp_path, monkeypatch):
+    """Guards against exporting at every start (~10-20 s); against a service start that pays for torch and
+    sentence-transformers (~5 of a dense service's ~6 s on a CPU) once its model was exported, or that embeds
+    differently from torch that way (its own tokenizer's truncation, padding and empty text, a query prefix, the
+    manifest's fingerprint); and against a service that cannot start because the cached graph is unreadable
+    (written by another ONNX Runtime, or damaged)."""
     from retrieval_server.index.manifest import PROBE_MIN_COSINE
 
-    torch_encoder = Encoder(DEFAULT_MODEL, query_prefix="query: ", backend="torch")
-    reference = torch_encoder.encode_queries(QUERIES + ["", "x " * 600])
-    first = _start("query: ", tmp_path)  # exports the bundle (torch loaded), then serves from it
-    assert first["backend"] == "onnx" and "torch" in first["imported"]
+    monkeypatch.setenv("SEARCH_R1_CACHE", str(tmp_path))
+    (tmp_path / "onnx").mkdir()
+    legacy = tmp_path / "onnx" / "104bfb745cfcada36f3a.onnx"  # an earlier version's graph, removed at the export
+    legacy.write_bytes(b"\0" * 1000)
+    first = Encoder(DEFAULT_MODEL, backend="onnx")
+    assert not legacy.exists()
+    cached = list((tmp_path / "onnx").glob("*/encoder.onnx"))
+    assert cached == [first._onnx.path]
+    stamp = cached[0].stat().st_mtime_ns
+    Encoder(DEFAULT_MODEL, backend="onnx")
+    assert cached[0].stat().st_mtime_ns == stamp  # loaded, not exported again
+
+    texts = QUERIES + ["", "x " * 600]  # empty, truncated at the model's 256 tokens
+    reference = first._encode_with(first.model, texts, "query: ")  # torch
     for prefix in ("query: ", ""):  # a bundle holds no prefix: one export serves both
-        again = _start(prefix, tmp_path)
-        assert (again["backend"], again["dtype"], again["imported"]) == ("onnx", "fp32", [])
-    again = _start("query: ", tmp_path)
-    vectors = np.asarray(again["vectors"], dtype=np.float32)
-    assert (vectors * reference).sum(axis=1).min() >= 0.9999
-    np.testing.assert_allclose(vectors, np.asarray(first["vectors"]), atol=1e-5)
-    fingerprint = np.asarray(again["fingerprint"])
-    assert fingerprint @ torch_encoder.fingerprint() >= PROBE_MIN_COSINE
-    assert len(list((tmp_path / "onnx").iterdir())) == 1
+        started = _start(prefix, texts)
+        assert (started["backend"], started["dtype"], started["imported"]) == ("onnx", "fp32", [])
+    started = _start("query: ", texts)
+    assert (np.asarray(started["vectors"], dtype=np.float32) * reference).sum(axis=1).min() >= 0.9999
+    assert np.asarray(started["fingerprint"]) @ first._encode_with(first.model, [PROBE_TEXT], "query: ")[0] \
+        >= PROBE_MIN_COSINE
+    assert cached[0].stat().st_mtime_ns == stamp
+
+    cached[0].write_bytes(b"not an ONNX model")
+    again = _start("", texts)  # loads torch, exports again
+    assert again["backend"] == "onnx" and "torch" in again["imported"] and cached[0].stat().st_size > 1_000_000
+    assert _start("", texts)["imported"] == []
+    assert list((tmp_path / "onnx").iterdir()) == [cached[0].parent]  # no temporary directory left behind
+    np.testing.assert_allclose(np.asarray(again["vectors"])[:len(QUERIES)], first.encode_queries(QUERIES), atol=1e-5)
 
 
 def test_backend_choices_and_refusals(tmp_path, monkeypatch):
