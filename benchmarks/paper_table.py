@@ -34,9 +34,11 @@ Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<r
 ``eval/`` and ``row.json``; the cold start is ``OUT/sft/``, shared by the rows that start from it); a row whose
 ``row.json`` exists is skipped, and an interrupted row continues (the trainer resumes from its last checkpoint,
 ``search_r1.evaluate`` from its last written batch), so the command is resumable. ``OUT/settings.json`` records the
-settings (size, data, model, engine); other settings in the same ``--out`` are refused. Writes ``OUT/table.md``
-(printed), ``OUT/table.json`` and ``OUT/table.png`` (EM per row with its 95% interval, on all test questions and the
-answer-bearing ones; EM against training step for the RL rows).
+settings (size, data, model, engine; paths inside the checkout relative to it); other settings in the same ``--out``
+are refused. A finished row needs only its ``row.json``: copied with ``settings.json`` into another clone's ``--out``
+(or kept in the repository), it is skipped there, so a table too long for one machine's session is made row by row.
+Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and ``OUT/table.png`` (EM per row with its 95% interval, on all
+test questions and the answer-bearing ones; EM against training step for the RL rows).
 
 ``--engine vllm`` evaluates and trains with vLLM's CPU engine (the RL runs with async rollout), into
 ``outputs/paper_table_vllm`` by default; the engine is part of ``settings.json``, so one table never mixes engines.
@@ -253,12 +255,20 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
     return figures
 
 
+def portable(path: Path) -> str:
+    """A path as ``settings.json`` records it: relative to the checkout when inside it, so the row files of a table
+    made in one clone (``row.json``, ``settings.json``: small enough to keep) let another clone resume it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def check_settings(out: Path, settings: dict) -> None:
     """Record the table's settings (size, data, model, engine) in ``OUT/settings.json``, or refuse an ``out`` made
     with other ones."""
     path = out / "settings.json"
     if path.exists():
         old = {"engine": "hf", **json.loads(path.read_text())}  # a table made before --engine: the hf engine's
+        old.update({k: portable(Path(old[k])) for k in ("data", "model") if k in old})  # absolute before portable()
         if old != settings:
             raise SystemExit(f"[paper-table] {out} holds a table made with other settings ({old}: size, data, "
                              f"model or engine); use another --out or the same settings ({settings}) to resume")
@@ -365,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, {"test_n": args.test_n, "steps": args.steps, "val_n": args.val_n, "val_points": args.val_points,
-                         "data": str(args.data.resolve()), "model": str(args.model.resolve()), "engine": args.engine})
+                         "data": portable(args.data), "model": portable(args.model), "engine": args.engine})
     start = time.time()
     figures: dict[str, list[dict]] = {}
     with ExitStack() as stack:

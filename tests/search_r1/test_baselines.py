@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -164,6 +165,20 @@ def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, te
     assert paper_table.main(argv) == 0
     assert {name: path.read_text() for name, path in trajectories.items()} == written  # no trajectory redone
     assert json.loads((out / "rag" / "row.json").read_text())["all"] == rag["all"]
+
+    # another clone (or machine) resumes from the row files alone: settings.json and each finished row's row.json
+    # (paths inside the checkout are recorded relative to it, so another clone's default data and model match)
+    assert paper_table.portable(paper_table.ROOT / "data" / "wiki_nq") == "data/wiki_nq"
+    assert paper_table.portable(data) == str(data.resolve())
+    carried = tmp_path / "carried"
+    for name in ("settings.json", "direct/row.json", "rag/row.json"):
+        (carried / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(out / name, carried / name)
+    capsys.readouterr()
+    assert paper_table.main([*argv[:-1], str(carried)]) == 0
+    shown = capsys.readouterr().out
+    assert "direct (seed 1) already done" in shown and "rag (seed 1) already done" in shown
+    assert "search_r1.evaluate" not in shown and (carried / "table.md").read_text() == (out / "table.md").read_text()
 
     with pytest.raises(SystemExit, match="other settings"):
         paper_table.main([*argv, "--steps", "3"])
