@@ -21,7 +21,7 @@ How:
   model (a model named on the hub, not a directory, is keyed by that probe embedding instead and always loaded with
   torch first).
 - A start that finds its model's bundle (``load_bundle``) loads only ONNX Runtime and the ``tokenizers`` library: no
-  torch, no sentence-transformers (their imports and the model's load were ~6 of a dense service's ~7 s of start-up
+  torch, no sentence-transformers (their imports and the model's load were ~5 of a dense service's ~6 s of start-up
   on a CPU). Only where the export found that the tokenizer alone gives the model's own inputs for
   ``TOKENIZER_PROBES`` (empty, short, mixed case, accents, over-long); for a model where it does not, the bundle
   serves the torch start, which tokenizes with the model. A bundle whose graph no longer embeds the probe like torch
