@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from retrieval_corpus import ensure_indexes, ensure_tiled, make_queries  # noqa: E402
+from suite_cpu import read_stat  # noqa: E402
 
 from retrieval_server.launcher import ServerProcess  # noqa: E402
 
@@ -287,13 +288,6 @@ def _serve_and_measure(index_dir: Path, corpus: Path, args: list[str], queries: 
         return ready_s, ready, server.memory()
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a running process (Linux /proc)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def part_startup(data: Path, corpus: Path, queries: list[str], args: argparse.Namespace) -> list[str]:
     configs = {"default": ([], None), "torch": (["--encoder-backend", "torch"], None)}
     if args.baseline_src is not None:
@@ -305,7 +299,8 @@ def part_startup(data: Path, corpus: Path, queries: list[str], args: argparse.Na
             start = time.perf_counter()
             with ServerProcess(data / "index_dense-flat", corpus, [*common, *extra], source=source) as server:
                 health = server.wait_ready(timeout=600)
-                ready_s, cpu_s = time.perf_counter() - start, _cpu_s(server.proc.pid)
+                ready_s = time.perf_counter() - start
+                cpu_s = read_stat(str(server.proc.pid))[0] / os.sysconf("SC_CLK_TCK")  # the server's, so far
             if round_:
                 times[name].append((ready_s, cpu_s))
             else:
