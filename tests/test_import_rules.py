@@ -48,9 +48,10 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
 }
 
 # verl's layers, bottom to top: the module names (after ``verl.``, first part; fnmatch patterns) in each. A module
-# may import its own layer and the layers below it. ``verl`` itself (an empty __init__) is in the bottom layer.
+# may import its own layer and the layers below it. ``verl`` itself (its __init__ installs ``_imports``' finder) is in
+# the bottom layer.
 VERL_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "protocol", "utils"),
+    ("_imports", "errors", "protocol", "utils"),
     ("algorithms",),
     # config, config_checks, config_compat, config_doc: read the algorithm registries; tools: the registries of action
     # formats and tools (the config's allowed formats) and the tool config
