@@ -33,10 +33,13 @@ validations of 200 (days here at these speeds).
 Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<row>/seed<S>/``: the trained run,
 ``eval/`` and ``row.json``; the cold start is ``OUT/sft/``, shared by the rows that start from it); a row whose
 ``row.json`` exists is skipped, and an interrupted row continues (the trainer resumes from its last checkpoint,
-``search_r1.evaluate`` from its last written batch), so the command is resumable. ``OUT/settings.json`` records the
-settings (size, data, model, engine; paths inside the checkout relative to it); other settings in the same ``--out``
-are refused. A finished row needs only its ``row.json``: copied with ``settings.json`` into another clone's ``--out``
-(or kept in the repository), it is skipped there, so a table too long for one machine's session is made row by row.
+``search_r1.evaluate`` from its last written batch), so the command is resumable. Each row's directory records the
+settings that row depends on (``settings.json``, and again in ``row.json``): data, model, engine and test size for
+every row, and the steps and validations for an RL row (paths inside the checkout relative to it). A row is reused
+only under the same settings and refused otherwise, naming what differs; so a ``--full`` table reuses the Direct and
+RAG rows of a ``--test-n 1800`` table (they never depend on the RL settings) and never resumes an RL run made with
+other steps. A finished row needs only its ``row.json``: copied into another clone's ``--out`` (or kept in the
+repository), it is skipped there, so a table too long for one machine's session is made row by row.
 Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and ``OUT/table.png`` (EM per row with its 95% interval, on all
 test questions and the answer-bearing ones; EM against training step for the RL rows).
 
@@ -192,6 +195,9 @@ def write_no_search(source: Path, target: Path) -> None:
 def cold_start(args: argparse.Namespace, out: Path, services: Services) -> Path:
     """The scripted cold start over BM25 and demo-real's SFT on it (built once) -> the SFT model directory."""
     model = out / "sft" / "hf_model"
+    check_settings(out / "sft" / "cold_start.json", None,
+                   {k: v for k, v in table_settings(args).items() if k in ("data", "model")}, "the cold start",
+                   args.legacy_settings)
     if (model / "config.json").exists():
         return model
     parquet = out / "sft" / "cold_start.parquet"
@@ -234,10 +240,14 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
     """Make and evaluate one row for one seed, unless its ``row.json`` exists -> its figures."""
     row = ROWS[name]
     run_dir = out / name / f"seed{seed}" if row.policy == "rl" else out / name
+    settings = row_settings(row, args)
     done = run_dir / "row.json"
     if done.exists():
+        check_settings(run_dir / "settings.json", json.loads(done.read_text()).get("settings"), settings,
+                       f"row {name} (seed {seed})", args.legacy_settings)
         print(f"[paper-table] {name} (seed {seed}) already done: {done}", flush=True)
         return json.loads(done.read_text())
+    check_settings(run_dir / "settings.json", None, settings, f"row {name} (seed {seed})", args.legacy_settings)
     start = time.time()
     model = {"base": lambda: args.model, "sft": lambda: cold_start(args, out, services),
              "rl": lambda: train(name, row, seed, args, out, run_dir, services)}[row.policy]()
@@ -248,7 +258,7 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
          "--mode", row.mode, "--batch-size", "30", *search, *ENGINES[args.engine]["evaluate"], *COMMON],
         out / "logs" / f"{name}_seed{seed}_eval.log")
     results = json.loads((eval_dir / "results.json").read_text())
-    figures = {"row": name, "seed": seed, "seconds": round(time.time() - start),
+    figures = {"row": name, "seed": seed, "seconds": round(time.time() - start), "settings": settings,
                "all": results["overall"], "answer_bearing": results.get("answer_bearing"),
                **(curve(run_dir) if row.policy == "rl" else {})}
     done.write_text(json.dumps(figures, indent=1) + "\n")
@@ -262,18 +272,39 @@ def portable(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def check_settings(out: Path, settings: dict) -> None:
-    """Record the table's settings (size, data, model, engine) in ``OUT/settings.json``, or refuse an ``out`` made
-    with other ones."""
-    path = out / "settings.json"
-    if path.exists():
-        old = {"engine": "hf", **json.loads(path.read_text())}  # a table made before --engine: the hf engine's
-        old.update({k: portable(Path(old[k])) for k in ("data", "model") if k in old})  # absolute before portable()
-        if old != settings:
-            raise SystemExit(f"[paper-table] {out} holds a table made with other settings ({old}: size, data, "
-                             f"model or engine); use another --out or the same settings ({settings}) to resume")
-    else:
+def table_settings(args: argparse.Namespace) -> dict:
+    """Every setting a row may depend on (paths as ``portable`` writes them)."""
+    return {"test_n": args.test_n, "steps": args.steps, "val_n": args.val_n, "val_points": args.val_points,
+            "data": portable(args.data), "model": portable(args.model), "engine": args.engine}
+
+
+def row_settings(row: Row, args: argparse.Namespace) -> dict:
+    """The settings one row's figures depend on: data, model, engine and test size; for an RL row also its steps and
+    validations (a baseline or the cold start never reads them)."""
+    keys = ("test_n", "data", "model", "engine", *(("steps", "val_n", "val_points") if row.policy == "rl" else ()))
+    return {k: v for k, v in table_settings(args).items() if k in keys}
+
+
+def check_settings(path: Path, recorded: dict | None, settings: dict, what: str, legacy: dict | None = None) -> None:
+    """Refuse to reuse what ``path`` (a row's or the cold start's settings file) describes when it was made under
+    other ``settings``, naming what differs; write ``settings`` there when nothing is recorded. ``recorded``: the
+    settings a finished row's ``row.json`` carries (a carried row has no settings file). ``legacy``: the one
+    ``settings.json`` a table kept in its ``--out`` before rows recorded their own (the keys this row depends on
+    count)."""
+    if recorded is None and path.exists():
+        recorded = json.loads(path.read_text())
+    if recorded is None and legacy is not None and path.parent.exists():
+        recorded = {"engine": "hf", **legacy}  # a table made before --engine: the hf engine's
+    if recorded is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings, indent=1) + "\n")
+        return
+    old = {k: portable(Path(v)) if k in ("data", "model") else v for k, v in recorded.items()}  # absolute before
+    differs = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+    if differs:
+        listed = ", ".join(f"{k} {a!r} there, {b!r} now" for k, (a, b) in differs.items())
+        raise SystemExit(f"[paper-table] {what} ({path.parent}) was made with other settings ({listed}); use another "
+                         f"--out, the same settings to resume, or delete {path.parent} to make it again")
 
 
 def _cell(per_seed: list[dict], group: str, key: str, digits: int = 3) -> str:
@@ -374,8 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    check_settings(out, {"test_n": args.test_n, "steps": args.steps, "val_n": args.val_n, "val_points": args.val_points,
-                         "data": portable(args.data), "model": portable(args.model), "engine": args.engine})
+    legacy = out / "settings.json"  # written by tables made before each row recorded its settings
+    args.legacy_settings = json.loads(legacy.read_text()) if legacy.exists() else None
     start = time.time()
     figures: dict[str, list[dict]] = {}
     with ExitStack() as stack:

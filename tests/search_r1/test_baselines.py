@@ -166,12 +166,15 @@ def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, te
     assert {name: path.read_text() for name, path in trajectories.items()} == written  # no trajectory redone
     assert json.loads((out / "rag" / "row.json").read_text())["all"] == rag["all"]
 
-    # another clone (or machine) resumes from the row files alone: settings.json and each finished row's row.json
-    # (paths inside the checkout are recorded relative to it, so another clone's default data and model match)
+    # another clone (or machine) resumes from the row files alone: each finished row's row.json carries the settings
+    # it was made with (paths inside the checkout are recorded relative to it, so another clone's default data and
+    # model match)
     assert paper_table.portable(paper_table.ROOT / "data" / "wiki_nq") == "data/wiki_nq"
     assert paper_table.portable(data) == str(data.resolve())
+    assert rag["settings"] == {"test_n": 2, "data": str(data.resolve()), "model": str(policy[0].resolve()),
+                               "engine": "hf"}
     carried = tmp_path / "carried"
-    for name in ("settings.json", "direct/row.json", "rag/row.json"):
+    for name in ("direct/row.json", "rag/row.json"):
         (carried / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(out / name, carried / name)
     capsys.readouterr()
@@ -180,10 +183,27 @@ def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, te
     assert "direct (seed 1) already done" in shown and "rag (seed 1) already done" in shown
     assert "search_r1.evaluate" not in shown and (carried / "table.md").read_text() == (out / "table.md").read_text()
 
-    with pytest.raises(SystemExit, match="other settings"):
-        paper_table.main([*argv, "--steps", "3"])
-    with pytest.raises(SystemExit, match="other settings"):  # one table never mixes engines
+    # each row is checked against the settings it depends on: the RL settings (as --full sets them) leave the
+    # baselines as they are, so a --full table reuses a --test-n 1800 table's Direct and RAG rows
+    capsys.readouterr()
+    assert paper_table.main([*argv[:-1], str(carried), "--steps", "24", "--val-n", "200", "--val-points", "6"]) == 0
+    shown = capsys.readouterr().out
+    assert "direct (seed 1) already done" in shown and "search_r1.evaluate" not in shown
+    with pytest.raises(SystemExit, match=r"row direct \(seed 1\) .* other settings \(test_n 2 there, 3 now\)"):
+        paper_table.main([*argv, "--test-n", "3"])
+    with pytest.raises(SystemExit, match="other settings .engine 'hf' there, 'vllm' now"):  # never mixes engines
         paper_table.main([*argv, "--engine", "vllm"])
+    # a table made before rows recorded their settings (one settings.json in --out) is checked by it: same refusal
+    legacy = tmp_path / "legacy"
+    (legacy / "direct").mkdir(parents=True)
+    row = json.loads((out / "direct" / "row.json").read_text())
+    del row["settings"]
+    (legacy / "direct" / "row.json").write_text(json.dumps(row))
+    (legacy / "settings.json").write_text(json.dumps({"test_n": 2, "steps": 4, "val_n": 12, "val_points": 2,
+                                                     "data": str(data), "model": str(policy[0])}))
+    with pytest.raises(SystemExit, match="row direct .* other settings .test_n 2 there, 3 now"):
+        paper_table.main(["--rows", "direct", *argv[3:-1], str(legacy), "--test-n", "3"])
+    assert paper_table.main(["--rows", "direct", *argv[3:-1], str(legacy), "--steps", "9"]) == 0
     # a dense row on data built without the dense index: refused before anything runs, naming how to add it
     with pytest.raises(SystemExit, match=rf"rows grpo_dense search the dense index, which {data} lacks .* add it "
                                          rf"with: python -m data_prep.wiki_nq --out {data}$"):
