@@ -5,7 +5,7 @@
 
 Trains SmolLM2-135M-Instruct's cold start (``make demo-real``'s ``sft/hf_model``, built by ``make demo-real`` or
 by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4 samples a step, lr 1e-5, bfloat16
-(``benchmarks/paper_table.py``'s RL settings, which are demo-real's), against the real BM25 service. Variants:
+(``benchmarks/paper_table.py``'s RL settings and demo-real's lengths), against the real BM25 service. Variants:
 
     hf-sync      the HF engine as it is (rollout.mode=sync: lockstep turns; today's default)
     vllm-sync    vLLM's CPU engine (rollout.name=vllm), lockstep turns
@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.paper_table import COMMON, GRPO, RL  # noqa: E402
+from benchmarks.paper_table import DEMO_REAL_COMMON, GRPO, RL  # noqa: E402
 from retrieval_server.launcher import ServerProcess  # noqa: E402
 
 ASYNC = ["actor_rollout_ref.rollout.mode=async"]
@@ -57,7 +57,7 @@ def train(url: str, model: Path, variant: str, steps: int, out: Path) -> list[fl
     """One fresh run of ``steps`` steps -> the seconds of each step after the first (of the only one, with 1)."""
     shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl appends: no earlier run's records
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *COMMON, *RL, *GRPO, *VARIANTS[variant],
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *DEMO_REAL_COMMON, *RL, *GRPO, *VARIANTS[variant],
            f"actor_rollout_ref.model.path={model}", f"retriever.url={url}", f"trainer.total_training_steps={steps}",
            f"data.train_files={DEMO / 'train.parquet'}", f"data.val_files={DEMO / 'test.parquet'}",
            "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.seed=1",

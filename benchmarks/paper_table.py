@@ -34,12 +34,15 @@ Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<r
 ``eval/`` and ``row.json``; the cold start is ``OUT/sft/``, shared by the rows that start from it); a row whose
 ``row.json`` exists is skipped, and an interrupted row continues (the trainer resumes from its last checkpoint,
 ``search_r1.evaluate`` from its last written batch), so the command is resumable. Each row's directory records the
-settings that row depends on (``settings.json``, and again in ``row.json``): data, model, engine and test size for
-every row, and the steps and validations for an RL row (paths inside the checkout relative to it). A row is reused
-only under the same settings and refused otherwise, naming what differs; so a ``--full`` table reuses the Direct and
-RAG rows of a ``--test-n 1800`` table (they never depend on the RL settings) and never resumes an RL run made with
-other steps. A finished row needs only its ``row.json``: copied into another clone's ``--out`` (or kept in the
-repository), it is skipped there, so a table too long for one machine's session is made row by row.
+settings that row depends on (``settings.json``, and again in ``row.json``): data, model, engine, test size and
+lengths for every row (a one-turn Direct or RAG row only the lengths of one turn), and the steps and validations for
+an RL row (paths inside the checkout relative to it). A row is reused only under the same settings and refused
+otherwise, naming what differs (so is one an earlier version made without recording them); so a ``--full`` table
+reuses the Direct and RAG rows of a ``--test-n 1800`` table (they never depend on the RL settings) and never resumes
+an RL run made with other steps or lengths. A finished row needs only its ``row.json``: copied into another
+clone's ``--out`` (or kept in the repository), it is skipped there, so a table too long for one machine's session is
+made row by row. The rows made so far at the acceptance size are kept in ``benchmarks/paper_table_rows/<engine>/``:
+``cp -r benchmarks/paper_table_rows/vllm/. outputs/paper_table_vllm/`` before ``--full --engine vllm`` skips them.
 Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and ``OUT/table.png`` (EM per row with its 95% interval, on all
 test questions and the answer-bearing ones; EM against training step for the RL rows).
 
@@ -70,10 +73,20 @@ from search_r1.baselines import SEARCH_DISABLED, baseline_messages  # noqa: E402
 
 MODEL = "data/models/smollm2-135m-instruct"
 DATA = "data/wiki_nq"
-# demo-real's lengths (scripts/demo_real.sh), with room for RAG's three passages in the prompt
-LENGTHS = ["data.max_obs_length=256", "data.max_prompt_length=1024", "data.max_response_length=320",
-           "data.max_trajectory_length=640", "data.max_start_length=1024"]
-COMMON = ["--config", "configs/demo.yaml", *LENGTHS]
+# Lengths (tokens, SmolLM2's tokenizer). A search's three Wikipedia extracts make a 244-505-token block (median 345,
+# the first 30 test questions' BM25 top 3, 2026-11-28): max_obs_length 512 holds every one (demo-real's 256, sized for
+# the demo's passages, cut 28 of 30 and dropped the third passage, as the agent loop's warning said). Two searches of
+# up to 512 tokens and their turns fit max_trajectory_length 1536 (640 cut 13 of 30 trajectories of the cold start
+# before their answer); the context (max_prompt_length) holds the prompt and that whole response. A Direct or RAG row
+# is one turn: max_response_length bounds it and max_start_length its prompt (RAG's three passages), the only
+# lengths its figures depend on (BASELINE_LENGTHS), so its rows survive a change of the multi-turn ones.
+LENGTHS = {"max_obs_length": 512, "max_prompt_length": 2048, "max_response_length": 320,
+           "max_trajectory_length": 1536, "max_start_length": 1024}
+BASELINE_LENGTHS = ("max_response_length", "max_start_length")
+COMMON = ["--config", "configs/demo.yaml", *(f"data.{k}={v}" for k, v in LENGTHS.items())]
+# make demo-real's lengths (scripts/demo_real.sh; its passages are the demo's, shorter): benchmarks/bench_real_step.py
+DEMO_REAL_COMMON = ["--config", "configs/demo.yaml", "data.max_obs_length=256", "data.max_prompt_length=1024",
+                    "data.max_response_length=320", "data.max_trajectory_length=640", "data.max_start_length=1024"]
 RL = ["actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.ppo_mini_batch_size=24",
       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
@@ -195,12 +208,12 @@ def write_no_search(source: Path, target: Path) -> None:
 def cold_start(args: argparse.Namespace, out: Path, services: Services) -> Path:
     """The scripted cold start over BM25 and demo-real's SFT on it (built once) -> the SFT model directory."""
     model = out / "sft" / "hf_model"
+    parquet = out / "sft" / "cold_start.parquet"
     check_settings(out / "sft" / "cold_start.json", None,
                    {k: v for k, v in table_settings(args).items() if k in ("data", "model")}, "the cold start",
-                   args.legacy_settings)
+                   made=model.exists() or parquet.exists())
     if (model / "config.json").exists():
         return model
-    parquet = out / "sft" / "cold_start.parquet"
     if not parquet.exists():
         run([sys.executable, "-m", "data_prep.cold_start", "scripted", "--data",
              str(args.data / "search_r1" / "train.parquet"), "--retriever-url", services.url("bm25"), "--out",
@@ -242,12 +255,14 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
     run_dir = out / name / f"seed{seed}" if row.policy == "rl" else out / name
     settings = row_settings(row, args)
     done = run_dir / "row.json"
+    # what this row made so far (the cold start shares OUT/sft with the sft row, and is checked on its own)
+    made = done.exists() or (run_dir / "eval").exists() or \
+        (row.policy == "rl" and run_dir.exists() and any(p.name != "settings.json" for p in run_dir.iterdir()))
+    recorded = json.loads(done.read_text()).get("settings") if done.exists() else None
+    check_settings(run_dir / "settings.json", recorded, settings, f"row {name} (seed {seed})", made)
     if done.exists():
-        check_settings(run_dir / "settings.json", json.loads(done.read_text()).get("settings"), settings,
-                       f"row {name} (seed {seed})", args.legacy_settings)
         print(f"[paper-table] {name} (seed {seed}) already done: {done}", flush=True)
         return json.loads(done.read_text())
-    check_settings(run_dir / "settings.json", None, settings, f"row {name} (seed {seed})", args.legacy_settings)
     start = time.time()
     model = {"base": lambda: args.model, "sft": lambda: cold_start(args, out, services),
              "rl": lambda: train(name, row, seed, args, out, run_dir, services)}[row.policy]()
@@ -279,22 +294,26 @@ def table_settings(args: argparse.Namespace) -> dict:
 
 
 def row_settings(row: Row, args: argparse.Namespace) -> dict:
-    """The settings one row's figures depend on: data, model, engine and test size; for an RL row also its steps and
-    validations (a baseline or the cold start never reads them)."""
+    """The settings one row's figures depend on: data, model, engine, test size and lengths (a one-turn baseline only
+    ``BASELINE_LENGTHS``); for an RL row also its steps and validations (a baseline or the cold start never reads
+    them)."""
     keys = ("test_n", "data", "model", "engine", *(("steps", "val_n", "val_points") if row.policy == "rl" else ()))
-    return {k: v for k, v in table_settings(args).items() if k in keys}
+    one_turn = row.mode in ("direct", "rag") and row.policy == "base"
+    lengths = {k: v for k, v in LENGTHS.items() if k in BASELINE_LENGTHS or not one_turn}
+    return {**{k: v for k, v in table_settings(args).items() if k in keys}, "lengths": lengths}
 
 
-def check_settings(path: Path, recorded: dict | None, settings: dict, what: str, legacy: dict | None = None) -> None:
+def check_settings(path: Path, recorded: dict | None, settings: dict, what: str, made: bool) -> None:
     """Refuse to reuse what ``path`` (a row's or the cold start's settings file) describes when it was made under
-    other ``settings``, naming what differs; write ``settings`` there when nothing is recorded. ``recorded``: the
-    settings a finished row's ``row.json`` carries (a carried row has no settings file). ``legacy``: the one
-    ``settings.json`` a table kept in its ``--out`` before rows recorded their own (the keys this row depends on
-    count)."""
+    other ``settings``, naming what differs, or when something was ``made`` there without recording its settings (a
+    table of an earlier version); write ``settings`` there before anything is made. ``recorded``: the settings a
+    finished row's ``row.json`` carries (a carried row has no settings file)."""
     if recorded is None and path.exists():
         recorded = json.loads(path.read_text())
-    if recorded is None and legacy is not None and path.parent.exists():
-        recorded = {"engine": "hf", **legacy}  # a table made before --engine: the hf engine's
+    redo = f"use another --out, or delete {path.parent} to make it again"
+    if recorded is None and made:
+        raise SystemExit(f"[paper-table] {what} ({path.parent}) records no settings (made by an earlier version); "
+                         f"{redo}")
     if recorded is None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings, indent=1) + "\n")
@@ -303,8 +322,8 @@ def check_settings(path: Path, recorded: dict | None, settings: dict, what: str,
     differs = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
     if differs:
         listed = ", ".join(f"{k} {a!r} there, {b!r} now" for k, (a, b) in differs.items())
-        raise SystemExit(f"[paper-table] {what} ({path.parent}) was made with other settings ({listed}); use another "
-                         f"--out, the same settings to resume, or delete {path.parent} to make it again")
+        raise SystemExit(f"[paper-table] {what} ({path.parent}) was made with other settings ({listed}); the same "
+                         f"settings resume it; {redo}")
 
 
 def _cell(per_seed: list[dict], group: str, key: str, digits: int = 3) -> str:
@@ -405,8 +424,6 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    legacy = out / "settings.json"  # written by tables made before each row recorded its settings
-    args.legacy_settings = json.loads(legacy.read_text()) if legacy.exists() else None
     start = time.time()
     figures: dict[str, list[dict]] = {}
     with ExitStack() as stack:

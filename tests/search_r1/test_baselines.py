@@ -172,7 +172,7 @@ def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, te
     assert paper_table.portable(paper_table.ROOT / "data" / "wiki_nq") == "data/wiki_nq"
     assert paper_table.portable(data) == str(data.resolve())
     assert rag["settings"] == {"test_n": 2, "data": str(data.resolve()), "model": str(policy[0].resolve()),
-                               "engine": "hf"}
+                               "engine": "hf", "lengths": {"max_response_length": 320, "max_start_length": 1024}}
     carried = tmp_path / "carried"
     for name in ("direct/row.json", "rag/row.json"):
         (carried / name).parent.mkdir(parents=True, exist_ok=True)
@@ -193,19 +193,38 @@ def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, te
         paper_table.main([*argv, "--test-n", "3"])
     with pytest.raises(SystemExit, match="other settings .engine 'hf' there, 'vllm' now"):  # never mixes engines
         paper_table.main([*argv, "--engine", "vllm"])
-    # a table made before rows recorded their settings (one settings.json in --out) is checked by it: same refusal
-    legacy = tmp_path / "legacy"
-    (legacy / "direct").mkdir(parents=True)
+    # a row made before rows recorded their settings cannot be checked: refused, naming the directory to delete
+    (out / "direct" / "settings.json").unlink()
     row = json.loads((out / "direct" / "row.json").read_text())
     del row["settings"]
-    (legacy / "direct" / "row.json").write_text(json.dumps(row))
-    (legacy / "settings.json").write_text(json.dumps({"test_n": 2, "steps": 4, "val_n": 12, "val_points": 2,
-                                                     "data": str(data), "model": str(policy[0])}))
-    with pytest.raises(SystemExit, match="row direct .* other settings .test_n 2 there, 3 now"):
-        paper_table.main(["--rows", "direct", *argv[3:-1], str(legacy), "--test-n", "3"])
-    assert paper_table.main(["--rows", "direct", *argv[3:-1], str(legacy), "--steps", "9"]) == 0
+    (out / "direct" / "row.json").write_text(json.dumps(row))
+    with pytest.raises(SystemExit, match=rf"row direct .* records no settings .* delete {out / 'direct'} to make it"):
+        paper_table.main(argv)
     # a dense row on data built without the dense index: refused before anything runs, naming how to add it
     with pytest.raises(SystemExit, match=rf"rows grpo_dense search the dense index, which {data} lacks .* add it "
                                          rf"with: python -m data_prep.wiki_nq --out {data}$"):
         paper_table.main(["--rows", "direct", "grpo_dense", *argv[3:-1], str(tmp_path / "dense_table")])
     assert not (tmp_path / "dense_table" / "direct").exists()
+
+
+def test_the_kept_acceptance_size_rows_match_what_a_full_table_asks(tmp_path):
+    """The rows kept in benchmarks/paper_table_rows (hours of this machine each) must be the rows a ``--full`` table
+    of their engine would make: same settings under the defaults, else copying them in is refused (or, worse, a
+    changed default would reuse them silently)."""
+    import argparse
+
+    from benchmarks import paper_table
+
+    kept = sorted((paper_table.ROOT / "benchmarks" / "paper_table_rows").glob("*/*/row.json"))
+    assert {(p.parent.parent.name, p.parent.name) for p in kept} >= {("vllm", "direct"), ("vllm", "rag")}
+    for path in kept:
+        engine, name = path.parent.parent.name, path.parent.name
+        full = argparse.Namespace(test_n=1800, steps=24, val_n=200, val_points=6, engine=engine,
+                                  data=paper_table.ROOT / paper_table.DATA, model=paper_table.ROOT / paper_table.MODEL)
+        row = json.loads(path.read_text())
+        assert row["row"] == name and row["all"]["n"] == 1800 and row["answer_bearing"]["n"] == 714
+        settings = paper_table.row_settings(paper_table.ROWS[name], full)
+        paper_table.check_settings(tmp_path / name / "settings.json", row["settings"], settings, name, made=True)
+        with pytest.raises(SystemExit, match="other settings"):
+            paper_table.check_settings(tmp_path / name / "settings.json", row["settings"], {**settings, "test_n": 30},
+                                       name, made=True)
