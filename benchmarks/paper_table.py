@@ -20,13 +20,10 @@ bfloat16) and run once per seed; they validate on the first ``--val-n`` validati
 along the way (the EM against training step).
 
 Sizes: the default is the first ``--test-n`` = 30 test questions (one evaluation batch), ``--steps`` = 4, seed 1,
-2 validations of 12 questions. Measured here (2026-11-27, 2 cores shared, load 4-5): the data build 29 min, a
-30-question evaluation 2.7 min (Direct) to 9 min (RAG: longer prompts, and a batch waits for its longest row);
-with demo-real's 58-151 s GRPO steps the default comes to about 3 h on a loaded machine (an estimate from these
-figures, not measured end to end), so issue 59's 2 h from a fresh clone needs the faster step
-(``benchmarks/bench_real_step.py``) or an idle machine. ``--engine vllm`` gave the baselines' greedy responses to
-the letter in 0.50-0.61x the time, and a GRPO step in 0.47-0.51x (2026-11-28, docs/results.md): the default size
-with it is estimated at under 2 h on an idle machine, also not measured end to end. ``--full`` is the issue's
+2 validations of 12 questions. Measured here with ``--engine vllm`` (2026-11-28, idle, docs/results.md): install 2.7
+min, the data build 7 min, Direct 27 s, RAG 72 s, SFT 5.3 min, R1 7.2 min; a GRPO row 17.7 min at the former lengths
+(256 / 640) and steps of 316 s instead of ~240 s at ``LENGTHS``: about 2 h 40 min for the default table (estimated,
+not run end to end), over issue 59's 2 h. The HF engine's GRPO step takes about twice vLLM's. ``--full`` is the issue's
 acceptance size: all 1,800 test questions (714 answer-bearing), 24 steps (demo-real's), seeds 1 and 2, 6
 validations of 200 (days here at these speeds).
 
