@@ -6,12 +6,12 @@ function only for assisted decoding's adaptive confidence threshold (``assistant
 project never uses. The import costs about 1 s of CPU in every trainer, Ray worker, evaluation and data process
 (measured on the 2-core CI machine: 1.06 s of a 6.5 s trainer import).
 
-transformers decides with ``transformers.utils.is_sklearn_available()`` at the moment
-``transformers.generation.candidate_generator`` is imported. `install()` adds a finder to ``sys.meta_path`` that, when
-that module is about to be imported, makes this check answer False; the finder then steps aside and the module loads
-from its real file as usual. Nothing else changes: scikit-learn stays importable for any code that imports it itself
-(sentence-transformers' evaluators, a user's reward function), and transformers keeps every other feature. With it,
-transformers' assisted decoding runs without the adaptive threshold, as it does where scikit-learn is not installed.
+transformers decides with ``transformers.utils.is_sklearn_available()`` while
+``transformers.generation.candidate_generator`` is imported (and that module keeps the function it saw). `install()`
+adds a finder to ``sys.meta_path`` that loads that one module from its real file with the check answering False for
+the length of its import, then puts the check back. So only assisted decoding runs without the adaptive threshold, as
+it does where scikit-learn is not installed; every other part of transformers sees scikit-learn as installed, and
+any code that imports scikit-learn itself (sentence-transformers' evaluators, a user's reward function) gets it.
 
 If transformers moves the import, the finder never fires and the cost simply comes back;
 ``tests/verl/test_lean_imports.py`` then fails, naming the module that loaded scikit-learn.
@@ -20,20 +20,45 @@ If transformers moves the import, the finder never fires and the cost simply com
 from __future__ import annotations
 
 import importlib.abc
+import importlib.machinery
 import sys
 
 GENERATION_MODULE = "transformers.generation.candidate_generator"
 
 
 class _TransformersWithoutSklearn(importlib.abc.MetaPathFinder):
-    """Answers no import itself; only switches off transformers' scikit-learn check just before the module using it."""
+    """Finds only ``GENERATION_MODULE`` (through the normal path finder) and hands it to `_LoadWithoutSklearn`."""
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201 (importlib's signature)
-        if fullname == GENERATION_MODULE and "sklearn" not in sys.modules:
-            utils = sys.modules.get("transformers.utils")
-            if utils is not None:
-                utils.is_sklearn_available = _unavailable
-        return None
+        if fullname != GENERATION_MODULE or "sklearn" in sys.modules or "transformers.utils" not in sys.modules:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _LoadWithoutSklearn(spec.loader)
+        return spec
+
+
+class _LoadWithoutSklearn(importlib.abc.Loader):
+    """The module's own loader, run with ``transformers.utils.is_sklearn_available`` answering False."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec):  # noqa: ANN001, ANN201
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:  # noqa: ANN001
+        utils = sys.modules["transformers.utils"]
+        check = utils.is_sklearn_available
+        utils.is_sklearn_available = _unavailable
+        try:
+            self.loader.exec_module(module)
+        finally:
+            utils.is_sklearn_available = check
+
+    def __getattr__(self, name: str):  # noqa: ANN204 (get_source, get_filename, ...: the real loader's)
+        return getattr(self.loader, name)
 
 
 def _unavailable() -> bool:

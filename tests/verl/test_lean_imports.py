@@ -55,3 +55,17 @@ print(out.shape[1], "sklearn" in sys.modules)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["8", "False"]
+
+
+def test_the_rest_of_transformers_still_sees_scikit_learn():
+    code = r"""
+import sys, verl
+from transformers import AutoTokenizer  # loads transformers.generation
+import transformers.generation.candidate_generator as cg
+import transformers.utils
+print(cg.is_sklearn_available(), transformers.utils.is_sklearn_available(), "sklearn" in sys.modules,
+      cg.__loader__.get_filename(cg.__name__).endswith("candidate_generator.py"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["False", "True", "False", "True"]
