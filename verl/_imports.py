@@ -3,7 +3,7 @@
 transformers imports ``sklearn.metrics.roc_curve`` when its generation package loads, and that happens on the first
 ``from transformers import AutoTokenizer`` (transformers 5 loads ``generation`` with the auto classes). It needs the
 function only for assisted decoding's adaptive confidence threshold (``assistant_confidence_threshold``), which this
-project never uses. The import costs about 1 s of CPU in every trainer, Ray worker, evaluation and data process
+project never uses. The import costs about 1 s of CPU in every trainer, Ray worker and evaluation process
 (measured on the 2-core CI machine: 1.06 s of a 6.5 s trainer import).
 
 transformers decides with ``transformers.utils.is_sklearn_available()`` while
