@@ -68,7 +68,7 @@ demo-real: install
 # directory under outputs/paper_table_vllm, resumable (benchmarks/paper_table.py; builds data/wiki_nq and imports the
 # model when missing). ARGS="--full": the issue's size (1,800 test questions, 24 steps, seeds 1 2); ARGS="--rows
 # direct rag". Every evaluation and RL run generates with vLLM's CPU engine; ENGINE=hf: the HF engine instead (about
-# twice the GRPO step time here), into outputs/paper_table_hf.
+# twice the GRPO step time in one side-by-side run here), into outputs/paper_table_hf.
 demo-wiki: install
 	$(PY) benchmarks/paper_table.py $(if $(ENGINE),--engine $(ENGINE)) $(ARGS)
 

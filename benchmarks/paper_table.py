@@ -20,9 +20,10 @@ bfloat16) and run once per seed; they validate on the first ``--val-n`` validati
 along the way (the EM against training step).
 
 Sizes: the default is the first ``--test-n`` = 30 test questions (one evaluation batch), ``--steps`` = 4, seed 1,
-2 validations of 12 questions, sized to run from a fresh clone within issue 59's 2 h on a 2-core machine (measured:
-docs/results.md, "The paper's table"). ``--full`` is the issue's acceptance size: all 1,800 test questions (714
-answer-bearing), 24 steps (demo-real's), seeds 1 and 2, 6 validations of 200 (days here at these speeds).
+2 validations of 12 questions, sized for issue 59's 2 h from a fresh clone on a 2-core machine (one run measured:
+1 h 49 min, an 11-minute margin on machines that differ by up to 2x; docs/results.md, "The paper's table").
+``--full`` is the issue's acceptance size: all 1,800 test questions (714 answer-bearing), 24 steps (demo-real's),
+seeds 1 and 2, 6 validations of 200 (days here at these speeds).
 
 Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<row>/seed<S>/``: the trained run,
 ``eval/`` and ``row.json``; the cold start is ``OUT/sft/``, shared by the rows that start from it); a row whose
@@ -208,9 +209,9 @@ def cold_start(args: argparse.Namespace, out: Path, services: Services) -> Path:
     """The scripted cold start over BM25 and demo-real's SFT on it (built once) -> the SFT model directory."""
     model = out / "sft" / "hf_model"
     parquet = out / "sft" / "cold_start.parquet"
-    check_settings(out / "sft" / "cold_start.json", None,
-                   {**{k: v for k, v in table_settings(args).items() if k in ("data", "model")}, **COLD_START},
-                   "the cold start", made=model.exists() or parquet.exists())
+    made_from = {k: v for k, v in table_settings(args).items() if k in ("data", "model")}
+    check_settings(out / "sft" / "cold_start.json", None, {**made_from, "cold_start": COLD_START}, "the cold start",
+                   made=model.exists() or parquet.exists())
     if (model / "config.json").exists():
         return model
     if not parquet.exists():
