@@ -38,7 +38,8 @@ def test_project_metadata_puts_the_recipe_where_an_uninstalled_checkout_finds_it
     # a Python without this environment's site-packages (-S: where the installed copy lives) and run outside the
     # checkout (whose own git-ignored egg-info would answer) finds it through SITE alone, as the GPU machine does
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); from importlib.metadata import distributions; "
-             f"print(sorted({{e.value for d in distributions() for e in d.entry_points if e.group == {RECIPES_GROUP!r}}}))")
+             "print(sorted({e.value for d in distributions() for e in d.entry_points "
+             f"if e.group == {RECIPES_GROUP!r}}}))")
     found = [subprocess.run([sys.executable, "-S", "-c", probe, str(p)], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60).stdout.strip() for p in (tmp_path / "empty", site)]
     assert found == ["[]", "['search_r1.recipe']"]
