@@ -10,9 +10,10 @@
 # PYTHON (the path of python3), GPU_TESTS_SITE (/tmp/site: where the wheels go), GPU_TESTS_BUDGET (330: seconds
 # pytest may run before it is stopped), GPU_TESTS_TEST_TIMEOUT (150: seconds one test may run before it fails),
 # GPU_TESTS_DEVICE=cpu: a trial of this script and the tier where there is no GPU (the tests run on the CPU, see
-# tests/conftest.py; nothing is installed, PYTHON's own packages are used), GPU_TESTS_HIDE (in the trial
-# "ray,faiss,vllm,dashscope,openai,wandb", else none): packages made unimportable, absent from the GPU machine (not
-# datasets, also absent there: libraries that ask importlib.metadata whether it is installed would still see it).
+# tests/conftest.py; PYTHON's own packages are used, and the project's metadata comes from a temporary site alone, as there),
+# GPU_TESTS_HIDE (in the trial "ray,faiss,vllm,dashscope,openai,wandb", else none): packages made unimportable, absent
+# from the GPU machine (not datasets, also absent there: libraries that ask importlib.metadata whether it is installed
+# would still see it).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
@@ -29,8 +30,13 @@ say() { echo "[gpu-tests $(( $(date +%s) - START ))s] $*" | tee -a "$SUMMARY"; }
 export PYTHONUNBUFFERED=1 PYTHON
 
 if [ "$TRIAL" = 1 ]; then
-  say "trial on the CPU (GPU_TESTS_DEVICE=cpu): $PYTHON's own packages, nothing installed"
-  export PYTHONPATH=$PWD
+  # As there, the checkout is imported through PYTHONPATH, not installed: its metadata (the recipe's entry point)
+  # comes from a site of its own (project_metadata), and the copy installed here is hidden below
+  say "trial on the CPU (GPU_TESTS_DEVICE=cpu): $PYTHON's own packages, nothing installed but the project's metadata"
+  source benchmarks/gpu_site.sh
+  SITE=$(mktemp -d)
+  project_metadata "$SITE" > "$OUT/install.log" 2>&1
+  export PYTHONPATH=$SITE:$PWD
 else
   source benchmarks/gpu_site.sh
   carried_site "$SITE" > "$OUT/install.log" 2>&1
@@ -41,6 +47,16 @@ if [ -n "$HIDE" ]; then  # a sitecustomize, first on the path of every process h
   # sys.modules[name] = None: `import name` fails as for a package that is not installed, and importlib.util.find_spec
   # (how libraries ask whether a package is there) answers None, as it does then
   echo "import sys; sys.modules.update(dict.fromkeys('$HIDE'.split(',')))" > "$hidden/sitecustomize.py"
+  if [ "$TRIAL" = 1 ]; then  # the project's installed metadata (pip install -e .) read as absent; SITE's is kept
+    cat >> "$hidden/sitecustomize.py" <<PY
+import importlib.metadata as md
+_found = md.MetadataPathFinder.find_distributions
+def _not_installed(cls, context=md.DistributionFinder.Context()):
+    return (d for d in _found(context) if d.metadata["Name"] != "search-r1-trainer"
+            or str(d.locate_file("")).startswith("$SITE"))
+md.MetadataPathFinder.find_distributions = classmethod(_not_installed)
+PY
+  fi
   export PYTHONPATH=$hidden:$PYTHONPATH
   say "hidden: $HIDE"
 fi
