@@ -2,7 +2,8 @@
 # (benchmarks/gpu_tests.sh, gpu_step_check.sh, gpu_demo_real.sh). `carried_site SITE` installs the wheels carried in
 # .whl/ (`make gpu-wheels` downloads them here: benchmarks/gpu_step_check.py, CARRIED) into SITE, those of
 # .whl/if_older/ only where the machine's own copy is older, writes the project's metadata (project_metadata) and
-# the dense encoder's stub where its package is missing, and puts SITE and the repository first on PYTHONPATH. Uses PYTHON; prints what it did.
+# the dense encoder's stub where its package is missing, and puts SITE and the repository first on PYTHONPATH.
+# Uses PYTHON; prints what it did.
 carried_site() {
   local site=$1
   if ls .whl/*.whl >/dev/null 2>&1; then

@@ -10,10 +10,10 @@
 # PYTHON (the path of python3), GPU_TESTS_SITE (/tmp/site: where the wheels go), GPU_TESTS_BUDGET (330: seconds
 # pytest may run before it is stopped), GPU_TESTS_TEST_TIMEOUT (150: seconds one test may run before it fails),
 # GPU_TESTS_DEVICE=cpu: a trial of this script and the tier where there is no GPU (the tests run on the CPU, see
-# tests/conftest.py; PYTHON's own packages are used, and the project's metadata comes from a temporary site alone, as there),
-# GPU_TESTS_HIDE (in the trial "ray,faiss,vllm,dashscope,openai,wandb", else none): packages made unimportable, absent
-# from the GPU machine (not datasets, also absent there: libraries that ask importlib.metadata whether it is installed
-# would still see it).
+# tests/conftest.py; PYTHON's own packages are used, and the project's metadata comes from a temporary site alone,
+# as there), GPU_TESTS_HIDE (in the trial "ray,faiss,vllm,dashscope,openai,wandb", else none): packages made
+# unimportable, absent from the GPU machine (not datasets, also absent there: libraries that ask importlib.metadata
+# whether it is installed would still see it).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
@@ -42,11 +42,12 @@ else
   carried_site "$SITE" > "$OUT/install.log" 2>&1
   say "carried wheels installed in $SITE ($(grep -c . "$OUT/install.log") lines in install.log)"
 fi
-if [ -n "$HIDE" ]; then  # a sitecustomize, first on the path of every process here, marks each as absent
+if [ -n "$HIDE" ] || [ "$TRIAL" = 1 ]; then  # a sitecustomize, first on the path of every process here
   hidden=$(mktemp -d)
   # sys.modules[name] = None: `import name` fails as for a package that is not installed, and importlib.util.find_spec
   # (how libraries ask whether a package is there) answers None, as it does then
-  echo "import sys; sys.modules.update(dict.fromkeys('$HIDE'.split(',')))" > "$hidden/sitecustomize.py"
+  echo "import sys; sys.modules.update(dict.fromkeys('$HIDE'.split(',')) if '$HIDE' else {})" \
+    > "$hidden/sitecustomize.py"
   if [ "$TRIAL" = 1 ]; then  # the project's installed metadata (pip install -e .) read as absent; SITE's is kept
     cat >> "$hidden/sitecustomize.py" <<PY
 import importlib.metadata as md
@@ -58,7 +59,7 @@ md.MetadataPathFinder.find_distributions = classmethod(_not_installed)
 PY
   fi
   export PYTHONPATH=$hidden:$PYTHONPATH
-  say "hidden: $HIDE"
+  say "hidden: ${HIDE:-none}$([ "$TRIAL" = 1 ] && echo ", and the project's installed metadata")"
 fi
 
 "$PYTHON" - <<'PY' 2>&1 | tee -a "$SUMMARY"
