@@ -215,13 +215,16 @@ def test_the_kept_acceptance_size_rows_match_what_a_full_table_asks(tmp_path):
 
     from benchmarks import paper_table
 
-    kept = sorted((paper_table.ROOT / "benchmarks" / "paper_table_rows").glob("*/*/row.json"))
-    assert {(p.parent.parent.name, p.parent.name) for p in kept} >= {("vllm", "direct"), ("vllm", "rag")}
+    base = paper_table.ROOT / "benchmarks" / "paper_table_rows"
+    kept = sorted(base.rglob("row.json"))  # <engine>/<row>/row.json; an RL row's <engine>/<row>/seed<S>/row.json
+    assert {p.relative_to(base).parts[:2] for p in kept} >= {("vllm", "direct"), ("vllm", "rag")}
     for path in kept:
-        engine, name = path.parent.parent.name, path.parent.name
+        engine, name, *seed = path.relative_to(base).parent.parts
+        row = json.loads(path.read_text())
+        # where run_row looks for it once copied into a table's --out: an RL row per seed, any other row once
+        assert seed == ([f"seed{row['seed']}"] if paper_table.ROWS[name].policy == "rl" else []), path
         full = argparse.Namespace(test_n=1800, steps=24, val_n=200, val_points=6, engine=engine,
                                   data=paper_table.ROOT / paper_table.DATA, model=paper_table.ROOT / paper_table.MODEL)
-        row = json.loads(path.read_text())
         assert row["row"] == name and row["all"]["n"] == 1800 and row["answer_bearing"]["n"] == 714
         settings = paper_table.row_settings(paper_table.ROWS[name], full)
         paper_table.check_settings(tmp_path / name / "settings.json", row["settings"], settings, name, made=True)
