@@ -13,30 +13,24 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from importlib.metadata import distributions
 from pathlib import Path
 
-from verl.config.rl import RECIPES_GROUP
+from verl.config.rl import RECIPES_GROUP, registered_recipes
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _recipes_on(path: Path) -> list[str]:
-    """What ``verl.config.rl.registered_recipes`` would find on a sys.path holding ``path`` alone."""
-    return sorted({ep.value for d in distributions(path=[str(path)]) for ep in d.entry_points
-                   if ep.group == RECIPES_GROUP})
-
-
 def test_project_metadata_puts_the_recipe_where_an_uninstalled_checkout_finds_it(tmp_path):
     site = tmp_path / "site"
-    assert _recipes_on(site) == []  # nothing there before: the check below can fail
+    assert registered_recipes([str(site)]) == []  # nothing there before: the check below can fail
     done = subprocess.run(["bash", "-c", 'source benchmarks/gpu_site.sh && project_metadata "$1"', "_", str(site)],
                           cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert _recipes_on(site) == ["search_r1.recipe"], done.stdout + done.stderr
+    assert registered_recipes([str(site)]) == ["search_r1.recipe"], done.stdout + done.stderr
     # a Python without this environment's site-packages (-S: where the installed copy lives) and run outside the
-    # checkout (whose own git-ignored egg-info would answer) finds it through SITE alone, as the GPU machine does
+    # checkout (whose own git-ignored egg-info would answer) finds it through SITE alone, as the GPU machine does;
+    # registered_recipes' lookup written out, as importing verl would put the checkout, and its egg-info, on the path
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); from importlib.metadata import distributions; "
              "print(sorted({e.value for d in distributions() for e in d.entry_points "
              f"if e.group == {RECIPES_GROUP!r}}}))")

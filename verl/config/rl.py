@@ -35,14 +35,15 @@ from verl.errors import ConfigError
 RECIPES_GROUP = "verl.recipes"  # the entry-point group in which a package registers its recipe module
 
 
-def registered_recipes() -> list[str]:
+def registered_recipes(path: list[str] | None = None) -> list[str]:
     """The recipe modules the installed packages register (entry points of ``RECIPES_GROUP``, e.g. setup.py's
     ``"verl.recipes": ["NAME = package.recipe"]``), sorted. Every distribution's metadata is read, not only the first
     of each name on the path: a stale ``*.egg-info`` left in a checkout by an older build would otherwise hide the
-    installed package's entry points."""
+    installed package's entry points. ``path``: the directories to look in instead of ``sys.path``."""
     from importlib.metadata import distributions
 
-    return sorted({ep.value for dist in distributions() for ep in dist.entry_points if ep.group == RECIPES_GROUP})
+    found = distributions() if path is None else distributions(path=path)
+    return sorted({ep.value for dist in found for ep in dist.entry_points if ep.group == RECIPES_GROUP})
 
 
 def installed_recipe() -> str:
