@@ -97,6 +97,7 @@ class AgentResult:
         inserted = sum(len(t.info_mask) - sum(t.info_mask) for t in trajs)
         metrics = {
             "agent/mean_turns": turns / rows,
+            "agent/turns": float(turns),  # the step's generation turns: the valid-action share's denominator
             # turns that ended in a well-formed action or answer (or were cut by the length budget)
             "agent/valid_action_ratio": 1.0 - sum(t.num_invalid for t in trajs) / max(turns, 1),
             "agent/finish_ratio": sum(t.stop_reason is StopReason.ANSWERED for t in trajs) / rows,

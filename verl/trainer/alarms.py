@@ -107,6 +107,69 @@ class RelativeFall(Alarm):
                        _pick(rows, self.example))
 
 
+def wilson(share: float, count: float, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95 % at z = 1.96) of a share measured over ``count`` events."""
+    centre, scale = share + z * z / (2 * count), 1 + z * z / count
+    spread = z * (share * (1 - share) / count + z * z / (4 * count * count)) ** 0.5
+    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
+
+
+class ShareFall(Alarm):
+    """A share of counted events (``key``, measured over ``count_key`` events a step: for example the well-formed
+    share of a step's turns) fallen below ``fraction`` x the run's starting share: the first ``baseline_steps`` steps
+    pooled against the last ``window`` steps pooled (by their counts), from the step the window is full. Sampling
+    noise is allowed for on both sides: it fires only when ``fraction`` x start - recent is above 0 at 95 %
+    confidence (Newcombe's interval for a difference of two shares, from their Wilson intervals). Compared one step
+    at a time with its start, the valid-action share warned on noise: a policy that writes a well-formed action in
+    7 % of its turns (the base model of the paper table's R1 row, 24 turns a step) writes 0 or 1 of 24, below
+    0.8 x 7 %, in about half its steps by chance. Steps that did not log the count (a replay of an older run) are
+    compared as plain means, without the allowance."""
+
+    def __init__(self, name: str, key: str, count_key: str, fraction: float, baseline_steps: int, window: int,
+                 setting: str, advice: str, example: Callable[[Row], float]):
+        self.name, self.key, self.count_key, self.fraction = name, key, count_key, fraction
+        self.baseline_steps, self.window, self.setting, self.advice, self.example = \
+            baseline_steps, window, setting, advice, example
+        self.first: list[tuple[float, float | None]] = []  # (share, events) of the first ``baseline_steps`` steps
+        self.recent: list[tuple[float, float | None]] = []  # and of the last ``window`` steps
+
+    def restore(self, step: int, metrics: dict[str, float]) -> None:
+        share = metrics.get(self.key)
+        if share is None or share != share:  # NaN: not measured
+            return
+        measured = (share, metrics.get(self.count_key))
+        if len(self.first) < self.baseline_steps:
+            self.first.append(measured)
+        self.recent = [*self.recent, measured][-self.window:]
+
+    @staticmethod
+    def _pooled(steps: list[tuple[float, float | None]]) -> tuple[float, float | None]:
+        """(share, events) of the steps together; events None (a plain mean) where a step logged no count."""
+        if all(count for _, count in steps):
+            events = sum(count for _, count in steps)
+            return sum(share * count for share, count in steps) / events, events
+        return sum(share for share, _ in steps) / len(steps), None
+
+    def observe(self, step: int, metrics: dict[str, float], rows: Sequence[Row]) -> Reading:
+        known = len(self.first) == self.baseline_steps
+        self.restore(step, metrics)
+        if not known or self.fraction <= 0 or len(self.recent) < self.window:
+            return Reading()
+        (start, start_n), (share, n) = self._pooled(self.first), self._pooled(self.recent)
+        gap = self.fraction * start - share
+        if start_n and n:
+            low, high = wilson(start, start_n)[0], wilson(share, n)[1]
+            gap -= ((self.fraction * (start - low)) ** 2 + (high - share) ** 2) ** 0.5
+            measured = f"{n:.0f} events against {start_n:.0f}, beyond sampling noise at 95 % confidence"
+        else:
+            measured = "no event counts logged"
+        if gap <= 0:
+            return Reading()
+        return Reading(f"{self.key}={share:.4g} over the last {self.window} steps ({measured}) is below "
+                       f"{self.fraction:g} x the run's starting {start:.4g} (its first {self.baseline_steps} "
+                       f"step(s); {self.setting}): {self.advice}", _pick(rows, self.example))
+
+
 LR_ADVICE = "lower actor_rollout_ref.actor.optim.lr and resume from a checkpoint before the fall"
 
 
@@ -287,10 +350,10 @@ def generic_alarms(cfg: TrainerConfig) -> list[Alarm]:
               "the responses run into the length budget (repetition, or a policy that never answers). What to do: "
               "look at the example; with algorithm.overlong.mode=mask the cut rows teach nothing; raise "
               "data.max_trajectory_length only if the responses are sound", lambda row: row["response_length"]),
-        RelativeFall("valid_actions_falling", "agent/valid_action_ratio", cfg.alarm_valid_action_fraction, steps,
-                     "trainer.alarm_valid_action_fraction",
-                     "the policy writes fewer well-formed actions (malformed tags or tool calls, verl #3070 and "
-                     f"#2364). What to do: {LR_ADVICE}; a format reward term helps", not_answered),
+        ShareFall("valid_actions_falling", "agent/valid_action_ratio", "agent/turns", cfg.alarm_valid_action_fraction,
+                  steps, cfg.alarm_window, "trainer.alarm_valid_action_fraction",
+                  "the policy writes fewer well-formed actions (malformed tags or tool calls, verl #3070 and "
+                  f"#2364). What to do: {LR_ADVICE}; a format reward term helps", not_answered),
         FlatGroups(cfg.alarm_flat_groups_above, cfg.alarm_window),
         KLDrift(cfg.alarm_kl_above),
     ]

@@ -157,7 +157,7 @@ def test_metrics_match_a_plain_count(mixed_run):
         for m in t.info_mask:
             inserted += m == 0
     m = result.metrics()
-    assert m["agent/mean_turns"] == pytest.approx(turns / 4)
+    assert m["agent/mean_turns"] == pytest.approx(turns / 4) and m["agent/turns"] == turns
     assert m["agent/searches_per_traj"] == pytest.approx(searches / 4)
     assert m["agent/valid_action_ratio"] == pytest.approx(1 - invalid / turns)
     assert m["agent/finish_ratio"] == pytest.approx(answered / 4)

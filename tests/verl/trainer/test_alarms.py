@@ -89,12 +89,14 @@ EXAMPLES = {"length_collapse": "row0-0", "length_budget": "row7-4", "valid_actio
 @pytest.mark.parametrize("alarm", ["entropy_collapse", "clipfrac_explosion", "length_collapse", "length_budget",
                                    "valid_actions_falling", "flat_groups", "kl_drift", "kl_drift_in_reward"])
 def test_each_alarm_fires_on_its_pattern_once_warned_with_step_and_example(tmp_path, caplog, alarm):
-    """The pattern starts at step 6: the alarm fires on steps 6-10 (flat_groups, a share averaged over
-    trainer.alarm_window = 5 steps: step 10, its first window of flat steps), and no other alarm does; it warns once,
-    naming its first step and a trajectory that shows the pattern."""
+    """The pattern starts at step 6: the alarm fires on steps 6-10, and no other alarm does; it warns once, naming
+    its first step and a trajectory that shows the pattern. The shares are averaged over trainer.alarm_window = 5
+    steps: flat_groups fires at step 10, its first window of flat steps; valid_actions_falling at step 8, the first
+    window whose mean (2 steps near 0.95, 3 at 0.6) is below 0.8 x its start (no turn counts logged here: plain
+    means)."""
     rng = random.Random(1)
     fired = run(HealthMonitor(TrainerConfig(), tmp_path), [collapsed(s, rng, alarm) for s in range(1, 11)])
-    expected = [10] if alarm == "flat_groups" else [6, 7, 8, 9, 10]
+    expected = {"flat_groups": [10], "valid_actions_falling": [8, 9, 10]}.get(alarm, [6, 7, 8, 9, 10])
     name = alarm.removesuffix("_in_reward")
     assert fired == {name: expected}
     warnings = [r.getMessage() for r in caplog.records if "HEALTH ALARM" in r.getMessage()]
@@ -102,6 +104,39 @@ def test_each_alarm_fires_on_its_pattern_once_warned_with_step_and_example(tmp_p
     if EXAMPLES.get(alarm):
         assert f"(example trajectory {EXAMPLES[alarm]})" in warnings[0]
     assert "What to do" in warnings[0]
+
+
+# agent/valid_action_ratio of the paper table's R1 row, seed 1 (benchmarks/paper_table_rows/vllm/r1/seed1: the base
+# model, 24 turns a step, every group scored 0, so no update but the KL term's). The alarm that compared one step at
+# a time with the mean of the first 3 fired at step 4 on it.
+R1_VALID_SHARES = [2, 2, 1, 1, 0, 2, 0, 1, 0, 1, 1, 0, 1, 1, 0, 4, 1, 1, 0, 1, 0, 3, 1, 0]  # of 24 turns
+
+
+def valid_actions(step: int, valid: int, turns: int = 24) -> tuple[dict, list[dict]]:
+    return {"agent/valid_action_ratio": valid / turns, "agent/turns": float(turns)}, rows([[0.0, 1.0]])
+
+
+def test_valid_actions_falling_allows_for_sampling_noise_and_still_catches_a_fall(tmp_path):
+    """Guards against the valid-action alarm warning on noise at a low start, and against the allowance hiding a
+    real fall. On the R1 row's logged shares (7 % of 24 turns at the start; 18 of the other 21 steps below 0.8 x
+    that) it stays quiet; a policy that stops writing actions from that same start (0 of 24 from step 6) and one
+    that falls from 0.95 to 0.6 of 24 turns are caught by step 10, and a monitor restored from the logged steps of
+    a resumed run catches them on the same step. Without turn counts (a replay of an older run) the window's plain
+    mean is compared (no allowance: step 6)."""
+    start = sum(R1_VALID_SHARES[:3]) / 72
+    assert sum(v / 24 < 0.8 * start for v in R1_VALID_SHARES[3:]) == 18  # what one step at a time warned on
+    assert run(HealthMonitor(TrainerConfig(), tmp_path), [valid_actions(s, v) for s, v in
+                                                           enumerate(R1_VALID_SHARES, start=1)]) == {}
+    stopped = [valid_actions(s, v if s < 6 else 0) for s, v in enumerate([2, 2, 1, 1, 2] + [0] * 10, start=1)]
+    fell = [valid_actions(s, 23 if s < 6 else 14) for s in range(1, 16)]
+    for steps, first in ((stopped, 10), (fell, 9)):
+        assert run(HealthMonitor(TrainerConfig(), tmp_path), steps)["valid_actions_falling"][0] == first
+        resumed = HealthMonitor(TrainerConfig(), tmp_path)
+        resumed.restore([{"step": s, **metrics} for s, (metrics, _) in enumerate(steps[:first - 2], start=1)])
+        late = run(resumed, [({}, [])] * (first - 2) + steps[first - 2:])  # steps before the resume: not seen again
+        assert late["valid_actions_falling"][0] == first
+    uncounted = [({"agent/valid_action_ratio": m["agent/valid_action_ratio"]}, r) for m, r in stopped]
+    assert run(HealthMonitor(TrainerConfig(), tmp_path), uncounted)["valid_actions_falling"][0] == 6  # no allowance
 
 
 def test_flat_groups_counts_the_rows_of_groups_whose_scores_agree(tmp_path):
