@@ -37,3 +37,22 @@ def test_project_metadata_puts_the_recipe_where_an_uninstalled_checkout_finds_it
     found = [subprocess.run([sys.executable, "-S", "-c", probe, str(p)], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60).stdout.strip() for p in (tmp_path / "empty", site)]
     assert found == ["[]", "['search_r1.recipe']"]
+
+
+def test_carried_site_writes_the_metadata_and_puts_the_site_first_on_the_path(tmp_path):
+    """``carried_site``, which every GPU script calls before it runs anything: guards against it no longer calling
+    ``project_metadata`` (the failure above; until this test, only a GPU run could see it). Run in a checkout of
+    links to this one, without the carried wheels (.whl/, where `make gpu-wheels` left them) and the installed
+    metadata: the interpreter's own packages serve, and the site it names first on PYTHONPATH holds the recipe."""
+    checkout, site = tmp_path / "checkout", tmp_path / "site"
+    checkout.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in {".whl", ".git", ".venv", "build", "outputs", "data"} and "egg-info" not in entry.name:
+            (checkout / entry.name).symlink_to(entry)
+    script = 'source benchmarks/gpu_site.sh && carried_site "$1" && echo "PATH: $PYTHONPATH"'
+    done = subprocess.run(["bash", "-c", script, "_", str(site)], cwd=checkout,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"PATH: {site}:{checkout}" in done.stdout
+    assert registered_recipes([str(site)]) == ["search_r1.recipe"], done.stdout + done.stderr
