@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from retrieval_server.index.bm25 import build_bm25_index
 from retrieval_server.index.corpus import CorpusError, CorpusScan, iter_passages, scan_corpus
 from retrieval_server.index.encoder import DEFAULT_MODEL, E5_PASSAGE_PREFIX, E5_QUERY_PREFIX, Encoder, EncoderError
 from retrieval_server.index.kinds import INDEX_KINDS, REFINES, FaissMissing, require_faiss
@@ -270,6 +269,8 @@ def build_index(corpus: str | Path, out: str | Path, retriever: str = "dense", m
     make_out_dir(out)
     with staged(out) as stage:  # nothing reaches `out` unless the whole build succeeds
         if retriever == "bm25":
+            from retrieval_server.index.bm25 import build_bm25_index  # bm25s, numba, SciPy: BM25 builds only
+
             params = build_bm25_index(iter_passages(scan.path), scan.count, stage, progress)
             manifest = Manifest(retriever="bm25", count=scan.count, corpus_sha256=scan.sha256,
                                 corpus_bytes=scan.n_bytes, corpus_path=str(scan.path), index_params=params)

@@ -36,7 +36,6 @@ import numpy as np
 from retrieval_server.index.corpus import CorpusStore, scan_corpus
 from retrieval_server.index.encoder import ENCODER_BACKENDS, ENCODER_DTYPES
 from retrieval_server.index.manifest import Manifest, check_corpus, check_encoder
-from retrieval_server.search.bm25 import BM25Retriever
 from retrieval_server.search.devices import (
     Placement,
     check_cuda_device,
@@ -114,6 +113,8 @@ def load_retriever(index_dir: str | Path, manifest: Manifest, options: ServeOpti
     and the device memory each took."""
     plan = {p.part: p for p in plan or plan_devices(manifest, options)}
     if manifest.retriever == "bm25":
+        from retrieval_server.search.bm25 import BM25Retriever  # bm25s, numba, SciPy: ~0.3 s a start, BM25 only
+
         retriever = BM25Retriever.load(index_dir, options.threads)
         plan["index"].device_bytes = 0
         retriever.placements = [plan["index"]]

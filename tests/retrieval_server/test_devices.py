@@ -67,10 +67,15 @@ def test_a_bm25_service_never_imports_jax(corpus_path, tmp_path, tripwire_env):
     assert "index ready: index on cpu (bm25s); no encoder; no reranker" in log_text
 
 
-def test_a_dense_service_stays_on_the_cpu_unless_asked(flat_index, corpus_path):
+def test_a_dense_service_stays_on_the_cpu_unless_asked(flat_index, corpus_path, tmp_path):
     """Guards against a dense service putting its encoder (sentence-transformers picks CUDA when it sees one) or its
-    FAISS index on a GPU nobody asked for: by default /health names the CPU for both, and the service says so."""
-    with ServerProcess(flat_index, corpus_path, SERVER_ARGS) as server:
+    FAISS index on a GPU nobody asked for: by default /health names the CPU for both, and the service says so. And
+    against it importing bm25s (with numba and SciPy, a third of a dense start's CPU): a tripwire ``bm25s`` first on
+    its path fails any import of it, and the service starts."""
+    (tmp_path / "tripwire" / "bm25s").mkdir(parents=True)
+    (tmp_path / "tripwire" / "bm25s" / "__init__.py").write_text('raise ImportError("tripwire bm25s")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "tripwire"), str(ROOT)])}
+    with ServerProcess(flat_index, corpus_path, SERVER_ARGS, cwd=ROOT, env=env) as server:
         health = server.wait_ready()
         log_text = server.log_text()
     assert health["devices"] == {"index": {"device": "cpu", "how": "faiss", "device_memory_gib": 0.0},
