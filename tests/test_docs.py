@@ -79,7 +79,7 @@ def test_results_hold_the_current_figures_and_link_the_journal():
     text = results.read_text()
     assert "history/results-journal.md" in text and JOURNAL.is_file()
     named = re.findall(r'Journal: ((?:"[^"]+"(?:,| and)?\s*)+)', text)
-    sections = [" ".join(s.split()) for group in named for s in re.findall(r'"([^"]+)"', group)]
+    sections = [" ".join(s.replace("`", "").split()) for group in named for s in re.findall(r'"([^"]+)"', group)]
     assert sections, "results.md names no journal section"
     journal = headings(JOURNAL)
     lost = [s for s in sections if not any(title.startswith(s) for title in journal)]
