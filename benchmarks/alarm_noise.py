@@ -5,9 +5,10 @@
 Each simulated run is ``--steps`` steps of ``--turns`` turns, each turn well-formed with a fixed probability (no
 fall: every warning is a false alarm), or with the probability falling at step 6 (a real fall: the step it is
 first caught). The steps go through the trainer's own ``HealthMonitor`` at the default settings, under two rules
-side by side: the current one (``verl.trainer.alarms.ShareFall``: the window's turns pooled against the start's,
-beyond sampling noise) and the earlier one (one step's share against 0.8 x the mean of the first 3,
-``RelativeFall``). Prints, per case and rule, the share of runs that warned and the mean step of the first warning.
+side by side: the current one (``verl.trainer.alarms.ShareFall``: the turns since the start, at most a window's,
+pooled against the start's, beyond sampling noise) and the earlier one (one step's share against 0.8 x the mean of
+the first 3, ``RelativeFall``). Prints, per case and rule, the share of runs that warned and the mean step of the
+first warning.
 No model, no service: pure arithmetic on binomial draws, about 1 min here at the defaults.
 """
 

@@ -403,9 +403,9 @@ class TrainerConfig(RunConfig):
         "(train/overlong_frac) above this.", low=0, high=1, what="a share of the trajectories", steers=True)
     alarm_valid_action_fraction: float = setting(
         0.8, "Health alarm valid_actions_falling: the share of well-formed actions (agent/valid_action_ratio) over "
-        "the last trainer.alarm_window steps below this fraction of the run's starting share (its first "
-        "trainer.alarm_baseline_steps steps), beyond sampling noise (95 % confidence, from the steps' turn counts, "
-        "agent/turns). 0 = off.", low=0, high=1, what="a fraction of the starting share",
+        "the steps since the run's start (at most the last trainer.alarm_window) below this fraction of its "
+        "starting share (the first trainer.alarm_baseline_steps steps), beyond sampling noise (95 % confidence, "
+        "from the steps' turn counts, agent/turns). 0 = off.", low=0, high=1, what="a fraction of the starting share",
         steers=True)
     alarm_flat_groups_above: float = setting(
         0.9, "Health alarm flat_groups: share of a step's trajectories in groups (a prompt's samples, rollout.n >= 2) "
@@ -425,9 +425,9 @@ class TrainerConfig(RunConfig):
         0.2, "The fall of the recall signal that alarm needs (see trainer.alarm_score_rise).", low=0,
         what="a difference of the signal", steers=True)
     alarm_window: int = setting(
-        5, "Steps averaged by the alarms that watch a noisy value: the score against the recall signal, the "
-        "valid-action share, and the shares of trajectories (flat_groups, the recipe's text alarms); they fire from "
-        "the step the window is full.", low=1, steers=True)
+        5, "Steps averaged by the alarms that watch a noisy value: the score against the recall signal and the "
+        "shares of trajectories (flat_groups, the recipe's text alarms), which fire from the step the window is "
+        "full; and the valid-action share, pooled over at most this many steps.", low=1, steers=True)
     stop_on: list[str] = setting(
         [], "Health alarms that stop the run when they fire (names: entropy_collapse, clipfrac_explosion, "
         "length_collapse, length_budget, valid_actions_falling, flat_groups, kl_drift and the recipe's own, listed in "

@@ -117,13 +117,14 @@ def wilson(share: float, count: float, z: float = 1.96) -> tuple[float, float]:
 class ShareFall(Alarm):
     """A share of counted events (``key``, measured over ``count_key`` events a step: for example the well-formed
     share of a step's turns) fallen below ``fraction`` x the run's starting share: the first ``baseline_steps`` steps
-    pooled against the last ``window`` steps pooled (by their counts), from the step the window is full. Sampling
-    noise is allowed for on both sides: it fires only when ``fraction`` x start - recent is above 0 at 95 %
-    confidence (Newcombe's interval for a difference of two shares, from their Wilson intervals). Compared one step
+    pooled (by their counts) against the steps since, at most the last ``window`` of them, from the first step after
+    the start. Sampling noise is allowed for on both sides: it fires only when ``fraction`` x start - recent is above
+    0 at 95 % confidence (Newcombe's interval for a difference of two shares, from their Wilson intervals), so a
+    large fall over many events fires at once and a small count waits for more steps. Compared one step
     at a time with its start, the valid-action share warned on noise: a policy that writes a well-formed action in
     7 % of its turns (the base model of the paper table's R1 row, 24 turns a step) writes 0 or 1 of 24, below
     0.8 x 7 %, in about half its steps by chance. Steps that did not log the count (a replay of an older run) are
-    compared as plain means, without the allowance."""
+    compared as plain means, without the allowance, from the step the window is full."""
 
     def __init__(self, name: str, key: str, count_key: str, fraction: float, baseline_steps: int, window: int,
                  setting: str, advice: str, example: Callable[[Row], float]):
@@ -131,7 +132,7 @@ class ShareFall(Alarm):
         self.baseline_steps, self.window, self.setting, self.advice, self.example = \
             baseline_steps, window, setting, advice, example
         self.first: list[tuple[float, float | None]] = []  # (share, events) of the first ``baseline_steps`` steps
-        self.recent: list[tuple[float, float | None]] = []  # and of the last ``window`` steps
+        self.recent: list[tuple[float, float | None]] = []  # and of the last ``window`` steps after them
 
     def restore(self, step: int, metrics: dict[str, float]) -> None:
         share = metrics.get(self.key)
@@ -140,7 +141,8 @@ class ShareFall(Alarm):
         measured = (share, metrics.get(self.count_key))
         if len(self.first) < self.baseline_steps:
             self.first.append(measured)
-        self.recent = [*self.recent, measured][-self.window:]
+        else:
+            self.recent = [*self.recent, measured][-self.window:]
 
     @staticmethod
     def _pooled(steps: list[tuple[float, float | None]]) -> tuple[float, float | None]:
@@ -151,11 +153,12 @@ class ShareFall(Alarm):
         return sum(share for share, _ in steps) / len(steps), None
 
     def observe(self, step: int, metrics: dict[str, float], rows: Sequence[Row]) -> Reading:
-        known = len(self.first) == self.baseline_steps
         self.restore(step, metrics)
-        if not known or self.fraction <= 0 or len(self.recent) < self.window:
+        if not self.recent or self.fraction <= 0:
             return Reading()
         (start, start_n), (share, n) = self._pooled(self.first), self._pooled(self.recent)
+        if not (start_n and n) and len(self.recent) < self.window:
+            return Reading()  # without counts, only a full window's mean stands for the noise allowance
         gap = self.fraction * start - share
         if start_n and n:
             low, high = wilson(start, start_n)[0], wilson(share, n)[1]
@@ -165,7 +168,7 @@ class ShareFall(Alarm):
             measured = "no event counts logged"
         if gap <= 0:
             return Reading()
-        return Reading(f"{self.key}={share:.4g} over the last {self.window} steps ({measured}) is below "
+        return Reading(f"{self.key}={share:.4g} over the last {len(self.recent)} step(s) ({measured}) is below "
                        f"{self.fraction:g} x the run's starting {start:.4g} (its first {self.baseline_steps} "
                        f"step(s); {self.setting}): {self.advice}", _pick(rows, self.example))
 

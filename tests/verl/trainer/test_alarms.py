@@ -112,6 +112,14 @@ def test_each_alarm_fires_on_its_pattern_once_warned_with_step_and_example(tmp_p
 R1_VALID_SHARES = [2, 2, 1, 1, 0, 2, 0, 1, 0, 1, 1, 0, 1, 1, 0, 4, 1, 1, 0, 1, 0, 3, 1, 0]  # of 24 turns
 
 
+# (well-formed turns, turns) of `make grpo` at 30x and at 10x its learning rate (docs/results.md, "Monitors";
+# 2026-11-29, dcc1a4a): at 30x the score fell to 0 from step 3 and the share with it; at 10x it dipped for one step
+# (122 of 177 at step 11) and came back.
+GRPO_30X = [(130, 132), (154, 192), (123, 170), (93, 155), (80, 137), (80, 126), (78, 120), (76, 132)]
+GRPO_10X = [(130, 132), (158, 160), (175, 180), (196, 199), (181, 192), (174, 188), (160, 178), (198, 216),
+            (197, 217), (176, 204), (122, 177), (159, 190), (168, 186), (166, 183), (199, 204), (190, 192)]
+
+
 def valid_actions(step: int, valid: int, turns: int = 24) -> tuple[dict, list[dict]]:
     return {"agent/valid_action_ratio": valid / turns, "agent/turns": float(turns)}, rows([[0.0, 1.0]])
 
@@ -121,8 +129,9 @@ def test_valid_actions_falling_allows_for_sampling_noise_and_still_catches_a_fal
     real fall. On the R1 row's logged shares (7 % of 24 turns at the start; 18 of the other 21 steps below 0.8 x
     that) it stays quiet; a policy that stops writing actions from that same start (0 of 24 from step 6) and one
     that falls from 0.95 to 0.6 of 24 turns are caught by step 10, and a monitor restored from the logged steps of
-    a resumed run catches them on the same step. Without turn counts (a replay of an older run) the window's plain
-    mean is compared (no allowance: step 6)."""
+    a resumed run catches them on the same step. On `make grpo`'s logged turns it fires at step 5 of the collapse at
+    30x its learning rate (the share from 0.82 at the start to 0.59 over steps 4-5), and not on the one-step dip at
+    10x. Without turn counts (a replay of an older run) a full window's plain mean is compared (step 8)."""
     start = sum(R1_VALID_SHARES[:3]) / 72
     assert sum(v / 24 < 0.8 * start for v in R1_VALID_SHARES[3:]) == 18  # what one step at a time warned on
     assert run(HealthMonitor(TrainerConfig(), tmp_path), [valid_actions(s, v) for s, v in
@@ -135,8 +144,12 @@ def test_valid_actions_falling_allows_for_sampling_noise_and_still_catches_a_fal
         resumed.restore([{"step": s, **metrics} for s, (metrics, _) in enumerate(steps[:first - 2], start=1)])
         late = run(resumed, [({}, [])] * (first - 2) + steps[first - 2:])  # steps before the resume: not seen again
         assert late["valid_actions_falling"][0] == first
+    logged = {name: run(HealthMonitor(TrainerConfig(), tmp_path), [valid_actions(s, v, n) for s, (v, n) in
+                                                                    enumerate(shares, start=1)])
+              for name, shares in (("30x", GRPO_30X), ("10x", GRPO_10X))}
+    assert logged["30x"]["valid_actions_falling"][0] == 5 and "valid_actions_falling" not in logged["10x"]
     uncounted = [({"agent/valid_action_ratio": m["agent/valid_action_ratio"]}, r) for m, r in stopped]
-    assert run(HealthMonitor(TrainerConfig(), tmp_path), uncounted)["valid_actions_falling"][0] == 6  # no allowance
+    assert run(HealthMonitor(TrainerConfig(), tmp_path), uncounted)["valid_actions_falling"][0] == 8  # full window
 
 
 def test_flat_groups_counts_the_rows_of_groups_whose_scores_agree(tmp_path):
