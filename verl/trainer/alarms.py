@@ -146,9 +146,10 @@ class ShareFall(Alarm):
 
     @staticmethod
     def _pooled(steps: list[tuple[float, float | None]]) -> tuple[float, float | None]:
-        """(share, events) of the steps together; events None (a plain mean) where a step logged no count."""
-        if all(count for _, count in steps):
-            events = sum(count for _, count in steps)
+        """(share, events) of the steps together; events None (a plain mean) where a step logged no count (a step
+        of no events weighs nothing)."""
+        events = sum(count or 0 for _, count in steps)
+        if events and all(count is not None for _, count in steps):
             return sum(share * count for share, count in steps) / events, events
         return sum(share for share, _ in steps) / len(steps), None
 
