@@ -14,7 +14,7 @@ import pytest
 
 from verl.config import TrainerConfig
 from verl.errors import ConfigError
-from verl.trainer.alarms import FlatGroups
+from verl.trainer.alarms import FlatGroups, ShareFall
 from verl.trainer.health import HealthMonitor
 
 
@@ -148,6 +148,7 @@ def test_valid_actions_falling_allows_for_sampling_noise_and_still_catches_a_fal
                                                                     enumerate(shares, start=1)])
               for name, shares in (("30x", GRPO_30X), ("10x", GRPO_10X))}
     assert logged["30x"]["valid_actions_falling"][0] == 5 and "valid_actions_falling" not in logged["10x"]
+    assert ShareFall._pooled([(0.5, 10.0), (1.0, 0.0)]) == (0.5, 10.0)  # a step of no turns weighs nothing
     uncounted = [({"agent/valid_action_ratio": m["agent/valid_action_ratio"]}, r) for m, r in stopped]
     assert run(HealthMonitor(TrainerConfig(), tmp_path), uncounted)["valid_actions_falling"][0] == 8  # full window
 
