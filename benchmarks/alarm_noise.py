@@ -9,7 +9,7 @@ side by side: the current one (``verl.trainer.alarms.ShareFall``: the turns sinc
 pooled against the start's, beyond sampling noise) and the earlier one (one step's share against 0.8 x the mean of
 the first 3, ``RelativeFall``). Prints, per case and rule, the share of runs that warned and the mean step of the
 first warning.
-No model, no service: pure arithmetic on binomial draws, about 1 min here at the defaults.
+No model, no service: pure arithmetic on binomial draws, about 20-40 s here at the defaults.
 """
 
 from __future__ import annotations
