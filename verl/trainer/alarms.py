@@ -158,10 +158,11 @@ class ShareFall(Alarm):
         if not self.recent or self.fraction <= 0:
             return Reading()
         (start, start_n), (share, n) = self._pooled(self.first), self._pooled(self.recent)
-        if not (start_n and n) and len(self.recent) < self.window:
+        counted = bool(start_n and n)
+        if not counted and len(self.recent) < self.window:
             return Reading()  # without counts, only a full window's mean stands for the noise allowance
         gap = self.fraction * start - share
-        if start_n and n:
+        if counted:
             low, high = wilson(start, start_n)[0], wilson(share, n)[1]
             gap -= ((self.fraction * (start - low)) ** 2 + (high - share) ** 2) ** 0.5
             measured = f"{n:.0f} events against {start_n:.0f}, beyond sampling noise at 95 % confidence"
