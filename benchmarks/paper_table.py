@@ -88,7 +88,7 @@ RL = ["actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.ppo_mini
       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16",
       "actor_rollout_ref.rollout.dtype=bfloat16", "trainer.val_before_train=false", "trainer.save_freq=4",
-      "trainer.logger=[jsonl]"]
+      "trainer.max_ckpt_to_keep=1", "trainer.logger=[jsonl]"]
 GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true", "data.train_batch_size=6",
         "actor_rollout_ref.rollout.n=4"]
 PPO = ["algorithm.adv_estimator=gae", "data.train_batch_size=24", "actor_rollout_ref.rollout.n=1",
@@ -99,6 +99,10 @@ PPO = ["algorithm.adv_estimator=gae", "data.train_batch_size=24", "actor_rollout
 # 80 and answered 10 (EM 0); after one epoch it answers all 100 after one search (EM 0.010, F1 0.045), in a response
 # of 410 tokens, not 1,101 (2026-11-28, docs/results.md). Recorded in the settings of every row that starts from it.
 COLD_START = {"sft_epochs": 1}
+# The cold start's SFT (41 steps, 30-60 min here) saves a checkpoint every this many steps, so a killed table resumes
+# it instead of starting over. Every run keeps only its newest checkpoint (all a resume reads): an RL row's six
+# would hold ~11 GiB, the table's ten RL runs more than this machine's disk.
+SFT_SAVE_FREQ = 10
 # --engine: what search_r1.evaluate and the RL runs generate with. hf: the configs' engine (lockstep turns); vllm:
 # vLLM's CPU engine, the RL runs with per-trajectory async rollout, as `make demo-real ENGINE=vllm` (its GRPO step
 # 0.47-0.51x the hf engine's here: docs/results.md).
@@ -221,7 +225,8 @@ def cold_start(args: argparse.Namespace, out: Path, services: Services) -> Path:
     run([sys.executable, "-m", "verl.trainer.main_sft", f"model.partial_pretrain={args.model}",
          f"data.train_files={parquet}", f"trainer.default_local_dir={out / 'sft'}", "data.train_batch_size=8",
          "data.micro_batch_size_per_gpu=4", "optim.lr=5e-5", f"trainer.total_epochs={COLD_START['sft_epochs']}",
-         "trainer.seed=1", "model.dtype=bfloat16", "trainer.logger=[jsonl]"], out / "logs" / "sft.log")
+         "trainer.seed=1", "model.dtype=bfloat16", "trainer.logger=[jsonl]", f"trainer.save_freq={SFT_SAVE_FREQ}",
+         "trainer.max_ckpt_to_keep=1"], out / "logs" / "sft.log")
     return model
 
 

@@ -233,6 +233,32 @@ def test_the_kept_acceptance_size_rows_match_what_a_full_table_asks(tmp_path):
                                        name, made=True)
 
 
+def test_the_tables_training_runs_resume_and_keep_one_checkpoint(tmp_path, monkeypatch):
+    """Guards against a table whose 30-60 min cold start starts over after a kill (it saved nothing before its end:
+    one session lost 31 of its 41 steps), or whose RL rows fill the disk (six checkpoints, ~11 GiB, per run): the
+    SFT and RL commands a Search-R1 row runs save along the way and keep only their newest checkpoint."""
+    import argparse
+
+    from benchmarks import paper_table
+
+    commands = []
+    monkeypatch.setattr(paper_table, "run", lambda cmd, log: commands.append(cmd))
+    args = argparse.Namespace(test_n=30, steps=24, val_n=12, val_points=2, engine="vllm", data=tmp_path / "data",
+                              model=tmp_path / "model")
+
+    class Services:
+        def url(self, index: str) -> str:
+            return f"http://127.0.0.1:1/{index}"
+
+    run_dir = tmp_path / "out" / "grpo_bm25" / "seed1"
+    paper_table.train("grpo_bm25", paper_table.ROWS["grpo_bm25"], 1, args, tmp_path / "out", run_dir, Services())
+    scripted, sft, rl = commands
+    assert [cmd[2] for cmd in commands] == ["data_prep.cold_start", "verl.trainer.main_sft", "verl.trainer.main_ppo"]
+    for cmd, steps in ((sft, 41), (rl, args.steps)):
+        keys = dict(item.split("=", 1) for item in cmd if "=" in item and item.startswith("trainer."))
+        assert 0 < int(keys["trainer.save_freq"]) < steps and keys["trainer.max_ckpt_to_keep"] == "1", cmd
+
+
 def test_the_rows_made_from_the_cold_start_record_how_it_was_trained(tmp_path):
     """Guards against a table reusing a cold start (or a row trained or evaluated from one) made under another SFT
     schedule: demo-real's 6 steps left the model searching until max_turns on Wikipedia, one epoch answers. The SFT

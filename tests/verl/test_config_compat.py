@@ -23,7 +23,7 @@ from search_r1.config import SearchConfig
 from search_r1.prompts import make_prompt
 from tests.entry_points import main_ppo_in_process
 from tests.search_workspace import build_search_workspace
-from verl.config import Config, ConfigError, load_config, setting
+from verl.config import Config, ConfigError, load_config, load_sft_config, setting
 from verl.config.compat import Alias, GlobalCount, NoEffect, rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,6 +144,20 @@ def test_two_spellings_of_one_setting_with_different_values_are_an_error():
         load_config(["actor_rollout_ref.rollout.n=3", "actor_rollout_ref.rollout.n_agent=5"])
     cfg = load_config(["actor_rollout_ref.rollout.n=5", "actor_rollout_ref.rollout.n_agent=5"])  # agreeing is fine
     assert cfg.actor_rollout_ref.rollout.n == 5
+
+
+def test_verls_checkpoint_counts_are_one_key_here():
+    """verl keeps actor and critic checkpoints apart (max_actor_ckpt_to_keep, max_critic_ckpt_to_keep; its SFT trainer
+    max_ckpt_to_keep); here a checkpoint is one directory holding both, so the three are one key: its launch lines
+    (both at 1) load, and two different counts, which cannot both be honoured, are refused naming both."""
+    cfg = load_config(["trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1"])
+    assert cfg.trainer.max_ckpt_to_keep == 1
+    assert load_config([]).trainer.max_ckpt_to_keep is None  # verl's default: keep every checkpoint
+    assert load_sft_config(["trainer.max_ckpt_to_keep=2"]).trainer.max_ckpt_to_keep == 2
+    with pytest.raises(ConfigError, match=r"max_actor_ckpt_to_keep=2.*max_critic_ckpt_to_keep=3.*same setting"):
+        load_config(["trainer.max_actor_ckpt_to_keep=2", "trainer.max_critic_ckpt_to_keep=3"])
+    with pytest.raises(ConfigError, match=r"trainer\.max_ckpt_to_keep=0 .*>= 1"):
+        load_config(["trainer.max_ckpt_to_keep=0"])
 
 
 def test_verls_overlong_buffer_keys_are_the_soft_overlong_penalty(caplog):

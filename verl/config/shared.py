@@ -85,6 +85,13 @@ class RunConfig:
     save_freq: int = setting(
         -1, "Save a checkpoint every this many steps (-1 = never; the last step is always saved when > 0).",
         steers=True)
+    max_ckpt_to_keep: int | None = setting(
+        None, "Keep only this many checkpoints, the newest (the one just written always among them): each save then "
+        "deletes the older ones. null = keep every checkpoint. A checkpoint here is one directory holding the actor "
+        "and the critic, so verl's two RL keys are this key's other spellings and must agree when both are given.",
+        low=1, null_means="keep every checkpoint", what="a number of checkpoints",
+        spellings=(Alias("trainer.max_actor_ckpt_to_keep"), Alias("trainer.max_critic_ckpt_to_keep")),
+        steers=True)
     resume_mode: str = setting(
         "auto", "auto = resume from the newest checkpoint in default_local_dir | disable | a checkpoint path.",
         steers=True)

@@ -450,6 +450,7 @@ class PPOTrainer:
             state = {"step": self.step, "loader": self.loader_state, "kl_coef": self.kl_ctrl.value}
             path = checkpoint.commit(self.out_dir, tmp, self.step, state, to_yaml(self.cfg))
         logger.info("saved checkpoint %s in %.1fs", path, time.perf_counter() - start)
+        checkpoint.prune(self.out_dir, self.cfg.trainer.max_ckpt_to_keep, self.step)  # after: a failed save keeps all
         return path
 
     def resume(self) -> None:

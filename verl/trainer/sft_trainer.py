@@ -226,6 +226,7 @@ class SFTTrainer:
                 state["mix_loader"] = self.mix_loader.state_dict()
             path = checkpoint.commit(self.out_dir, tmp, self.step, state, to_yaml(self.cfg))
         logger.info("saved checkpoint %s", path)
+        checkpoint.prune(self.out_dir, self.cfg.trainer.max_ckpt_to_keep, self.step)  # after: a failed save keeps all
         return path
 
     def resume(self) -> None:

@@ -18,10 +18,14 @@ error naming the free space and the checkpoint a rerun resumes from.
 ``verify`` checks a checkpoint's files before anything is loaded (the small files are read; each shard must
 be as long as its ``.metadata`` says), so a damaged directory is an error naming the path and the fix, not a
 traceback from deep inside a loader.
+``prune`` keeps the newest ``trainer.max_ckpt_to_keep`` after each save (verl's ``max_actor_ckpt_to_keep`` /
+``max_critic_ckpt_to_keep`` are that key: a checkpoint here holds actor and critic together, so it is kept or deleted
+whole and resume never meets half of one).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from collections.abc import Iterator
@@ -34,6 +38,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
 from verl.errors import CheckpointError  # noqa: F401 -- raised here, defined below torch
+
+logger = logging.getLogger(__name__)
 
 LATEST = "latest_checkpointed_iteration.txt"
 PREFIX = "global_step_"
@@ -112,6 +118,27 @@ def commit(root: str | Path, tmp: Path, step: int, trainer_state: dict, config_y
     marker.with_suffix(".tmp").write_text(str(step))
     marker.with_suffix(".tmp").rename(marker)
     return final
+
+
+def prune(root: str | Path, keep: int | None, written: int) -> list[int]:
+    """Delete the committed checkpoints under ``root`` beyond ``keep`` (``trainer.max_ckpt_to_keep``; None: none), after
+    a save has committed step ``written``: that one stays, with the newest ``keep - 1`` others -> the steps deleted.
+    Each is renamed to ``.tmp`` before it is deleted, so a kill in the middle leaves a directory resume never reads
+    and the next ``begin`` removes."""
+    if keep is None:
+        return []
+    others = [s for s in complete_steps(root) if s != written]
+    doomed = others[:max(0, len(others) - (keep - 1))]
+    for step in doomed:
+        gone = Path(root) / f"{PREFIX}{step}.tmp"
+        if gone.exists():  # a deletion killed before
+            shutil.rmtree(gone)
+        step_dir(root, step).rename(gone)
+        shutil.rmtree(gone)
+    if doomed:
+        logger.info("deleted the checkpoint(s) of step %s (trainer.max_ckpt_to_keep=%d)", ", ".join(map(str, doomed)),
+                    keep)
+    return doomed
 
 
 def verify(path: str | Path, parts: list[str]) -> None:

@@ -115,6 +115,20 @@ def test_a_rerun_resumes_from_the_last_checkpoint_exactly(workspace, tmp_path):
     assert load_file(out / "hf_model" / "model.safetensors").keys() == weights.keys()
 
 
+def test_a_run_keeping_one_checkpoint_deletes_the_older_and_still_resumes(workspace, tmp_path):
+    """Guards against trainer.max_ckpt_to_keep (verl's SFT key) being ignored, deleting the checkpoint a rerun
+    needs, or counting the export: a 3-step run saving every step keeps only step 3 (and hf_model/); the same run
+    extended to 5 steps resumes from it and again leaves only its last."""
+    out = tmp_path / "run"
+    keep = ["trainer.save_freq=1", "trainer.max_ckpt_to_keep=1"]
+    assert main(args(workspace, out, *keep, "trainer.total_training_steps=3")) == 0
+    assert checkpoint.complete_steps(out) == [3] and (out / "hf_model").is_dir()
+    shutil.rmtree(out / "hf_model")
+    assert main(args(workspace, out, *keep, "trainer.total_training_steps=5")) == 0
+    assert checkpoint.complete_steps(out) == [5] and sorted(losses(out)) == [1, 2, 3, 4, 5]
+    assert not list(out.glob("*.tmp"))
+
+
 def test_lora_trains_only_the_adapters_and_exports_merged_weights(workspace, tmp_path):
     """Guards against LoRA that trains (or checkpoints) the base weights, or an export that drops the adapters: only
     the adapted projections of hf_model/ differ from the base model, the checkpoint holds adapters only, and the
