@@ -272,7 +272,8 @@ def test_the_rows_made_from_the_cold_start_record_how_it_was_trained(tmp_path):
                               data=paper_table.ROOT / paper_table.DATA, model=paper_table.ROOT / paper_table.MODEL)
     recorded = {name: "cold_start" in paper_table.row_settings(row, args) for name, row in paper_table.ROWS.items()}
     assert recorded == {"direct": False, "rag": False, "sft": True, "r1": False, "grpo_bm25": True,
-                        "ppo_bm25": True, "grpo_dense": True, "ppo_dense": True, "grpo_bm25_nomask": True}
+                        "ppo_bm25": True, "grpo_dense": True, "ppo_dense": True, "grpo_bm25_nomask": True,
+                        "grpo_bm25_turn": True, "grpo_bm25_ds": True}
     assert paper_table.row_settings(paper_table.ROWS["sft"], args)["cold_start"] == {"sft_epochs": 1}
     before = {k: v for k, v in paper_table.row_settings(paper_table.ROWS["grpo_bm25"], args).items()
               if k != "cold_start"}
