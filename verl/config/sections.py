@@ -163,7 +163,8 @@ class ActorConfig:
     state_masking: bool = setting(
         True, "Mask tokens inserted by the environment (retrieved documents, feedback) out of every loss, KL, "
         "entropy, advantage and value term (loss_mask = response_mask * info_mask).")
-    use_dynamic_bsz: bool = setting(False, "Pack micro-batches by token count instead of by row count.")
+    use_dynamic_bsz: bool = setting(
+        False, "Pack micro-batches by token count instead of by row count (rows grouped by length, longest first).")
     ppo_max_token_len_per_gpu: int = setting(8192, "Token budget per micro-batch when use_dynamic_bsz is true.")
     fsdp_config: FSDPConfig = section(FSDPConfig)
     optim_state_dtype: str = setting(

@@ -81,12 +81,13 @@ class ActorWorker:
         """``old_log_probs`` and ``entropy`` [B, R] of ``responses`` under the current weights (no grad)."""
         log_probs, entropies = [], []
         rows = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+        micros = micro_batches(batch, rows, self.max_tokens)
         with torch.no_grad():
-            for micro in micro_batches(batch, rows, self.max_tokens):
+            for micro in micros:
                 log_prob, entropy = response_log_probs(self.model, micro, self.device, self.dtype, with_entropy=True)
                 log_probs.append(log_prob.cpu())
                 entropies.append(entropy.cpu())
-        return Batch({"old_log_probs": torch.cat(log_probs), "entropy": torch.cat(entropies)})
+        return Batch({"old_log_probs": micros.in_batch_order(log_probs), "entropy": micros.in_batch_order(entropies)})
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob`` [B, R] under the base model: the actor with its LoRA adapters disabled (LoRA only;
@@ -94,10 +95,10 @@ class ActorWorker:
         if self.lora is None:
             raise RuntimeError("compute_ref_log_prob on the actor needs LoRA (model.lora_rank > 0)")
         rows = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        micros = micro_batches(batch, rows, self.max_tokens)
         with torch.no_grad(), self.model.disable_adapter():
-            log_probs = [response_log_probs(self.model, micro, self.device, self.dtype)[0].cpu()
-                         for micro in micro_batches(batch, rows, self.max_tokens)]
-        return Batch({"ref_log_prob": torch.cat(log_probs)})
+            log_probs = [response_log_probs(self.model, micro, self.device, self.dtype)[0].cpu() for micro in micros]
+        return Batch({"ref_log_prob": micros.in_batch_order(log_probs)})
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches over this rank's rows; metrics ``actor/*`` over all ranks.

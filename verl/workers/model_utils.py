@@ -23,9 +23,13 @@ Choices:
   outputs at columns P-1 .. P+R-2. Before the forward, columns that are padding in every row of the
   micro-batch are cut (leading prompt padding, trailing response padding) and outputs are padded
   back to R with zeros; the cut columns are masked anyway, so this changes cost, not results.
-* **Dynamic batching** (``use_dynamic_bsz``): consecutive rows are grouped so that rows x cut width
-  stays under a token budget; all ranks then use the same number of micro-batches (FSDP runs one
-  collective per forward, so a rank with fewer would hang).
+* **Dynamic batching** (``use_dynamic_bsz``): rows are taken longest response first (then longest prompt) and
+  grouped so that rows x cut width stays under a token budget; all ranks then use the same number of
+  micro-batches (FSDP runs one collective per forward, so a rank with fewer would hang). A micro-batch is as wide
+  as its widest row, so grouping rows of like length computes fewer padding tokens than batch order (an RL batch
+  mixes answers of 60 and searches of 1,200 tokens: ~35 % fewer tokens, ``benchmarks/bench_micro_batches.py``);
+  the forward passes give their outputs back in batch order (``MicroBatches.in_batch_order``). verl's dynamic
+  batching also regroups rows by length and restores the order.
 """
 
 from __future__ import annotations
@@ -179,21 +183,47 @@ def response_log_probs(model: nn.Module, batch: Batch, device: torch.device, dty
 # ----------------------------------------------------------------------------------------------
 
 
-def micro_batches(batch: Batch, rows: int, max_tokens: int | None = None) -> list[Batch]:
-    """Split ``batch`` into micro-batches of ``rows`` rows, or by token budget when ``max_tokens`` is set.
+class MicroBatches(list[Batch]):
+    """A batch split for the forward passes: a list of micro-batches; ``rows[k]`` are the batch's rows that
+    micro-batch ``k`` holds, in that order."""
 
-    With a budget, consecutive rows are grouped while (rows in group) x (group width without
-    all-padding columns) <= max_tokens (a row wider than the budget goes alone); every rank then
-    splits its largest groups until all ranks have the same count.
+    def __init__(self, batches: list[Batch], rows: list[list[int]]) -> None:
+        super().__init__(batches)
+        self.rows = rows
+
+    def in_batch_order(self, outputs: list[Tensor]) -> Tensor:
+        """Per-micro-batch outputs ``[b_k, ...]`` as one ``[B, ...]`` tensor in the batch's row order."""
+        order = [i for rows in self.rows for i in rows]
+        out = torch.cat(outputs)
+        if order == list(range(len(order))):
+            return out
+        return out[torch.as_tensor(order).argsort()]  # position of batch row i among the concatenated rows
+
+
+def _row_spans(attention_mask: Tensor) -> tuple[list[int], list[int]]:
+    """Per row, the first and last column that is not padding. ``[B, T] -> ([B], [B])``."""
+    cols = torch.arange(attention_mask.shape[1])
+    real = attention_mask.bool()
+    first = torch.where(real, cols, attention_mask.shape[1]).min(dim=1).values.tolist()
+    last = torch.where(real, cols, -1).max(dim=1).values.tolist()
+    return first, last
+
+
+def micro_batches(batch: Batch, rows: int, max_tokens: int | None = None) -> MicroBatches:
+    """Split ``batch`` into micro-batches of ``rows`` consecutive rows, or by token budget when ``max_tokens`` is set.
+
+    With a budget, rows are taken in order of their last real column, latest first (the longest responses; ties:
+    the longest prompt first, then batch order), and grouped while (rows in group) x (group width without
+    all-padding columns) <= max_tokens (a row wider than the budget goes alone); every rank then splits its largest
+    groups until all ranks have the same count. Outputs go back to batch order with ``in_batch_order``.
     """
     if max_tokens is None:
-        return batch.split(rows)
-    attention_mask = batch["attention_mask"]  # [B, T]
-    cols = torch.arange(attention_mask.shape[1])
-    first = torch.where(attention_mask.bool(), cols, attention_mask.shape[1]).min(dim=1).values.tolist()  # [B]
-    last = torch.where(attention_mask.bool(), cols, -1).max(dim=1).values.tolist()  # [B]
+        chunks = [list(range(i, min(i + rows, len(batch)))) for i in range(0, len(batch), rows)]
+        return MicroBatches(batch.split(rows), chunks)
+    first, last = _row_spans(batch["attention_mask"])  # [B] each
+    order = sorted(range(len(batch)), key=lambda i: (-last[i], first[i], i))
     groups: list[list[int]] = []
-    for i in range(len(batch)):
+    for i in order:
         group = groups[-1] + [i] if groups else [i]
         width = max(last[j] for j in group) - min(first[j] for j in group) + 1
         if groups and len(group) * width <= max_tokens:
@@ -205,4 +235,4 @@ def micro_batches(batch: Batch, rows: int, max_tokens: int | None = None) -> lis
         k = max(range(len(groups)), key=lambda g: len(groups[g]))
         big = groups.pop(k)
         groups[k:k] = [big[: len(big) // 2], big[len(big) // 2:]]
-    return [batch.index(g) for g in groups]
+    return MicroBatches([batch.index(g) for g in groups], groups)

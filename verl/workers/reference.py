@@ -40,7 +40,7 @@ class RefWorker:
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob`` [B, R] of ``responses`` under the initial weights."""
         rows = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        micros = micro_batches(batch, rows, self.max_tokens)
         with torch.no_grad():
-            log_probs = [response_log_probs(self.model, micro, self.device, self.dtype)[0].cpu()
-                         for micro in micro_batches(batch, rows, self.max_tokens)]
-        return Batch({"ref_log_prob": torch.cat(log_probs)})
+            log_probs = [response_log_probs(self.model, micro, self.device, self.dtype)[0].cpu() for micro in micros]
+        return Batch({"ref_log_prob": micros.in_batch_order(log_probs)})

@@ -70,12 +70,15 @@ def test_log_probs_and_entropy_match_a_plain_per_row_loop(tiny_model_dir):
 
 
 def test_reference_matches_actor_before_training_and_stays_frozen(tiny_model_dir):
-    """Guards against a reference that is not the actor's initial policy or that moves with the actor."""
+    """Guards against a reference that is not the actor's initial policy or that moves with the actor, and against
+    token-budget micro-batches (rows regrouped by length) handing the log-probs back out of batch order."""
     cfg = make_config(tiny_model_dir, "actor_rollout_ref.actor.use_dynamic_bsz=true",
                       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=48")
     batch = random_batch(seed=1)
     actor, ref = ActorWorker(cfg, total_steps=1), RefWorker(cfg, total_steps=1)
     before = ref.compute_ref_log_prob(batch)["ref_log_prob"]
+    in_rows = RefWorker(make_config(tiny_model_dir), total_steps=1).compute_ref_log_prob(batch)["ref_log_prob"]
+    torch.testing.assert_close(before, in_rows, atol=1e-5, rtol=0)
     torch.testing.assert_close(before, actor.compute_log_prob(batch)["old_log_probs"], atol=1e-6, rtol=0)
     actor.update_actor(add_targets(batch, seed=2))
     assert not any(p.requires_grad for p in ref.model.parameters())

@@ -89,19 +89,49 @@ def test_an_update_that_makes_a_weight_non_finite_is_undone_and_counted():
     assert all(torch.isfinite(p).all() and not torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
-def test_token_budget_micro_batches_keep_order_and_respect_the_budget():
-    """Guards against rows dropped, duplicated or reordered by dynamic batching, and against
-    micro-batches whose padded size exceeds the token budget."""
+def _padded_tokens(micros: list[Batch]) -> int:
+    """What the forward passes compute: per micro-batch, rows x width without the all-padding columns."""
+    total = 0
+    for micro in micros:
+        real_cols = micro["attention_mask"].any(dim=0).nonzero().flatten()
+        total += len(micro) * int(real_cols[-1] - real_cols[0] + 1)
+    return total
+
+
+def test_token_budget_micro_batches_hold_every_row_once_respect_the_budget_and_restore_the_order():
+    """Guards against rows dropped or duplicated by dynamic batching, outputs handed back out of batch order (each
+    row's log-probs on another row), and micro-batches whose padded size exceeds the token budget."""
     batch = random_batch(seed=40, rows=16)
     budget = 48
     micros = micro_batches(batch, rows=4, max_tokens=budget)
-    assert torch.equal(torch.cat([m["input_ids"] for m in micros]), batch["input_ids"])
-    assert [u for m in micros for u in m["uid"]] == list(batch["uid"])
-    for micro in micros:
-        real_cols = micro["attention_mask"].any(dim=0).nonzero().flatten()
-        width = int(real_cols[-1] - real_cols[0] + 1)
-        assert len(micro) == 1 or len(micro) * width <= budget
-    assert [len(m) for m in micro_batches(batch, rows=5)] == [5, 5, 5, 1]
+    assert sorted(i for rows in micros.rows for i in rows) == list(range(16))
+    for micro, rows in zip(micros, micros.rows, strict=True):
+        assert torch.equal(micro["input_ids"], batch["input_ids"][rows])
+        assert list(micro["uid"]) == [batch["uid"][i] for i in rows]
+        assert len(micro) == 1 or _padded_tokens([micro]) <= budget
+    assert [i for rows in micros.rows for i in rows] != list(range(16))  # regrouped: the restore has work to do
+    assert torch.equal(micros.in_batch_order([m["input_ids"] for m in micros]), batch["input_ids"])
+    row_numbers = [torch.tensor([int(u[1:]) for u in m["uid"]]) for m in micros]
+    assert micros.in_batch_order(row_numbers).tolist() == list(range(16))
+    fixed = micro_batches(batch, rows=5)
+    assert [len(m) for m in fixed] == [5, 5, 5, 1]
+    assert torch.equal(fixed.in_batch_order([m["input_ids"] for m in fixed]), batch["input_ids"])
+
+
+def test_token_budget_groups_rows_of_like_length():
+    """Guards against grouping rows in batch order under a token budget: an RL batch alternates short answers and
+    long searches, so in batch order every micro-batch is as wide as a long row (the padding is computed)."""
+    from verl.utils.seq import pack_trajectories
+
+    short, long = [[5] * 3 for _ in range(8)], [[6] * 40 for _ in range(8)]
+    responses = [r for pair in zip(short, long, strict=True) for r in pair]  # short, long, short, long, ...
+    tensors = pack_trajectories([[7, 8]] * 16, responses, [[1] * len(r) for r in responses], 0)
+    batch = Batch(tensors, {"uid": [f"u{i}" for i in range(16)]})
+    in_order = [batch.index(list(range(i, i + 2))) for i in range(0, 16, 2)]  # what batch order fits in 90 tokens
+    by_length = micro_batches(batch, rows=2, max_tokens=90)
+    assert _padded_tokens(by_length) < 0.6 * _padded_tokens(in_order)
+    assert {frozenset(len(batch["responses"][i].nonzero()) for i in rows) for rows in by_length.rows} \
+        == {frozenset([3]), frozenset([40])}
 
 
 def test_global_counts_count_tokens_and_non_empty_rows():

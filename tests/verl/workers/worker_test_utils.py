@@ -162,8 +162,9 @@ def assert_same_update(a: tuple[dict, dict, dict], b: tuple[dict, dict, dict]) -
     """(metrics, parameters, gradients) of two workers agree up to float rounding.
 
     Gradients are compared tightly; weights loosely (Adam divides by sqrt(v): on near-zero gradients
-    it turns rounding into differences of ~1% of lr); metrics (pg_loss, grad_norm) catch a wrong
-    overall scale, which Adam's weights alone would hide.
+    it turns rounding into differences of a few % of lr, 4 % measured when token-budget micro-batches
+    regroup rows by length); metrics (pg_loss, grad_norm) catch a wrong overall scale, which Adam's
+    weights alone would hide.
     """
     assert a[0].keys() == b[0].keys()
     for key, value in a[0].items():
@@ -171,4 +172,4 @@ def assert_same_update(a: tuple[dict, dict, dict], b: tuple[dict, dict, dict]) -
     for key, value in a[2].items():
         torch.testing.assert_close(value, b[2][key], atol=1e-6, rtol=1e-4)
     for key, value in a[1].items():
-        torch.testing.assert_close(value, b[1][key], atol=3e-5, rtol=1e-5)
+        torch.testing.assert_close(value, b[1][key], atol=1e-4, rtol=1e-5)
