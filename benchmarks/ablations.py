@@ -65,6 +65,10 @@ ONE_HOP, TWO_HOP = "demo_single", "demo_multi"
 
 GROUP = ["actor_rollout_ref.rollout.n=5", "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=80",
          "trainer.total_training_steps=40", "actor_rollout_ref.actor.use_kl_loss=true"]
+# Two learning signals on top of GRPO, shared with benchmarks/paper_table.py's variant rows (and make demo-real's
+# VARIANT): dynamic sampling (at most 3 generation rounds a step) and retrieval-hit turn credit (grpo_turn's terms).
+DYNAMIC_SAMPLING = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3"]
+TURN_CREDIT = ["reward.turn_term=retrieval_hit", "algorithm.turn_adv_coef=1.0"]
 VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (table label, trainer overrides)
     "ppo": ("PPO (GAE + critic)", ["algorithm.adv_estimator=gae"]),
     "grpo": ("GRPO", ["algorithm.adv_estimator=grpo", *GROUP]),
@@ -76,11 +80,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (table label, trainer 
     "async": ("PPO, async rollout, 1 step off-policy", [
         "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=async", "trainer.max_staleness=1",
         "actor_rollout_ref.actor.tis_cap=2"]),
-    "grpo_ds": ("GRPO + dynamic sampling", ["algorithm.adv_estimator=grpo", *GROUP,
-                                           "algorithm.filter_groups.enable=true",
-                                           "algorithm.filter_groups.max_num_gen_batches=3"]),
-    "grpo_turn": ("GRPO + retrieval-hit turn credit", ["algorithm.adv_estimator=grpo_turn", *GROUP,
-                                                      "reward.turn_term=retrieval_hit", "algorithm.turn_adv_coef=1.0"]),
+    "grpo_ds": ("GRPO + dynamic sampling", ["algorithm.adv_estimator=grpo", *GROUP, *DYNAMIC_SAMPLING]),
+    "grpo_turn": ("GRPO + retrieval-hit turn credit", ["algorithm.adv_estimator=grpo_turn", *GROUP, *TURN_CREDIT]),
     "ppo_turn": ("PPO + retrieval-hit turn reward", ["algorithm.adv_estimator=gae", "reward.turn_term=retrieval_hit",
                                                     "algorithm.turn_reward_coef=0.2"]),
     "gspo": ("GSPO (sequence-level ratio)", ["algorithm.adv_estimator=grpo", *GROUP,

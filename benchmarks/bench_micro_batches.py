@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from verl.protocol import Batch  # noqa: E402
-from verl.workers.model_utils import micro_batches, response_log_probs  # noqa: E402
+from verl.workers.model_utils import budget_groups, micro_batches, response_log_probs, row_spans  # noqa: E402
 
 
 def step_batch(rollouts: Path, tokenizer, vocab: int) -> Batch:
@@ -45,18 +45,8 @@ def step_batch(rollouts: Path, tokenizer, vocab: int) -> Batch:
 
 def in_batch_order(batch: Batch, max_tokens: int) -> list[Batch]:
     """Token-budget micro-batches of consecutive rows in batch order (the grouping before length order)."""
-    mask = batch["attention_mask"]
-    cols = torch.arange(mask.shape[1])
-    first = torch.where(mask.bool(), cols, mask.shape[1]).min(dim=1).values.tolist()
-    last = torch.where(mask.bool(), cols, -1).max(dim=1).values.tolist()
-    groups: list[list[int]] = []
-    for i in range(len(batch)):
-        group = groups[-1] + [i] if groups else [i]
-        if groups and len(group) * (max(last[j] for j in group) - min(first[j] for j in group) + 1) <= max_tokens:
-            groups[-1] = group
-        else:
-            groups.append([i])
-    return [batch.index(g) for g in groups]
+    first, last = row_spans(batch["attention_mask"])
+    return [batch.index(g) for g in budget_groups(list(range(len(batch))), first, last, max_tokens)]
 
 
 def computed(micros: list[Batch]) -> int:

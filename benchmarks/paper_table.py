@@ -65,7 +65,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.ablations import curve  # noqa: E402
+from benchmarks.ablations import DYNAMIC_SAMPLING, TURN_CREDIT, curve  # noqa: E402
 from retrieval_server.launcher import ServerProcess  # noqa: E402
 from search_r1.baselines import SEARCH_DISABLED, baseline_messages  # noqa: E402
 
@@ -142,11 +142,9 @@ ROWS: dict[str, Row] = {
     # The learning-signal variants (issue 59's fallback where an ordering does not hold), make demo-real's VARIANT
     # settings: GRPO from the cold start leaves ~93 % of its groups flat on EM alone here (no advantage at all).
     "grpo_bm25_turn": Row("Search-R1 GRPO, BM25, + retrieval-hit turn credit", "agent", "rl", "bm25",
-                          (*GRPO, "algorithm.adv_estimator=grpo_turn", "reward.turn_term=retrieval_hit",
-                           "algorithm.turn_adv_coef=1.0"), default=False),
+                          (*GRPO, "algorithm.adv_estimator=grpo_turn", *TURN_CREDIT), default=False),
     "grpo_bm25_ds": Row("Search-R1 GRPO, BM25, + dynamic sampling", "agent", "rl", "bm25",
-                        (*GRPO, "algorithm.filter_groups.enable=true",
-                         "algorithm.filter_groups.max_num_gen_batches=3"), default=False),
+                        (*GRPO, *DYNAMIC_SAMPLING), default=False),
 }
 DEFAULT_ROWS = [name for name, row in ROWS.items() if row.default]
 

@@ -201,13 +201,27 @@ class MicroBatches(list[Batch]):
         return out[torch.as_tensor(order).argsort()]  # position of batch row i among the concatenated rows
 
 
-def _row_spans(attention_mask: Tensor) -> tuple[list[int], list[int]]:
+def row_spans(attention_mask: Tensor) -> tuple[list[int], list[int]]:
     """Per row, the first and last column that is not padding. ``[B, T] -> ([B], [B])``."""
     cols = torch.arange(attention_mask.shape[1])
     real = attention_mask.bool()
     first = torch.where(real, cols, attention_mask.shape[1]).min(dim=1).values.tolist()
     last = torch.where(real, cols, -1).max(dim=1).values.tolist()
     return first, last
+
+
+def budget_groups(order: list[int], first: list[int], last: list[int], max_tokens: int) -> list[list[int]]:
+    """Rows taken in ``order``, grouped while (rows in group) x (group width: ``min(first)`` .. ``max(last)``)
+    <= ``max_tokens``; a row wider than the budget goes alone."""
+    groups: list[list[int]] = []
+    for i in order:
+        group = groups[-1] + [i] if groups else [i]
+        width = max(last[j] for j in group) - min(first[j] for j in group) + 1
+        if groups and len(group) * width <= max_tokens:
+            groups[-1] = group
+        else:
+            groups.append([i])
+    return groups
 
 
 def micro_batches(batch: Batch, rows: int, max_tokens: int | None = None) -> MicroBatches:
@@ -221,16 +235,8 @@ def micro_batches(batch: Batch, rows: int, max_tokens: int | None = None) -> Mic
     if max_tokens is None:
         chunks = [list(range(i, min(i + rows, len(batch)))) for i in range(0, len(batch), rows)]
         return MicroBatches(batch.split(rows), chunks)
-    first, last = _row_spans(batch["attention_mask"])  # [B] each
-    order = sorted(range(len(batch)), key=lambda i: (-last[i], first[i], i))
-    groups: list[list[int]] = []
-    for i in order:
-        group = groups[-1] + [i] if groups else [i]
-        width = max(last[j] for j in group) - min(first[j] for j in group) + 1
-        if groups and len(group) * width <= max_tokens:
-            groups[-1] = group
-        else:
-            groups.append([i])
+    first, last = row_spans(batch["attention_mask"])  # [B] each
+    groups = budget_groups(sorted(range(len(batch)), key=lambda i: (-last[i], first[i], i)), first, last, max_tokens)
     count = all_reduce_(torch.tensor([len(groups)]), dist.ReduceOp.MAX).item()
     while len(groups) < count:
         k = max(range(len(groups)), key=lambda g: len(groups[g]))
