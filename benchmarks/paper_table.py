@@ -15,7 +15,10 @@ package) on the same test questions (EfficientQA dev, ``data_prep.wiki_nq``), ev
 - ``grpo_bm25``, ``ppo_bm25``, ``grpo_dense``, ``ppo_dense``: Search-R1, GRPO and PPO from the same cold start,
   searching the BM25 or the dense (MiniLM) index, state masking on; ``grpo_bm25_nomask``: masking off;
 - by name only (``--rows``), the learning-signal variants of ``grpo_bm25``: ``grpo_bm25_turn`` (retrieval-hit turn
-  credit, ``adv_estimator=grpo_turn``) and ``grpo_bm25_ds`` (dynamic sampling, at most 3 generation rounds a step).
+  credit, ``adv_estimator=grpo_turn``) and ``grpo_bm25_ds`` (dynamic sampling, at most 3 generation rounds a step);
+  and the cold start with query variety: ``sft_rephrase`` (the scripted cold start with ``--rephrase 8``: a failed
+  search followed by a phrase of the question, ``OUT/sft_rephrase/``) and ``grpo_bm25_rephrase`` (GRPO with turn
+  credit from it).
 
 The RL rows use ``make demo-real``'s settings (24 trajectories a step: GRPO 6 prompts x 4, PPO 24 x 1; lr 1e-5,
 bfloat16) and run once per seed; they validate on the first ``--val-n`` validation questions ``--val-points`` times
@@ -28,20 +31,21 @@ Sizes: the default is the first ``--test-n`` = 30 test questions (one evaluation
 seeds 1 and 2, 6 validations of 200 (days here at these speeds).
 
 Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<row>/seed<S>/``: the trained run,
-``eval/`` and ``row.json``; the cold start is ``OUT/sft/``, shared by the rows that start from it); a row whose
-``row.json`` exists is skipped, and an interrupted row continues (the trainer resumes from its last checkpoint,
-``search_r1.evaluate`` from its last written batch), so the command is resumable. Each row's directory records the
-settings that row depends on (``settings.json``, and again in ``row.json``): data, model, engine, test size and
-lengths for every row (a one-turn Direct or RAG row only the lengths of one turn), and the steps and validations for
-an RL row (paths inside the checkout relative to it). A row is reused only under the same settings and refused
-otherwise, naming what differs (so is one an earlier version made without recording them); so a ``--full`` table
-reuses the Direct and RAG rows of a ``--test-n 1800`` table (they never depend on the RL settings) and never resumes
-an RL run made with other steps or lengths. A finished row needs only its ``row.json``: copied into another
-clone's ``--out`` (or kept in the repository), it is skipped there, so a table too long for one machine's session is
-made row by row. The rows made so far at the acceptance size are kept in ``benchmarks/paper_table_rows/<engine>/``:
-``cp -r benchmarks/paper_table_rows/vllm/. outputs/paper_table_vllm/`` before ``--full --engine vllm`` skips them.
-Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and ``OUT/table.png`` (EM per row with its 95% interval, on all
-test questions and the answer-bearing ones; EM against training step for the RL rows).
+``eval/`` and ``row.json``; a cold start is its SFT row's, ``OUT/sft/`` or ``OUT/sft_rephrase/``, shared by the rows
+that start from it); a row whose ``row.json`` exists is skipped, and an interrupted row continues (the trainer
+resumes from its last checkpoint, ``search_r1.evaluate`` from its last written batch), so the command is resumable.
+Each row's directory records the settings that row depends on (``settings.json``, and again in ``row.json``): data,
+model, engine, test size and lengths for every row (a one-turn Direct or RAG row only the lengths of one turn), and
+the steps and validations for an RL row (paths inside the checkout relative to it). A row is reused only under the
+same settings and refused otherwise, naming what differs (so is one an earlier version made without recording them);
+so a ``--full`` table reuses the Direct and RAG rows of a ``--test-n 1800`` table (they never depend on the RL
+settings) and never resumes an RL run made with other steps or lengths. A finished row needs only its ``row.json``:
+copied into another clone's ``--out`` (or kept in the repository), it is skipped there, so a table too long for one
+machine's session is made row by row. The rows made so far at the acceptance size are kept in
+``benchmarks/paper_table_rows/<engine>/``: ``cp -r benchmarks/paper_table_rows/vllm/. outputs/paper_table_vllm/``
+before ``--full --engine vllm`` skips them. Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and
+``OUT/table.png`` (EM per row with its 95% interval, on all test questions and the answer-bearing ones; EM against
+training step for the RL rows).
 
 Every evaluation and RL run generates with vLLM's CPU engine (the RL runs with async rollout; its greedy responses
 equal the HF engine's, a GRPO step in about half the time), into ``outputs/paper_table_vllm``; ``--engine hf``: the
@@ -101,6 +105,12 @@ PPO = ["algorithm.adv_estimator=gae", "data.train_batch_size=24", "actor_rollout
 # 80 and answered 10 (EM 0); after one epoch it answers all 100 after one search (EM 0.010, F1 0.045), in a response
 # of 410 tokens, not 1,101 (2026-11-28, docs/results.md). Recorded in the settings of every row that starts from it.
 COLD_START = {"sft_epochs": 1}
+# The cold starts a row may start from (``Row.start``), each built once in ``OUT/<name>/``. ``sft_rephrase``: where
+# the question's passages lack the answer, the first of 8 phrases of the question that finds it is searched second
+# (``data_prep.cold_start --rephrase``). With the question as the only first query, 545 of 600 GRPO training queries
+# were the question and retrieval varied within 1 of 144 groups; on the train split phrases find an answer for 127 of
+# the 1,080 questions the question's top 3 misses (docs/results.md, "The paper's table").
+COLD_STARTS = {"sft": COLD_START, "sft_rephrase": {**COLD_START, "rephrase": 8}}
 # The cold start's SFT (41 steps, 30-60 min here) saves a checkpoint every this many steps, so a killed table resumes
 # it instead of starting over. Every run keeps only its newest checkpoint (all a resume reads): an RL row's six
 # would hold ~11 GiB, the table's ten RL runs more than this machine's disk.
@@ -120,10 +130,10 @@ class Row:
 
     label: str
     mode: str  # search_r1.evaluate --mode
-    policy: str  # "base" (the model as it comes), "sft" (the cold start) or "rl" (trained here)
+    policy: str  # "base" (the model as it comes), "sft" (a cold start: ``start``) or "rl" (trained here)
     index: str | None = None  # the retrieval index it searches (bm25 | dense); None: none
     train: tuple[str, ...] = ()  # the RL run's overrides
-    start: str = "sft"  # the RL run's initial policy: "sft" or "base"
+    start: str = "sft"  # the initial policy of an RL row, the policy of an "sft" row: "base" or a COLD_STARTS name
     prompts: str = "search_r1"  # the training data's prompts: "search_r1" or "no_search"
     default: bool = True  # in the table when --rows is not given (False: a learning-signal variant, asked for by name)
 
@@ -145,6 +155,12 @@ ROWS: dict[str, Row] = {
                           (*GRPO, "algorithm.adv_estimator=grpo_turn", *TURN_CREDIT), default=False),
     "grpo_bm25_ds": Row("Search-R1 GRPO, BM25, + dynamic sampling", "agent", "rl", "bm25",
                         (*GRPO, *DYNAMIC_SAMPLING), default=False),
+    # The cold start with query variety, and GRPO with turn credit from it (its queries can differ within a group).
+    "sft_rephrase": Row("SFT (scripted cold start, + rephrased second searches)", "agent", "sft", "bm25",
+                        start="sft_rephrase", default=False),
+    "grpo_bm25_rephrase": Row("Search-R1 GRPO, BM25, + turn credit, from the rephrasing cold start", "agent", "rl",
+                              "bm25", (*GRPO, "algorithm.adv_estimator=grpo_turn", *TURN_CREDIT), start="sft_rephrase",
+                              default=False),
 }
 DEFAULT_ROWS = [name for name, row in ROWS.items() if row.default]
 
@@ -219,24 +235,28 @@ def write_no_search(source: Path, target: Path) -> None:
     target.with_suffix(".tmp").rename(target)
 
 
-def cold_start(args: argparse.Namespace, out: Path, services: Services) -> Path:
-    """The scripted cold start over BM25 and demo-real's SFT on it (built once) -> the SFT model directory."""
-    model = out / "sft" / "hf_model"
-    parquet = out / "sft" / "cold_start.parquet"
+def cold_start(args: argparse.Namespace, out: Path, services: Services, name: str = "sft") -> Path:
+    """The scripted cold start ``name`` (``COLD_STARTS``) over BM25 and demo-real's SFT on it (built once in
+    ``OUT/<name>/``) -> the SFT model directory."""
+    recipe = COLD_STARTS[name]
+    model = out / name / "hf_model"
+    parquet = out / name / "cold_start.parquet"
     made_from = {k: v for k, v in table_settings(args).items() if k in ("data", "model")}
-    check_settings(out / "sft" / "cold_start.json", None, {**made_from, "cold_start": COLD_START}, "the cold start",
+    check_settings(out / name / "cold_start.json", None, {**made_from, "cold_start": recipe}, f"the cold start {name}",
                    made=model.exists() or parquet.exists())
     if (model / "config.json").exists():
         return model
+    log = "cold_start" if name == "sft" else f"cold_start_{name}"
     if not parquet.exists():
         run([sys.executable, "-m", "data_prep.cold_start", "scripted", "--data",
              str(args.data / "search_r1" / "train.parquet"), "--retriever-url", services.url("bm25"), "--out",
-             str(parquet)], out / "logs" / "cold_start.log")
+             str(parquet), *(["--rephrase", str(recipe["rephrase"])] if "rephrase" in recipe else [])],
+            out / "logs" / f"{log}.log")
     run([sys.executable, "-m", "verl.trainer.main_sft", f"model.partial_pretrain={args.model}",
-         f"data.train_files={parquet}", f"trainer.default_local_dir={out / 'sft'}", "data.train_batch_size=8",
-         "data.micro_batch_size_per_gpu=4", "optim.lr=5e-5", f"trainer.total_epochs={COLD_START['sft_epochs']}",
+         f"data.train_files={parquet}", f"trainer.default_local_dir={out / name}", "data.train_batch_size=8",
+         "data.micro_batch_size_per_gpu=4", "optim.lr=5e-5", f"trainer.total_epochs={recipe['sft_epochs']}",
          "trainer.seed=1", "model.dtype=bfloat16", "trainer.logger=[jsonl]", f"trainer.save_freq={SFT_SAVE_FREQ}",
-         "trainer.max_ckpt_to_keep=1"], out / "logs" / "sft.log")
+         "trainer.max_ckpt_to_keep=1"], out / "logs" / ("sft.log" if name == "sft" else f"{name}.log"))
     return model
 
 
@@ -246,7 +266,7 @@ def train(name: str, row: Row, seed: int, args: argparse.Namespace, out: Path, r
     model = run_dir / "hf_model"
     if (model / "config.json").exists():
         return model
-    start = args.model if row.start == "base" else cold_start(args, out, services)
+    start = args.model if row.start == "base" else cold_start(args, out, services, row.start)
     data = args.data / "search_r1"
     if row.prompts == "no_search":  # R1's training data: the same rows under the no-search prompt
         data = out / "no_search"
@@ -279,7 +299,7 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
         print(f"[paper-table] {name} (seed {seed}) already done: {done}", flush=True)
         return json.loads(done.read_text())
     start = time.time()
-    model = {"base": lambda: args.model, "sft": lambda: cold_start(args, out, services),
+    model = {"base": lambda: args.model, "sft": lambda: cold_start(args, out, services, row.start),
              "rl": lambda: train(name, row, seed, args, out, run_dir, services)}[row.policy]()
     eval_dir = run_dir / "eval"
     search = ["--retriever-url", services.url(row.index)] if row.index else []
@@ -315,9 +335,9 @@ def row_settings(row: Row, args: argparse.Namespace) -> dict:
     keys = ("test_n", "data", "model", "engine", *(("steps", "val_n", "val_points") if row.policy == "rl" else ()))
     one_turn = row.mode in ("direct", "rag") and row.policy == "base"
     lengths = {k: v for k, v in LENGTHS.items() if k in BASELINE_LENGTHS or not one_turn}
-    from_cold_start = row.policy == "sft" or (row.policy == "rl" and row.start == "sft")
+    from_cold_start = row.policy == "sft" or (row.policy == "rl" and row.start != "base")
     return {**{k: v for k, v in table_settings(args).items() if k in keys}, "lengths": lengths,
-            **({"cold_start": COLD_START} if from_cold_start else {})}
+            **({"cold_start": COLD_STARTS[row.start]} if from_cold_start else {})}
 
 
 def check_settings(path: Path, recorded: dict | None, settings: dict, what: str, made: bool) -> None:

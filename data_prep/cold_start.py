@@ -16,11 +16,15 @@ Choices (the scripted searcher):
   (the reward's normaliser, token-aligned: ``reward.terms.contains``), the trajectory answers with that gold
   answer. Otherwise it tries bridge entities, for two-hop questions: the capitalised names in the passages that
   the question does not mention, in the order they appear (Doc 1 first), at most ``--max-bridges``; the first
-  whose passages hold a gold answer becomes the second search. Every other question is dropped, and counted
-  with its reason: a trajectory whose passages do not support its answer would teach the policy to guess.
+  whose passages hold a gold answer becomes the second search. ``--rephrase N``: then up to N phrases of the
+  question itself (runs of its content words: ``rephrasings``), the first that finds a gold answer searched
+  second, so the policy sees that a search which failed is followed by another query, not by a guess (with the
+  question as the only first query, a GRPO group's samples all sent the same query: docs/results.md, "The paper's
+  table"). Every other question is dropped, and counted with its reason: a trajectory whose passages do not support
+  its answer would teach the policy to guess.
 - The policy's text says what it does in a few plain words (``data_prep.turns``: ``SEARCH``, ``BRIDGE``,
-  ``ANSWER``): the cold start teaches the protocol (tags, when to search, copying the answer out of the passages), not
-  a style of reasoning.
+  ``REPHRASE``, ``ANSWER``): the cold start teaches the protocol (tags, when to search, copying the answer out of
+  the passages), not a style of reasoning.
 - The question is read back from the prompt with the template the QA parquet was made with (``--template``,
   default ``search_r1.prompts``); a prompt of another template is dropped, counted.
 - ``--format hermes`` (``scripted`` and ``teacher``): the turns as tool calls in the policy's chat template
@@ -87,41 +91,69 @@ def bridge_candidates(docs: list[dict], question: str, limit: int) -> list[str]:
     return out[:limit]
 
 
+# Question words and function words: left out of a rephrased query, whose words are the question's others.
+_NOT_CONTENT = frozenset("who whom whose what when where which why how is are was were did does do done the a an of in "
+                         "on at to for by with from and or as that this these those it its be been being has have had "
+                         "first last name named called".split())
+_WORD = re.compile(r"[\w'-]+")
+_RUN_LENGTHS = (3, 2, 4, 1)  # words in a rephrased query, tried in this order
+
+
+def rephrasings(question: str, limit: int) -> list[str]:
+    """Runs of the question's content words (``_NOT_CONTENT`` left out), to search instead of the question: every run
+    of three words in the question's order, then of two, four and one; at most ``limit``, none repeated. NQ's
+    questions are lower case, so names cannot be told from other words by their letters: the service decides which
+    run finds a passage."""
+    words = [w for w in _WORD.findall(question.lower()) if w not in _NOT_CONTENT]
+    out: list[str] = []
+    for n in _RUN_LENGTHS:
+        for start in range(len(words) - n + 1):
+            run = " ".join(words[start:start + n])
+            if run not in out:
+                out.append(run)
+    return out[:limit]
+
+
 @dataclass
 class Scripted:
     """One question's outcome: its turns, or why it was dropped."""
 
     turns: list[dict] | None
-    reason: str  # one_search | two_searches | no question in prompt | no gold answer in the passages
+    reason: str  # one_search | two_searches | rephrased | no question in prompt | no gold answer in the passages
+
+
+SECOND = {"bridge": "two_searches", "rephrase": "rephrased"}  # why the second search was made -> the outcome counted
 
 
 def script_searches(questions: list[str | None], golds: list[list[str]], search: SearchFn,
-                    max_bridges: int, write: TagTurns = TAG_TURNS) -> list[Scripted]:
-    """Search each question, then (where its passages hold no gold answer) its bridge candidates; one request per
-    round for all questions. ``write`` renders the turns (the action format)."""
+                    max_bridges: int, write: TagTurns = TAG_TURNS, max_rephrasings: int = 0) -> list[Scripted]:
+    """Search each question, then (where its passages hold no gold answer) its bridge candidates and then up to
+    ``max_rephrasings`` phrases of it, the first that finds a gold answer kept; one request per round for all
+    questions. ``write`` renders the turns (the action format)."""
     out = [Scripted(None, "no question in prompt") for _ in questions]
     asked = [i for i, q in enumerate(questions) if q is not None]
     first = dict(zip(asked, search([questions[i] for i in asked]) if asked else [], strict=True))
-    bridges: dict[int, list[str]] = {}
+    second: list[tuple[int, str, str]] = []  # (question, why, query), in the order they are preferred
     for i, docs in first.items():
         answer = gold_in(docs, golds[i])
         if answer is not None:
             out[i] = Scripted([write.search(questions[i]), write.passages(docs), write.answer(answer)], "one_search")
-        else:
-            out[i] = Scripted(None, "no gold answer in the passages")
-            bridges[i] = bridge_candidates(docs, questions[i], max_bridges)
-    queries = [(i, b) for i, names in bridges.items() for b in names]
-    results = search([b for _, b in queries]) if queries else []
-    for (i, bridge), docs in zip(queries, results, strict=True):
+            continue
+        out[i] = Scripted(None, "no gold answer in the passages")
+        second += [(i, "bridge", b) for b in bridge_candidates(docs, questions[i], max_bridges)]
+        second += [(i, "rephrase", p) for p in rephrasings(questions[i], max_rephrasings)]
+    results = search([query for _, _, query in second]) if second else []
+    for (i, why, query), docs in zip(second, results, strict=True):
         answer = gold_in(docs, golds[i])
         if out[i].turns is None and answer is not None:
-            out[i] = Scripted([write.search(questions[i]), write.passages(first[i]), write.search(bridge, bridge=True),
-                               write.passages(docs), write.answer(answer)], "two_searches")
+            out[i] = Scripted([write.search(questions[i]), write.passages(first[i]), write.search(query, why),
+                               write.passages(docs), write.answer(answer)], SECOND[why])
     return out
 
 
 def scripted_cold_start(data: str, search: SearchFn, template: str = DEFAULT_TEMPLATE,
-                        max_bridges: int = 3, write: TagTurns = TAG_TURNS) -> tuple[list[dict], Counter]:
+                        max_bridges: int = 3, write: TagTurns = TAG_TURNS,
+                        max_rephrasings: int = 0) -> tuple[list[dict], Counter]:
     """SFT rows of the scripted searcher over the QA parquet ``data`` -> (rows kept, outcome counts). ``write``: the
     action format (``HermesTurns``: the prompts are made again under its template, and show its tools)."""
     rows = read_rows(data, required=("prompt", "reward_model"))
@@ -135,7 +167,7 @@ def scripted_cold_start(data: str, search: SearchFn, template: str = DEFAULT_TEM
         golds.append(gold_answers(row))
         if not golds[-1]:
             raise DataError(f"row {i} of {data!r}: no gold answer in reward_model.ground_truth.target")
-    outcomes = script_searches(questions, golds, search, max_bridges, write)
+    outcomes = script_searches(questions, golds, search, max_bridges, write, max_rephrasings)
     kept = []
     for i, (row, outcome) in enumerate(zip(rows, outcomes, strict=True)):
         if outcome.turns is not None:
@@ -145,6 +177,13 @@ def scripted_cold_start(data: str, search: SearchFn, template: str = DEFAULT_TEM
                                                                                                write.template)}]
             kept.append(sft_row(qa, outcome.turns, write.tools))
     return kept, Counter(o.reason for o in outcomes)
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number >= 0 (argparse names the option; this, the value and what is allowed)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -167,8 +206,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                        "renders the turns with --tokenizer's chat template")
         p.add_argument("--tokenizer", metavar="DIR", help="--format hermes: the policy's tokenizer (its chat "
                        "template renders the tool messages)")
-    scripted.add_argument("--max-bridges", type=int, default=3,
+    scripted.add_argument("--max-bridges", type=_count, default=3,
                           help="bridge entities tried when the question's passages hold no gold answer (0 = none)")
+    scripted.add_argument("--rephrase", type=_count, default=0, metavar="N",
+                          help="then up to N phrases of the question (runs of its content words) tried as the second "
+                          "search (default 0: none)")
     add_rft_args(rft)
     add_teacher_args(teacher)
     return parser.parse_args(argv)
@@ -207,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.source == "scripted":
                 template = template_file(args.template)["template"] if args.template else DEFAULT_TEMPLATE
                 rows, counts = scripted_cold_start(args.data, client.search, template,
-                                                   args.max_bridges, write)
+                                                   args.max_bridges, write, args.rephrase)
             else:
                 rows, counts = teacher_cold_start(args, openai_chat(args, write), client.search, write)
         if not rows:

@@ -8,8 +8,8 @@ write one layout per format.
   ``<tool_call>{"name", "arguments"}</tool_call>``, a turn that calls ends with the template's end-of-turn token, the
   results are tool messages and the feedback a user message, each inserted as ``ChatFormat`` computes it.
 
-The scripted searcher's words (``SEARCH``, ``BRIDGE``, ``ANSWER``) say what it does in a few plain words: the cold
-start teaches the protocol, not a style of reasoning.
+The scripted searcher's words (``SEARCH``, ``BRIDGE``, ``REPHRASE``, ``ANSWER``) say what it does in a few plain
+words: the cold start teaches the protocol, not a style of reasoning.
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ from search_r1.prompts import DEFAULT_TEMPLATE, HERMES_TEMPLATE
 from search_r1.tools import SEARCH_SCHEMA, format_hits
 
 SEARCH = "<think> I need to search for this. </think><search> {query} </search>"
-BRIDGE = "<think> The passages name {bridge}; I need to search for it. </think><search> {bridge} </search>"
+BRIDGE = "<think> The passages name {query}; I need to search for it. </think><search> {query} </search>"
+REPHRASE = "<think> The passages do not say; I need to search for {query}. </think><search> {query} </search>"
+# why a search is made -> the policy's words for it: the question itself, a name the passages gave (two-hop), or a
+# phrase of the question after its own passages did not answer it
+SEARCH_WORDS = {"question": SEARCH, "bridge": BRIDGE, "rephrase": REPHRASE}
 ANSWER = "<think> The passages say it is {answer}. </think><answer> {answer} </answer>"
 
 
@@ -34,8 +38,9 @@ class TagTurns:
     template = DEFAULT_TEMPLATE
     stop = tags.STOP_STRINGS  # where a policy turn ends
 
-    def search(self, query: str, bridge: bool = False) -> dict:
-        return policy_turn(BRIDGE.format(bridge=query) if bridge else SEARCH.format(query=query))
+    def search(self, query: str, why: str = "question") -> dict:
+        """The policy's turn searching ``query``; ``why``: a key of ``SEARCH_WORDS``."""
+        return policy_turn(SEARCH_WORDS[why].format(query=query))
 
     def passages(self, docs: list[dict]) -> dict:
         return information_turn(docs)
@@ -65,9 +70,8 @@ class HermesTurns(TagTurns):
         self.chat = ChatFormat(tokenizer, self.tools)
         self.eos = tokenizer.eos_token
 
-    def search(self, query: str, bridge: bool = False) -> dict:
-        think = SEARCH if not bridge else BRIDGE
-        think = think.format(query=query, bridge=query).split("<search>")[0]
+    def search(self, query: str, why: str = "question") -> dict:
+        think = SEARCH_WORDS[why].format(query=query).split("<search>")[0]
         return self.ended(think + self.call("search", {"query": query}))
 
     @staticmethod

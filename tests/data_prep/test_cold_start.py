@@ -23,7 +23,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from data_prep.cold_start import HermesTurns, scripted_cold_start
+from data_prep.cold_start import HermesTurns, rephrasings, scripted_cold_start
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.sft_rows import rows_to_sft_parquet, sft_row
 from data_prep.tiny_model import save_tiny_model, train_tokenizer
@@ -44,7 +44,8 @@ CORPUS = [("drunon", "Drunon", "The Drunon was built by Shothfus Company in 1714
           ("shothfus", "Shothfus Company", "Shothfus Company was founded by Dreinpei Firbam."),
           ("laemze", "Laemze", "Laemze was written by Brargrur Moulzel in 1687."),
           ("vuzaholm", "Vuzaholm", "Vuzaholm is a mountain village in Fuslith."),
-          ("beislous", "Beislous", "The Beislous was built by Brede Foundry in 1666.")]
+          ("beislous", "Beislous", "The Beislous was built by Brede Foundry in 1666."),
+          ("kelmor", "Kelmor", "Kelmor is a river port whose harbour master is Ulla Brenn.")]
 # (question, gold answers, what the scripted searcher should do)
 QUESTIONS = [("Who wrote Laemze", ["Brargrur Moulzel", "Moulzel"], "one_search"),
              ("Who founded the organisation that built the Drunon", ["Dreinpei Firbam"], "two_searches"),
@@ -95,6 +96,48 @@ def test_scripted_searcher_keeps_grounded_trajectories_and_names_what_it_drops(s
     tokenizer = train_tokenizer([x for _, _, x in CORPUS] * 3 + [q for q, _, _ in QUESTIONS] * 3, vocab_size=400)
     data = TrajectoryDataset(str(out), tokenizer, max_length=4096)
     assert len(data) == 3 and data.policy_tokens() > 0
+
+
+# The question's own words find the Drunon's passage (five of them are there), not Kelmor's, and so do its first four
+# runs of three content words; the fifth ("1714 harbour master") finds Kelmor's.
+REPHRASED = ("when the drunon was built by shothfus company in 1714 who was the harbour master of kelmor",
+             ["Ulla Brenn"])
+
+
+def test_rephrasings_are_runs_of_the_question_s_content_words():
+    """Guards against question or function words in a rephrased query and against runs out of the question's order."""
+    assert rephrasings(REPHRASED[0], 7) == ["drunon built shothfus", "built shothfus company", "shothfus company 1714",
+                                            "company 1714 harbour", "1714 harbour master", "harbour master kelmor",
+                                            "drunon built"]
+    assert rephrasings("Who wrote Laemze?", 9) == ["wrote laemze", "wrote", "laemze"]
+    assert rephrasings("who is it", 3) == []
+
+
+def test_a_failed_search_is_followed_by_a_phrase_of_the_question_that_finds_the_answer(service, tmp_path):
+    """Guards against ``--rephrase`` keeping a second query whose passages do not hold the answer, against a question
+    answered by its own passages searched twice, and against the default changing: without ``--rephrase`` the
+    question is dropped, as before."""
+    rows = [make_row("toy", REPHRASED[0], REPHRASED[1], "train", 0),
+            make_row("toy", *QUESTIONS[0][:2], "train", 1), make_row("toy", *QUESTIONS[3][:2], "train", 2)]
+    rows_to_parquet(rows, tmp_path / "qa.parquet")
+    client = RetrievalClient(service, topk=1)
+    assert "Ulla Brenn" not in client.search([REPHRASED[0]])[0][0]["contents"]
+    _, counts = scripted_cold_start(str(tmp_path / "qa.parquet"), client.search)
+    assert counts == {"one_search": 1, "no gold answer in the passages": 2}
+    out = tmp_path / "sft.parquet"
+    done = in_process("data_prep.cold_start", "scripted", "--data", tmp_path / "qa.parquet", "--retriever-url",
+                      service, "--topk", "1", "--rephrase", "8", "--out", out)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (f"kept 2 of 3 (one_search: 1, rephrased: 1); dropped 1 (no gold answer in the "
+                                   f"passages: 1) -> {out}")
+    rephrased, one = pq.read_table(out).to_pylist()
+    queries = [t["text"].split("<search>")[1].split("</search>")[0].strip() for t in rephrased["turns"]
+               if "<search>" in t["text"]]
+    assert queries == [REPHRASED[0] + "?", "1714 harbour master"]  # the first run whose passage holds the answer
+    assert "I need to search for 1714 harbour master" in rephrased["turns"][2]["text"]
+    assert rephrased["turns"][3]["text"] == information_block(client.search(["1714 harbour master"])[0])
+    assert em_check(extract_answer("".join(t["text"] for t in rephrased["turns"])), REPHRASED[1]) == 1.0
+    assert len(one["turns"]) == 3  # answered by the question's own passages: one search
 
 
 def test_the_scripted_searcher_needs_no_openai_package(service, tmp_path, monkeypatch):

@@ -253,10 +253,20 @@ def test_the_tables_training_runs_resume_and_keep_one_checkpoint(tmp_path, monke
     run_dir = tmp_path / "out" / "grpo_bm25" / "seed1"
     paper_table.train("grpo_bm25", paper_table.ROWS["grpo_bm25"], 1, args, tmp_path / "out", run_dir, Services())
     scripted, sft, rl = commands
+    commands_plain = list(commands)
     assert [cmd[2] for cmd in commands] == ["data_prep.cold_start", "verl.trainer.main_sft", "verl.trainer.main_ppo"]
     for cmd, steps in ((sft, 41), (rl, args.steps)):
         keys = dict(item.split("=", 1) for item in cmd if "=" in item and item.startswith("trainer."))
         assert 0 < int(keys["trainer.save_freq"]) < steps and keys["trainer.max_ckpt_to_keep"] == "1", cmd
+    # the rephrasing cold start: its own scripted trajectories and SFT directory, which its RL row starts from
+    commands.clear()
+    paper_table.train("grpo_bm25_rephrase", paper_table.ROWS["grpo_bm25_rephrase"], 1, args, tmp_path / "out",
+                      tmp_path / "out" / "grpo_bm25_rephrase" / "seed1", Services())
+    scripted, sft, rl = commands
+    assert scripted[-2:] == ["--rephrase", "8"] and "--rephrase" not in commands_plain[0]
+    assert f"trainer.default_local_dir={tmp_path / 'out' / 'sft_rephrase'}" in sft
+    assert f"actor_rollout_ref.model.path={tmp_path / 'out' / 'sft_rephrase' / 'hf_model'}" in rl
+    assert "algorithm.adv_estimator=grpo_turn" in rl
 
 
 def test_the_rows_made_from_the_cold_start_record_how_it_was_trained(tmp_path):
@@ -273,8 +283,12 @@ def test_the_rows_made_from_the_cold_start_record_how_it_was_trained(tmp_path):
     recorded = {name: "cold_start" in paper_table.row_settings(row, args) for name, row in paper_table.ROWS.items()}
     assert recorded == {"direct": False, "rag": False, "sft": True, "r1": False, "grpo_bm25": True,
                         "ppo_bm25": True, "grpo_dense": True, "ppo_dense": True, "grpo_bm25_nomask": True,
-                        "grpo_bm25_turn": True, "grpo_bm25_ds": True}
+                        "grpo_bm25_turn": True, "grpo_bm25_ds": True, "sft_rephrase": True,
+                        "grpo_bm25_rephrase": True}
     assert paper_table.row_settings(paper_table.ROWS["sft"], args)["cold_start"] == {"sft_epochs": 1}
+    # the rephrasing cold start is another one: its rows never reuse (nor are reused as) the plain cold start's
+    assert paper_table.row_settings(paper_table.ROWS["grpo_bm25_rephrase"], args)["cold_start"] == {
+        "sft_epochs": 1, "rephrase": 8}
     before = {k: v for k, v in paper_table.row_settings(paper_table.ROWS["grpo_bm25"], args).items()
               if k != "cold_start"}
     with pytest.raises(SystemExit, match=r"other settings \(cold_start None there, \{'sft_epochs': 1\} now\)"):
