@@ -24,7 +24,7 @@ Choices:
   would have to look back past the passages to the question; the tiny model learned that only for some seeds
   (with the decision after the first block, one seed's policy never took the second hop, so RL could not teach
   it), while looking back to its own plan word it learns for every seed tried (``benchmarks/eval_warm_start.py
-  --teacher-forced`` measures it; measured figures: docs/results.md, "Warm-start history").
+  --teacher-forced`` measures it; measured figures: docs/history/results-journal.md, "Warm-start history").
 - The tag follows ``</think>`` directly (no newline): the ``</think>`` token then attends to the turn's first
   word itself. With a newline in between, the tag was predicted from the newline, and for some seeds it ignored
   the turn (``<answer>`` after ``Let me search for X.``).
