@@ -107,7 +107,7 @@ PPO = ["algorithm.adv_estimator=gae", "data.train_batch_size=24", "actor_rollout
 COLD_START = {"sft_epochs": 1}
 # The cold starts a row may start from (``Row.start``), each built once in ``OUT/<name>/``. ``sft_rephrase``: where
 # the question's passages lack the answer, the first of 8 phrases of the question that finds it is searched second
-# (``data_prep.cold_start --rephrase``). With the question as the only first query, 545 of 600 GRPO training queries
+# (``data_prep.cold_start --rephrase``). With the question as the only first query, 91 % of GRPO's training queries
 # were the question and retrieval varied within 1 of 144 groups; on the train split phrases find an answer for 127 of
 # the 1,080 questions the question's top 3 misses (docs/results.md, "The paper's table").
 COLD_STARTS = {"sft": COLD_START, "sft_rephrase": {**COLD_START, "rephrase": 8}}
