@@ -30,12 +30,10 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.wiki_nq_figures import gold_found  # noqa: E402
 from data_prep.cold_start import rephrasings  # noqa: E402
 from retrieval_server.launcher import ServerProcess  # noqa: E402
 from search_r1.prompts import DEFAULT_TEMPLATE, question_of  # noqa: E402
-from search_r1.reward.qa_em import subem_check  # noqa: E402
-
-BATCH = 256  # queries per /retrieve request
 
 
 def answer_bearing(parquet: Path) -> list[tuple[str, list[str]]]:
@@ -47,17 +45,6 @@ def answer_bearing(parquet: Path) -> list[tuple[str, list[str]]]:
             question = question_of(row["prompt"][-1]["content"], DEFAULT_TEMPLATE)
             out.append((question, list(row["reward_model"]["ground_truth"]["target"])))
     return out
-
-
-def hits(client: httpx.Client, url: str, queries: list[str], golds: list[list[str]]) -> list[bool]:
-    """Per query: do its top passages hold one of its gold answers?"""
-    found = []
-    for start in range(0, len(queries), BATCH):
-        result = client.post(url + "/retrieve", json={"queries": queries[start:start + BATCH]})
-        result.raise_for_status()
-        found += [any(subem_check(p["contents"], gold) for p in passages)
-                  for passages, gold in zip(result.json()["result"], golds[start:start + BATCH], strict=True)]
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
             httpx.Client(timeout=600) as client:
         server.wait_ready(timeout=600)
         for name, rows in splits.items():
-            first = hits(client, server.url, [q for q, _ in rows], [g for _, g in rows])
+            first = gold_found(client, server.url, [q for q, _ in rows], [g for _, g in rows])
             phrases = [(i, phrase) for i, (q, _) in enumerate(rows) for phrase in rephrasings(q, args.phrases)]
-            second = hits(client, server.url, [ph for _, ph in phrases], [rows[i][1] for i, _ in phrases])
+            second = gold_found(client, server.url, [ph for _, ph in phrases], [rows[i][1] for i, _ in phrases])
             per_question: dict[int, list[bool]] = {}
             for (i, _), hit in zip(phrases, second, strict=True):
                 per_question.setdefault(i, []).append(hit)

@@ -40,19 +40,25 @@ from verl.utils.progress import progress  # noqa: E402
 BATCH = 256  # questions per /retrieve request
 
 
+def gold_found(client: httpx.Client, url: str, queries: list[str], golds: list[list[str]],
+               desc: str | None = None) -> list[bool]:
+    """Per query: do the top passages the service at ``url`` returns for it hold one of its golden answers?"""
+    found: list[bool] = []
+    for start in progress(range(0, len(queries), BATCH), desc=desc, unit="batch", disable=desc is None):
+        result = client.post(url + "/retrieve", json={"queries": queries[start:start + BATCH]})
+        result.raise_for_status()
+        found += [any(subem_check(p["contents"], gold) for p in passages)
+                  for passages, gold in zip(result.json()["result"], golds[start:start + BATCH], strict=True)]
+    return found
+
+
 def retrieved_hits(index_dir: Path, corpus: Path, questions: list, topk: int) -> int:
     """Questions whose top ``topk`` passages from the service over ``index_dir`` hold a golden answer."""
-    hits = 0
     with ServerProcess(index_dir, corpus, ["--topk", str(topk), "--max-topk", str(topk)]) as server:
         server.wait_ready(timeout=600)
         with httpx.Client(timeout=600) as client:
-            for start in progress(range(0, len(questions), BATCH), desc=index_dir.name, unit="batch"):
-                batch = questions[start:start + BATCH]
-                result = client.post(server.url + "/retrieve", json={"queries": [q.text for q in batch]})
-                result.raise_for_status()
-                for question, passages in zip(batch, result.json()["result"], strict=True):
-                    hits += any(subem_check(p["contents"], question.answers) for p in passages)
-    return hits
+            return sum(gold_found(client, server.url, [q.text for q in questions], [q.answers for q in questions],
+                                  desc=index_dir.name))
 
 
 def definitions_compared(passages: list[str], questions_per_split: dict[str, list]) -> list[dict]:
