@@ -18,7 +18,8 @@ package) on the same test questions (EfficientQA dev, ``data_prep.wiki_nq``), ev
   credit, ``adv_estimator=grpo_turn``) and ``grpo_bm25_ds`` (dynamic sampling, at most 3 generation rounds a step);
   and the cold start with query variety: ``sft_rephrase`` (the scripted cold start with ``--rephrase 8``: a failed
   search followed by a phrase of the question, ``OUT/sft_rephrase/``) and ``grpo_bm25_rephrase`` (GRPO with turn
-  credit from it).
+  credit from it); ``sft_phrase`` (and ``--phrase-first 0.5``: half the first queries a phrase of the question) and
+  ``grpo_bm25_phrase``.
 
 The RL rows use ``make demo-real``'s settings (24 trajectories a step: GRPO 6 prompts x 4, PPO 24 x 1; lr 1e-5,
 bfloat16) and run once per seed; they validate on the first ``--val-n`` validation questions ``--val-points`` times
@@ -110,7 +111,11 @@ COLD_START = {"sft_epochs": 1}
 # (``data_prep.cold_start --rephrase``). With the question as the only first query, 91 % of GRPO's training queries
 # were the question and retrieval varied within 1 of 144 groups; on the train split phrases find an answer for 127 of
 # the 1,080 questions the question's top 3 misses (docs/results.md, "The paper's table").
-COLD_STARTS = {"sft": COLD_START, "sft_rephrase": {**COLD_START, "rephrase": 8}}
+# ``sft_phrase``: and for half the questions the first query is the first of those phrases that finds a gold answer
+# (``--phrase-first 0.5``): sampled, its groups send the question or a phrase first. A policy that mixed them 50/50 at
+# random would make retrieval differ in 16.5 % of 4-sample groups on the train split (``rephrase_ceiling.py``).
+COLD_STARTS = {"sft": COLD_START, "sft_rephrase": {**COLD_START, "rephrase": 8},
+               "sft_phrase": {**COLD_START, "rephrase": 8, "phrase_first": 0.5}}
 # The cold start's SFT (41 steps, 30-60 min here) saves a checkpoint every this many steps, so a killed table resumes
 # it instead of starting over. Every run keeps only its newest checkpoint (all a resume reads): an RL row's six
 # would hold ~11 GiB, the table's ten RL runs more than this machine's disk.
@@ -161,6 +166,11 @@ ROWS: dict[str, Row] = {
     "grpo_bm25_rephrase": Row("Search-R1 GRPO, BM25, + turn credit, from the rephrasing cold start", "agent", "rl",
                               "bm25", (*GRPO, "algorithm.adv_estimator=grpo_turn", *TURN_CREDIT), start="sft_rephrase",
                               default=False),
+    "sft_phrase": Row("SFT (scripted cold start, half its first queries a phrase of the question)", "agent", "sft",
+                      "bm25", start="sft_phrase", default=False),
+    "grpo_bm25_phrase": Row("Search-R1 GRPO, BM25, + turn credit, from the phrase-first cold start", "agent", "rl",
+                            "bm25", (*GRPO, "algorithm.adv_estimator=grpo_turn", *TURN_CREDIT), start="sft_phrase",
+                            default=False),
 }
 DEFAULT_ROWS = [name for name, row in ROWS.items() if row.default]
 
@@ -250,7 +260,8 @@ def cold_start(args: argparse.Namespace, out: Path, services: Services, name: st
     if not parquet.exists():
         run([sys.executable, "-m", "data_prep.cold_start", "scripted", "--data",
              str(args.data / "search_r1" / "train.parquet"), "--retriever-url", services.url("bm25"), "--out",
-             str(parquet), *(["--rephrase", str(recipe["rephrase"])] if "rephrase" in recipe else [])],
+             str(parquet), *(["--rephrase", str(recipe["rephrase"])] if "rephrase" in recipe else []),
+             *(["--phrase-first", str(recipe["phrase_first"])] if "phrase_first" in recipe else [])],
             out / "logs" / f"{log}.log")
     run([sys.executable, "-m", "verl.trainer.main_sft", f"model.partial_pretrain={args.model}",
          f"data.train_files={parquet}", f"trainer.default_local_dir={out / name}", "data.train_batch_size=8",

@@ -12,7 +12,12 @@ as the agent queries it), prints:
   (``data_prep.cold_start.rephrasings``: runs of its content words) holds one: the ceiling of a policy that searches
   the question, then the right phrase of it (what ``cold_start --rephrase`` scripts, choosing with the gold answer);
 - ``+ a phrase at random``: the expected count when the second query is one of those phrases drawn uniformly (a
-  policy that learnt the protocol but not which phrase to choose).
+  policy that learnt the protocol but not which phrase to choose);
+- ``mix``: for a policy whose first query is the question or (with probability ``--mix``) one of its phrases drawn
+  uniformly, searched once (what ``cold_start --phrase-first`` teaches), the expected questions it finds a gold
+  answer for, and the expected GRPO groups of ``--group`` samples whose retrieval differs (some sample's passages
+  hold a gold answer and some do not): the groups in which retrieval-hit turn credit has something to compare. With
+  the question alone (mix 0) there are none.
 
 Issue 59 asks for the agent's recall >= 1.5x the raw question's; these say how much of that rewriting with the
 question's own words can give here, before any word the question lacks.
@@ -47,15 +52,30 @@ def answer_bearing(parquet: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
+def mixed(question_hits: list[bool], phrase_hits: list[list[bool]], share: float, group: int) -> tuple[float, float]:
+    """A policy searching once, the question or (with probability ``share``) one of its phrases drawn uniformly (a
+    question without phrases: the question) -> (expected questions whose passages hold a gold answer, expected groups
+    of ``group`` samples in which some sample's do and some sample's do not)."""
+    found = differ = 0.0
+    for hit, phrases in zip(question_hits, phrase_hits, strict=True):
+        p = (1 - share) * hit + share * (sum(phrases) / len(phrases) if phrases else hit)
+        found += p
+        differ += 1 - p ** group - (1 - p) ** group
+    return found, differ
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=ROOT / "data" / "wiki_nq", help="output folder of data_prep.wiki_nq")
     p.add_argument("--topk", type=int, default=3, help="passages per search (default 3, the table's)")
     p.add_argument("--phrases", type=int, default=8, help="phrases of each question tried (default 8, the table's "
                    "sft_rephrase cold start)")
+    p.add_argument("--mix", type=float, default=0.5, help="share of first queries that are a phrase (default 0.5)")
+    p.add_argument("--group", type=int, default=4, help="samples per GRPO group (default 4, the table's)")
     args = p.parse_args(argv)
     splits = {name: answer_bearing(args.data / "search_r1" / f"{name}.parquet") for name in ("train", "val", "test")}
-    print("| split | answer-bearing | question | + best phrase | + a phrase at random |\n|---|---|---|---|---|")
+    print(f"| split | answer-bearing | question | + best phrase | + a phrase at random | mix {args.mix}: found | "
+          f"mix {args.mix}: groups of {args.group} that differ |\n|---|---|---|---|---|---|---|")
     with ServerProcess(args.data / "bm25", args.data / "corpus.jsonl",
                        ["--topk", str(args.topk), "--max-topk", str(args.topk)]) as server, \
             httpx.Client(timeout=600) as client:
@@ -71,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             random = sum(1.0 if first[i] else sum(per_question.get(i, [])) / max(1, len(per_question.get(i, [])))
                          for i in range(len(rows)))
             base = sum(first)
+            found, differ = mixed(first, [per_question.get(i, []) for i in range(len(rows))], args.mix, args.group)
             print(f"| {name} | {len(rows):,} | {base} | {best} ({best / base:.2f}x) | {random:.0f} "
-                  f"({random / base:.2f}x) |", flush=True)
+                  f"({random / base:.2f}x) | {found:.0f} | {differ:.0f} ({differ / len(rows):.1%}) |", flush=True)
     return 0
 
 

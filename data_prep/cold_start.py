@@ -20,8 +20,12 @@ Choices (the scripted searcher):
   question itself (runs of its content words: ``rephrasings``), the first that finds a gold answer searched
   second, so the policy sees that a search which failed is followed by another query, not by a guess (with the
   question as the only first query, a GRPO group's samples all sent the same query: docs/results.md, "The paper's
-  table"). Every other question is dropped, and counted with its reason: a trajectory whose passages do not support
-  its answer would teach the policy to guess.
+  table"). ``--phrase-first SHARE`` (with ``--rephrase N``): for that share of the questions (``phrase_first_chosen``:
+  by a hash of the question, so the same ones on every build) the first query is the first of its N phrases whose
+  passages hold a gold answer, where one does: a cold start whose first queries are of two kinds, so that a policy
+  sampling from it sends a group different queries, which GRPO can compare (with one kind, a sampled group's
+  retrieval differed for 1 of 60 questions, docs/results.md). Every other question is dropped, and counted with its
+  reason: a trajectory whose passages do not support its answer would teach the policy to guess.
 - The policy's text says what it does in a few plain words (``data_prep.turns``: ``SEARCH``, ``BRIDGE``,
   ``REPHRASE``, ``ANSWER``): the cold start teaches the protocol (tags, when to search, copying the answer out of
   the passages), not a style of reasoning.
@@ -38,6 +42,7 @@ Choices (the scripted searcher):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import re
 import sys
@@ -114,34 +119,56 @@ def rephrasings(question: str, limit: int) -> list[str]:
     return out[:limit]
 
 
+def phrase_first_chosen(question: str, share: float) -> bool:
+    """Whether ``question`` is one of the ``share`` (0-1) of questions searched first by a phrase of it: its text's
+    sha256 read as a fraction below ``share``, so a build chooses the same questions whatever the rows' order."""
+    return int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "big") / 2**64 < share
+
+
 @dataclass
 class Scripted:
     """One question's outcome: its turns, or why it was dropped."""
 
     turns: list[dict] | None
-    reason: str  # one_search | two_searches | rephrased | no question in prompt | no gold answer in the passages
+    reason: str  # one_search | two_searches | rephrased | phrase_first | no question in prompt | no gold answer in the
+    # passages
 
 
 SECOND = {"bridge": "two_searches", "rephrase": "rephrased"}  # why the second search was made -> the outcome counted
 
 
 def script_searches(questions: list[str | None], golds: list[list[str]], search: SearchFn,
-                    max_bridges: int, write: TagTurns = TAG_TURNS, max_rephrasings: int = 0) -> list[Scripted]:
-    """Search each question, then (where its passages hold no gold answer) its bridge candidates and then up to
-    ``max_rephrasings`` phrases of it, the first that finds a gold answer kept; one request per round for all
+                    max_bridges: int, write: TagTurns = TAG_TURNS, max_rephrasings: int = 0,
+                    phrase_first: float = 0.0) -> list[Scripted]:
+    """Search each question (and, for the ``phrase_first`` share of them, up to ``max_rephrasings`` phrases of it, the
+    first that finds a gold answer searched instead), then (where its passages hold no gold answer) its bridge
+    candidates and then its phrases, the first that finds a gold answer kept; one request per round for all
     questions. ``write`` renders the turns (the action format)."""
     out = [Scripted(None, "no question in prompt") for _ in questions]
     asked = [i for i, q in enumerate(questions) if q is not None]
-    first = dict(zip(asked, search([questions[i] for i in asked]) if asked else [], strict=True))
+    chosen = {i for i in asked if phrase_first_chosen(questions[i], phrase_first)}
+    firsts = [(i, questions[i]) for i in asked]  # (question, query); then the chosen questions' phrases, in order
+    firsts += [(i, p) for i in asked if i in chosen for p in rephrasings(questions[i], max_rephrasings)]
+    first: dict[int, list[dict]] = {}
+    phrase: dict[int, dict] = {}  # question -> the turns of its first phrase whose passages hold a gold answer
+    for (i, query), docs in zip(firsts, search([q for _, q in firsts]) if firsts else [], strict=True):
+        if i not in first:
+            first[i] = docs
+        elif i not in phrase and (answer := gold_in(docs, golds[i])) is not None:
+            phrase[i] = [write.search(query), write.passages(docs), write.answer(answer)]
     second: list[tuple[int, str, str]] = []  # (question, why, query), in the order they are preferred
     for i, docs in first.items():
+        if i in phrase:
+            out[i] = Scripted(phrase[i], "phrase_first")
+            continue
         answer = gold_in(docs, golds[i])
         if answer is not None:
             out[i] = Scripted([write.search(questions[i]), write.passages(docs), write.answer(answer)], "one_search")
             continue
         out[i] = Scripted(None, "no gold answer in the passages")
         second += [(i, "bridge", b) for b in bridge_candidates(docs, questions[i], max_bridges)]
-        second += [(i, "rephrase", p) for p in rephrasings(questions[i], max_rephrasings)]
+        if i not in chosen:  # a chosen question's phrases were searched first, and missed
+            second += [(i, "rephrase", p) for p in rephrasings(questions[i], max_rephrasings)]
     results = search([query for _, _, query in second]) if second else []
     for (i, why, query), docs in zip(second, results, strict=True):
         answer = gold_in(docs, golds[i])
@@ -153,7 +180,7 @@ def script_searches(questions: list[str | None], golds: list[list[str]], search:
 
 def scripted_cold_start(data: str, search: SearchFn, template: str = DEFAULT_TEMPLATE,
                         max_bridges: int = 3, write: TagTurns = TAG_TURNS,
-                        max_rephrasings: int = 0) -> tuple[list[dict], Counter]:
+                        max_rephrasings: int = 0, phrase_first: float = 0.0) -> tuple[list[dict], Counter]:
     """SFT rows of the scripted searcher over the QA parquet ``data`` -> (rows kept, outcome counts). ``write``: the
     action format (``HermesTurns``: the prompts are made again under its template, and show its tools)."""
     rows = read_rows(data, required=("prompt", "reward_model"))
@@ -167,7 +194,7 @@ def scripted_cold_start(data: str, search: SearchFn, template: str = DEFAULT_TEM
         golds.append(gold_answers(row))
         if not golds[-1]:
             raise DataError(f"row {i} of {data!r}: no gold answer in reward_model.ground_truth.target")
-    outcomes = script_searches(questions, golds, search, max_bridges, write, max_rephrasings)
+    outcomes = script_searches(questions, golds, search, max_bridges, write, max_rephrasings, phrase_first)
     kept = []
     for i, (row, outcome) in enumerate(zip(rows, outcomes, strict=True)):
         if outcome.turns is not None:
@@ -184,6 +211,17 @@ def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
     return int(text)
+
+
+def _share(text: str) -> float:
+    """An argparse type: a fraction from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share from 0 to 1")
+    return value
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -211,6 +249,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     scripted.add_argument("--rephrase", type=_count, default=0, metavar="N",
                           help="then up to N phrases of the question (runs of its content words) tried as the second "
                           "search (default 0: none)")
+    scripted.add_argument("--phrase-first", type=_share, default=0.0, metavar="SHARE",
+                          help="for this share of the questions (0-1, chosen by a hash of the question), search first "
+                          "the first of the --rephrase N phrases that finds a gold answer, where one does (default 0)")
     add_rft_args(rft)
     add_teacher_args(teacher)
     return parser.parse_args(argv)
@@ -248,8 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             client.check_health()
             if args.source == "scripted":
                 template = template_file(args.template)["template"] if args.template else DEFAULT_TEMPLATE
+                if args.phrase_first and not args.rephrase:
+                    raise ValueError(f"--phrase-first {args.phrase_first} searches phrases of the question: give "
+                                     "--rephrase N (N > 0), how many phrases to try")
                 rows, counts = scripted_cold_start(args.data, client.search, template,
-                                                   args.max_bridges, write, args.rephrase)
+                                                   args.max_bridges, write, args.rephrase, args.phrase_first)
             else:
                 rows, counts = teacher_cold_start(args, openai_chat(args, write), client.search, write)
         if not rows:

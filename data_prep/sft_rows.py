@@ -51,7 +51,7 @@ def gold_answers(row: dict) -> list[str]:
     return ground_truth_answers((row.get("reward_model") or {}).get("ground_truth") or [])
 
 
-KEPT = ("one_search", "two_searches", "rephrased", "exact_match")  # the outcomes of kept trajectories
+KEPT = ("one_search", "two_searches", "rephrased", "phrase_first", "exact_match")  # the outcomes of kept trajectories
 
 
 def summary(counts: Counter, out: Path) -> str:

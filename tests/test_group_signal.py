@@ -47,3 +47,16 @@ def test_groups_are_counted_by_what_their_samples_differ_in(tmp_path):
 def test_a_folder_without_records_is_named(tmp_path):
     with pytest.raises(SystemExit, match=str(tmp_path)):
         group_signal.main([str(tmp_path)])
+
+
+def test_a_question_and_phrase_mix_differs_where_the_question_and_its_phrases_disagree():
+    """Guards ``benchmarks/rephrase_ceiling.py``'s mix column against counting a group as differing when every query
+    finds the same (all hit or all miss), and against a phrase-less question being treated as a miss."""
+    from benchmarks.rephrase_ceiling import mixed
+
+    assert mixed([True, False, True], [[True, True], [False], []], 0.5, 4) == (2.0, 0.0)
+    assert mixed([True, False], [[False, False], [True]], 0.0, 4) == (1.0, 0.0)
+    found, differ = mixed([True, False], [[False, False], [True, False]], 0.5, 4)
+    # the first samples a hit with p = 0.5 (1 - 2/16 of its groups differ), the second with p = 0.25
+    assert found == pytest.approx(0.75)
+    assert differ == pytest.approx((1 - 2 / 16) + (1 - 0.25 ** 4 - 0.75 ** 4))

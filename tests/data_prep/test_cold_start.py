@@ -23,7 +23,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from data_prep.cold_start import HermesTurns, rephrasings, scripted_cold_start
+from data_prep.cold_start import HermesTurns, phrase_first_chosen, rephrasings, scripted_cold_start
 from data_prep.qa_search import make_row, rows_to_parquet
 from data_prep.sft_rows import rows_to_sft_parquet, sft_row
 from data_prep.tiny_model import save_tiny_model, train_tokenizer
@@ -138,6 +138,59 @@ def test_a_failed_search_is_followed_by_a_phrase_of_the_question_that_finds_the_
     assert rephrased["turns"][3]["text"] == information_block(client.search(["1714 harbour master"])[0])
     assert em_check(extract_answer("".join(t["text"] for t in rephrased["turns"])), REPHRASED[1]) == 1.0
     assert len(one["turns"]) == 3  # answered by the question's own passages: one search
+
+
+def test_the_phrase_first_share_is_chosen_by_the_question_alone():
+    """Guards against a share that is not that share of the questions, and against a choice drawn otherwise than
+    from the question (a random draw, or the row's place): a larger share keeps the smaller's questions."""
+    questions = [f"who was question number {i} about" for i in range(4000)]
+    for share in (0.0, 0.3, 1.0):
+        chosen = [q for q in questions if phrase_first_chosen(q, share)]
+        assert abs(len(chosen) / len(questions) - share) < 0.03
+    smaller, larger = ({q for q in questions if phrase_first_chosen(q, share)} for share in (0.3, 0.5))
+    assert smaller < larger
+
+
+# Its first phrase, "built beislous laemze", finds the Beislous's passage; the whole question finds Laemze's.
+MISLEADING = ("Who built the Beislous that Laemze was written in 1687", ["Brargrur Moulzel"])
+
+
+def test_phrase_first_searches_a_phrase_of_the_question_first_where_one_finds_the_answer(service, tmp_path):
+    """Guards against ``--phrase-first`` keeping a phrase whose passages do not hold the answer (the first that does
+    is kept, in ``rephrasings``' order), against a question with no such phrase being dropped when its own passages
+    answer it, and against the option running without ``--rephrase`` (it would try no phrase) or taking a share
+    outside 0-1."""
+    rows = [make_row("toy", REPHRASED[0], REPHRASED[1], "train", 0),
+            make_row("toy", *QUESTIONS[0][:2], "train", 1), make_row("toy", *QUESTIONS[3][:2], "train", 2)]
+    rows_to_parquet(rows, tmp_path / "qa.parquet")
+    client = RetrievalClient(service, topk=1)
+    out = tmp_path / "sft.parquet"
+    done = in_process("data_prep.cold_start", "scripted", "--data", tmp_path / "qa.parquet", "--retriever-url",
+                      service, "--topk", "1", "--rephrase", "8", "--phrase-first", "1", "--out", out)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (f"kept 2 of 3 (phrase_first: 2); dropped 1 (no gold answer in the passages: 1) -> "
+                                   f"{out}")
+    kept = pq.read_table(out).to_pylist()
+    searched = [[t["text"].split("<search>")[1].split("</search>")[0].strip() for t in row["turns"]
+                 if "<search>" in t["text"]] for row in kept]
+    # the Drunon question: its first four phrases find the Drunon's passage, the fifth Kelmor's; Laemze: its first
+    assert searched == [["1714 harbour master"], ["wrote laemze"]]
+    for row, queries, golds in zip(kept, searched, [REPHRASED[1], QUESTIONS[0][1]], strict=True):
+        assert [t["sampled"] for t in row["turns"]] == [True, False, True]
+        assert row["turns"][1]["text"] == information_block(client.search(queries)[0])
+        assert em_check(extract_answer("".join(t["text"] for t in row["turns"])), golds) == 1.0
+    rows_to_parquet([make_row("toy", *MISLEADING, "train", 0)], tmp_path / "misleading.parquet")
+    assert "Brargrur" not in client.search(["built beislous laemze"])[0][0]["contents"]
+    kept, counts = scripted_cold_start(str(tmp_path / "misleading.parquet"), client.search, max_rephrasings=1,
+                                       phrase_first=1.0)
+    assert counts == {"one_search": 1}
+    assert "<search> " + MISLEADING[0] + "? </search>" in kept[0]["turns"][0]["text"]
+    for args, named in ((["--phrase-first", "0.5"], "give --rephrase N"), (["--phrase-first", "2", "--rephrase", "8"],
+                                                                          "'2' is not a share from 0 to 1")):
+        done = in_process("data_prep.cold_start", "scripted", "--data", tmp_path / "qa.parquet", "--retriever-url",
+                          service, "--out", tmp_path / "no.parquet", *args)
+        assert done.returncode == 2 and named in done.stderr, done.stderr
+        assert not (tmp_path / "no.parquet").exists()
 
 
 def test_the_scripted_searcher_needs_no_openai_package(service, tmp_path, monkeypatch):

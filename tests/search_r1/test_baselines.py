@@ -267,6 +267,14 @@ def test_the_tables_training_runs_resume_and_keep_one_checkpoint(tmp_path, monke
     assert f"trainer.default_local_dir={tmp_path / 'out' / 'sft_rephrase'}" in sft
     assert f"actor_rollout_ref.model.path={tmp_path / 'out' / 'sft_rephrase' / 'hf_model'}" in rl
     assert "algorithm.adv_estimator=grpo_turn" in rl
+    # the phrase-first cold start: phrases tried first for half the questions, its own SFT directory
+    commands.clear()
+    paper_table.train("grpo_bm25_phrase", paper_table.ROWS["grpo_bm25_phrase"], 1, args, tmp_path / "out",
+                      tmp_path / "out" / "grpo_bm25_phrase" / "seed1", Services())
+    scripted, sft, rl = commands
+    assert scripted[-4:] == ["--rephrase", "8", "--phrase-first", "0.5"]
+    assert f"trainer.default_local_dir={tmp_path / 'out' / 'sft_phrase'}" in sft
+    assert f"actor_rollout_ref.model.path={tmp_path / 'out' / 'sft_phrase' / 'hf_model'}" in rl
 
 
 def test_the_rows_made_from_the_cold_start_record_how_it_was_trained(tmp_path):
@@ -284,11 +292,13 @@ def test_the_rows_made_from_the_cold_start_record_how_it_was_trained(tmp_path):
     assert recorded == {"direct": False, "rag": False, "sft": True, "r1": False, "grpo_bm25": True,
                         "ppo_bm25": True, "grpo_dense": True, "ppo_dense": True, "grpo_bm25_nomask": True,
                         "grpo_bm25_turn": True, "grpo_bm25_ds": True, "sft_rephrase": True,
-                        "grpo_bm25_rephrase": True}
+                        "grpo_bm25_rephrase": True, "sft_phrase": True, "grpo_bm25_phrase": True}
     assert paper_table.row_settings(paper_table.ROWS["sft"], args)["cold_start"] == {"sft_epochs": 1}
     # the rephrasing cold start is another one: its rows never reuse (nor are reused as) the plain cold start's
     assert paper_table.row_settings(paper_table.ROWS["grpo_bm25_rephrase"], args)["cold_start"] == {
         "sft_epochs": 1, "rephrase": 8}
+    assert paper_table.row_settings(paper_table.ROWS["sft_phrase"], args)["cold_start"] == {
+        "sft_epochs": 1, "rephrase": 8, "phrase_first": 0.5}
     before = {k: v for k, v in paper_table.row_settings(paper_table.ROWS["grpo_bm25"], args).items()
               if k != "cold_start"}
     with pytest.raises(SystemExit, match=r"other settings \(cold_start None there, \{'sft_epochs': 1\} now\)"):
