@@ -32,7 +32,7 @@ Sizes: the default is the first ``--test-n`` = 30 test questions (one evaluation
 seeds 1 and 2, 6 validations of 200 (days here at these speeds).
 
 Each row has its own directory (``OUT/<row>/``, an RL row one per seed, ``OUT/<row>/seed<S>/``: the trained run,
-``eval/`` and ``row.json``; a cold start is its SFT row's, ``OUT/sft/`` or ``OUT/sft_rephrase/``, shared by the rows
+``eval/`` and ``row.json``; a cold start is its SFT row's, ``OUT/<cold start>/`` (``COLD_STARTS``), shared by the rows
 that start from it); a row whose ``row.json`` exists is skipped, and an interrupted row continues (the trainer
 resumes from its last checkpoint, ``search_r1.evaluate`` from its last written batch), so the command is resumable.
 Each row's directory records the settings that row depends on (``settings.json``, and again in ``row.json``): data,
