@@ -281,6 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from search_r1.search.client import RetrievalClient, RetrievalError
 
     try:
+        if getattr(args, "phrase_first", 0) and not args.rephrase:
+            raise ValueError(f"--phrase-first {args.phrase_first} searches phrases of the question: give --rephrase N "
+                             "(N > 0), how many phrases to try")
         if args.source == "rft":
             rows, counts = rft_cold_start(args)
         else:
@@ -289,9 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             client.check_health()
             if args.source == "scripted":
                 template = template_file(args.template)["template"] if args.template else DEFAULT_TEMPLATE
-                if args.phrase_first and not args.rephrase:
-                    raise ValueError(f"--phrase-first {args.phrase_first} searches phrases of the question: give "
-                                     "--rephrase N (N > 0), how many phrases to try")
                 rows, counts = scripted_cold_start(args.data, client.search, template,
                                                    args.max_bridges, write, args.rephrase, args.phrase_first)
             else:

@@ -185,10 +185,11 @@ def test_phrase_first_searches_a_phrase_of_the_question_first_where_one_finds_th
                                        phrase_first=1.0)
     assert counts == {"one_search": 1}
     assert "<search> " + MISLEADING[0] + "? </search>" in kept[0]["turns"][0]["text"]
+    nobody = f"http://127.0.0.1:{free_port()}"  # both are refused before any service is asked
     for args, named in ((["--phrase-first", "0.5"], "give --rephrase N"), (["--phrase-first", "2", "--rephrase", "8"],
                                                                           "'2' is not a share from 0 to 1")):
         done = in_process("data_prep.cold_start", "scripted", "--data", tmp_path / "qa.parquet", "--retriever-url",
-                          service, "--out", tmp_path / "no.parquet", *args)
+                          nobody, "--out", tmp_path / "no.parquet", *args)
         assert done.returncode == 2 and named in done.stderr, done.stderr
         assert not (tmp_path / "no.parquet").exists()
 
