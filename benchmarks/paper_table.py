@@ -446,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true",
                    help="the issue's size: 1,800 test questions, 24 steps, seeds 1 2, 6 validations of 200")
     p.add_argument("--rows", nargs="+", choices=list(ROWS), default=DEFAULT_ROWS,
-                   help=f"default: {' '.join(DEFAULT_ROWS)}; the variants (learning signals, the rephrasing cold "
-                        f"start), by name only: {' '.join(n for n in ROWS if n not in DEFAULT_ROWS)}")
+                   help=f"default: {' '.join(DEFAULT_ROWS)}; the variants (learning signals, the cold starts with "
+                        f"query variety), by name only: {' '.join(n for n in ROWS if n not in DEFAULT_ROWS)}")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="RL rows' seeds (default 1; --full: 1 2)")
     p.add_argument("--test-n", type=int, default=None, help="first N test questions (default 30; --full: 1800)")
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 4; --full: 24)")

@@ -254,7 +254,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                           "the first of the --rephrase N phrases that finds a gold answer, where one does (default 0)")
     add_rft_args(rft)
     add_teacher_args(teacher)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.source == "scripted" and args.phrase_first and not args.rephrase:
+        scripted.error(f"--phrase-first {args.phrase_first} searches phrases of the question: give --rephrase N "
+                       "(N > 0), how many phrases to try")
+    return args
 
 
 def _turn_writer(args: argparse.Namespace) -> TagTurns:
@@ -281,9 +285,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from search_r1.search.client import RetrievalClient, RetrievalError
 
     try:
-        if getattr(args, "phrase_first", 0) and not args.rephrase:
-            raise ValueError(f"--phrase-first {args.phrase_first} searches phrases of the question: give --rephrase N "
-                             "(N > 0), how many phrases to try")
         if args.source == "rft":
             rows, counts = rft_cold_start(args)
         else:
