@@ -44,7 +44,8 @@ settings) and never resumes an RL run made with other steps or lengths. A finish
 copied into another clone's ``--out`` (or kept in the repository), it is skipped there, so a table too long for one
 machine's session is made row by row. The rows made so far at the acceptance size are kept in
 ``benchmarks/paper_table_rows/<engine>/``: ``cp -r benchmarks/paper_table_rows/vllm/. outputs/paper_table_vllm/``
-before ``--full --engine vllm`` skips them. Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and
+before ``--full --engine vllm`` skips them (a row about to be made that is kept there under the same settings is
+named first, with the copy that skips it). Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and
 ``OUT/table.png`` (EM per row with its 95% interval, on all test questions and the answer-bearing ones; EM against
 training step for the RL rows).
 
@@ -76,6 +77,7 @@ from search_r1.baselines import SEARCH_DISABLED, baseline_messages  # noqa: E402
 
 MODEL = "data/models/smollm2-135m-instruct"
 DATA = "data/wiki_nq"
+KEPT = ROOT / "benchmarks" / "paper_table_rows"  # finished acceptance-size rows, <engine>/<row>[/seed<S>]/row.json
 # Lengths (tokens, SmolLM2's tokenizer). A search's three Wikipedia extracts make a 244-505-token block (median 345,
 # the first 30 test questions' BM25 top 3, 2026-11-28): max_obs_length 512 holds every one (demo-real's 256, sized for
 # the demo's passages, cut 28 of 30 and dropped the third passage, as the agent loop's warning said). Two searches of
@@ -309,6 +311,10 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
     if done.exists():
         print(f"[paper-table] {name} (seed {seed}) already done: {done}", flush=True)
         return json.loads(done.read_text())
+    kept = kept_row(name, seed, args.engine, settings)
+    if kept:
+        print(f"[paper-table] {name} (seed {seed}): a finished row made with these settings is kept in the "
+              f"repository; to use it instead of making it again, stop and run: cp {kept} {done}", flush=True)
     start = time.time()
     model = {"base": lambda: args.model, "sft": lambda: cold_start(args, out, services, row.start),
              "rl": lambda: train(name, row, seed, args, out, run_dir, services)}[row.policy]()
@@ -366,12 +372,27 @@ def check_settings(path: Path, recorded: dict | None, settings: dict, what: str,
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings, indent=1) + "\n")
         return
-    old = {k: portable(Path(v)) if k in ("data", "model") else v for k, v in recorded.items()}  # absolute before
-    differs = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+    differs = settings_differ(recorded, settings)
     if differs:
         listed = ", ".join(f"{k} {a!r} there, {b!r} now" for k, (a, b) in differs.items())
         raise SystemExit(f"[paper-table] {what} ({path.parent}) was made with other settings ({listed}); the same "
                          f"settings resume it; {redo}")
+
+
+def settings_differ(recorded: dict, settings: dict) -> dict:
+    """``{key: (recorded, now)}`` for each setting that differs (recorded absolute paths compared as ``portable``)."""
+    old = {k: portable(Path(v)) if k in ("data", "model") else v for k, v in recorded.items()}  # absolute before
+    return {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+
+
+def kept_row(name: str, seed: int, engine: str, settings: dict, base: Path | None = None) -> Path | None:
+    """The ``row.json`` of this row kept in ``base`` (default ``KEPT``) when it was made with ``settings``, else None:
+    what ``run_row`` points a user at before it spends hours making the row again in an ``--out`` that lacks it."""
+    path = (base or KEPT) / engine / name / (f"seed{seed}" if ROWS[name].policy == "rl" else "") / "row.json"
+    if not path.exists():
+        return None
+    recorded = json.loads(path.read_text()).get("settings")
+    return path if recorded is not None and not settings_differ(recorded, settings) else None
 
 
 def _cell(per_seed: list[dict], group: str, key: str, digits: int = 3) -> str:

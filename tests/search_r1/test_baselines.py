@@ -129,7 +129,8 @@ def test_grpo_trains_with_search_disabled(workspace, unused_url, tmp_path):
     assert "search   disabled (max_turns=0" in done.stdout + done.stderr
 
 
-def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, test_parquet, tmp_path, capsys):
+def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, test_parquet, tmp_path, capsys,
+                                                     monkeypatch):
     """Guards against a table command that redoes finished rows (hours of RL on the real model), loses an
     interrupted row's evaluation, or mixes sizes or engines in one directory: on a data folder in
     ``data_prep.wiki_nq``'s layout, Direct and RAG are evaluated once each into their own directories; a rerun skips
@@ -182,6 +183,18 @@ def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, te
     shown = capsys.readouterr().out
     assert "direct (seed 1) already done" in shown and "rag (seed 1) already done" in shown
     assert "search_r1.evaluate" not in shown and (carried / "table.md").read_text() == (out / "table.md").read_text()
+    # a new --out lacking a row the repository keeps (same settings): the row is named with the copy that skips it
+    # before it is made (a table run once re-evaluated the kept SFT row for 10 minutes); a row not kept is not named
+    kept = tmp_path / "kept" / "hf" / "direct" / "row.json"
+    kept.parent.mkdir(parents=True)
+    shutil.copy(out / "direct" / "row.json", kept)
+    monkeypatch.setattr(paper_table, "KEPT", tmp_path / "kept")
+    capsys.readouterr()
+    assert paper_table.main(["--rows", "direct", "rag", *argv[3:-1], str(tmp_path / "fresh")]) == 0
+    shown = capsys.readouterr().out
+    assert f"direct (seed 1): a finished row made with these settings is kept in the repository; to use it instead " \
+           f"of making it again, stop and run: cp {kept} {tmp_path / 'fresh' / 'direct' / 'row.json'}" in shown
+    assert "rag (seed 1): a finished row" not in shown
 
     # each row is checked against the settings it depends on: the RL settings (as --full sets them) leave the
     # baselines as they are, so a --full table reuses a --test-n 1800 table's Direct and RAG rows
@@ -228,6 +241,8 @@ def test_the_kept_acceptance_size_rows_match_what_a_full_table_asks(tmp_path):
         assert row["row"] == name and row["all"]["n"] == 1800 and row["answer_bearing"]["n"] == 714
         settings = paper_table.row_settings(paper_table.ROWS[name], full)
         paper_table.check_settings(tmp_path / name / "settings.json", row["settings"], settings, name, made=True)
+        assert paper_table.kept_row(name, row["seed"], engine, settings) == path  # named before a --full remakes it
+        assert paper_table.kept_row(name, row["seed"], engine, {**settings, "test_n": 30}) is None
         with pytest.raises(SystemExit, match="other settings"):
             paper_table.check_settings(tmp_path / name / "settings.json", row["settings"], {**settings, "test_n": 30},
                                        name, made=True)
