@@ -385,10 +385,10 @@ def settings_differ(recorded: dict, settings: dict) -> dict:
     return {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
 
 
-def kept_row(name: str, seed: int, engine: str, settings: dict, base: Path | None = None) -> Path | None:
-    """The ``row.json`` of this row kept in ``base`` (default ``KEPT``) when it was made with ``settings``, else None:
-    what ``run_row`` points a user at before it spends hours making the row again in an ``--out`` that lacks it."""
-    path = (base or KEPT) / engine / name / (f"seed{seed}" if ROWS[name].policy == "rl" else "") / "row.json"
+def kept_row(name: str, seed: int, engine: str, settings: dict) -> Path | None:
+    """The ``row.json`` of this row kept in ``KEPT`` when it was made with ``settings``, else None: what ``run_row``
+    points a user at before it spends hours making the row again in an ``--out`` that lacks it."""
+    path = KEPT / engine / name / (f"seed{seed}" if ROWS[name].policy == "rl" else "") / "row.json"
     if not path.exists():
         return None
     recorded = json.loads(path.read_text()).get("settings")
