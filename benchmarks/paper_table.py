@@ -47,7 +47,7 @@ machine's session is made row by row. The rows made so far at the acceptance siz
 before ``--full --engine vllm`` skips them (a row about to be made that is kept there under the same settings is
 named first, with the copy that skips it). Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and
 ``OUT/table.png`` (EM per row with its 95% interval, on all test questions and the answer-bearing ones; EM against
-training step for the RL rows).
+training step for the RL rows), the table and the PNG drawn by ``benchmarks/paper_table_report.py``.
 
 Every evaluation and RL run generates with vLLM's CPU engine (the RL runs with async rollout; its greedy responses
 equal the HF engine's, a GRPO step in about half the time), into ``outputs/paper_table_vllm``; ``--engine hf``: the
@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -72,6 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.ablations import DYNAMIC_SAMPLING, TURN_CREDIT, curve  # noqa: E402
+from benchmarks.paper_table_report import plot, table  # noqa: E402
 from retrieval_server.launcher import ServerProcess  # noqa: E402
 from search_r1.baselines import SEARCH_DISABLED, baseline_messages  # noqa: E402
 
@@ -395,73 +395,6 @@ def kept_row(name: str, seed: int, engine: str, settings: dict) -> Path | None:
     return path if recorded is not None and not settings_differ(recorded, settings) else None
 
 
-def _cell(per_seed: list[dict], group: str, key: str, digits: int = 3) -> str:
-    """One figure of a row: ``value [lo, hi]`` for one seed; ``mean +/- sd (n seeds)`` over several."""
-    values = [f[group][key] for f in per_seed if f.get(group)]
-    if not values:
-        return "-"
-    if len(values) == 1:
-        lo, hi = per_seed[0][group][f"{key}_ci"]
-        return f"{values[0]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-    return f"{statistics.mean(values):.{digits}f} +/- {statistics.stdev(values):.{digits}f}"
-
-
-COLUMNS = (("all", "em", "EM, all"), ("answer_bearing", "em", "EM, answer-bearing"),
-           ("answer_bearing", "recall", "retrieval recall (a.-b.)"), ("all", "searches", "searches"),
-           ("all", "turns", "turns"), ("all", "response_tokens", "response tokens"),
-           ("answer_bearing", "wrong_retrieved", "wrong, gold retrieved (a.-b.)"),
-           ("answer_bearing", "name_read", "of which another name read"),
-           ("answer_bearing", "wrong_not_retrieved", "wrong, not retrieved (a.-b.)"))
-
-
-def table(figures: dict[str, list[dict]]) -> str:
-    """Markdown: one line per row, each figure with its 95% interval (one seed) or mean +/- sd over seeds."""
-    head = ["row", *(label for _, _, label in COLUMNS), "seeds", "minutes per seed"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, per_seed in figures.items():
-        digits = {"searches": 2, "turns": 2, "response_tokens": 1}
-        cells = [_cell(per_seed, group, key, digits.get(key, 3)) for group, key, _ in COLUMNS]
-        minutes = statistics.mean(f["seconds"] for f in per_seed) / 60
-        lines.append(f"| {ROWS[name].label} | " + " | ".join(cells) + f" | {len(per_seed)} | {minutes:.0f} |")
-    return "\n".join(lines)
-
-
-def plot(figures: dict[str, list[dict]], path: Path) -> None:
-    """EM per row with its 95% interval (all / answer-bearing; the first seed's interval, the mean over seeds), and
-    the RL rows' validation EM against training step (one line per row and seed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
-    names = list(figures)
-    for offset, group, label in ((-0.2, "all", "all test questions"), (0.2, "answer_bearing", "answer-bearing")):
-        present = [(i, figures[n]) for i, n in enumerate(names) if figures[n][0].get(group)]
-        means = [statistics.mean(f[group]["em"] for f in per_seed) for _, per_seed in present]
-        cis = [per_seed[0][group]["em_ci"] for _, per_seed in present]
-        errors = [[max(m - lo, 0) for m, (lo, _) in zip(means, cis, strict=True)],
-                  [max(hi - m, 0) for m, (_, hi) in zip(means, cis, strict=True)]]
-        bars.bar([i + offset for i, _ in present], means, 0.4, yerr=errors, capsize=3, label=label)
-    bars.set_xticks(range(len(names)), [ROWS[n].label for n in names], rotation=30, ha="right", fontsize=7)
-    bars.set_ylabel("test EM (95% bootstrap CI)")
-    bars.set_ylim(0, 1.05)
-    curves.set_ylim(0, 1.05)
-    bars.legend(fontsize=8)
-    for name in names:
-        for f in figures[name]:
-            points = sorted((int(step), em) for step, em in (f.get("curve") or {}).items())
-            if points:
-                curves.plot(*zip(*points), marker="o", label=f"{name} seed {f['seed']}")
-    curves.set_xlabel("training step")
-    curves.set_ylabel(f"validation EM (first {VAL_N} questions)")
-    if curves.lines:
-        curves.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--full", action="store_true",
@@ -502,12 +435,13 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.rows:
             seeds = args.seeds if ROWS[name].policy == "rl" else [args.seeds[0]]
             figures[name] = [run_row(name, seed, args, out, services) for seed in seeds]
-    md = table(figures)
+    labels = {name: ROWS[name].label for name in figures}
+    md = table(figures, labels)
     header = (f"First {args.test_n} EfficientQA dev questions (answer-bearing: a gold answer in some passage), "
               f"greedy; RL rows {args.steps} steps, seeds {', '.join(map(str, args.seeds))}; {args.engine} engine.")
     (out / "table.md").write_text(header + "\n\n" + md + "\n")
     (out / "table.json").write_text(json.dumps(figures, indent=1) + "\n")
-    plot(figures, out / "table.png")
+    plot(figures, labels, out / "table.png", args.val_n)
     print(header + "\n\n" + md)
     print(f"[paper-table] {time.time() - start:.0f} s; {out / 'table.md'}, {out / 'table.png'}")
     return 0
