@@ -325,7 +325,8 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
          "--mode", row.mode, "--batch-size", "30", *search, *ENGINES[args.engine]["evaluate"], *COMMON],
         out / "logs" / f"{name}_seed{seed}_eval.log")
     results = json.loads((eval_dir / "results.json").read_text())
-    figures = {"row": name, "seed": seed, "seconds": round(time.time() - start), "settings": settings,
+    # seconds: this invocation's; a row resumed from an earlier run's checkpoint or batches says so (partial time)
+    figures = {"row": name, "seed": seed, "seconds": round(time.time() - start), "resumed": made, "settings": settings,
                "all": results["overall"], "answer_bearing": results.get("answer_bearing"),
                **(curve(run_dir) if row.policy == "rl" else {})}
     done.write_text(json.dumps(figures, indent=1) + "\n")

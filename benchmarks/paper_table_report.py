@@ -36,8 +36,10 @@ def table(figures: dict[str, list[dict]], labels: dict[str, str]) -> str:
     for name, per_seed in figures.items():
         digits = {"searches": 2, "turns": 2, "response_tokens": 1}
         cells = [_cell(per_seed, group, key, digits.get(key, 3)) for group, key, _ in COLUMNS]
-        minutes = statistics.mean(f["seconds"] for f in per_seed) / 60
-        lines.append(f"| {labels[name]} | " + " | ".join(cells) + f" | {len(per_seed)} | {minutes:.0f} |")
+        minutes = f"{statistics.mean(f['seconds'] for f in per_seed) / 60:.0f}"
+        if any(f.get("resumed") for f in per_seed):  # the seconds are those of the run that finished it
+            minutes += " (resumed: the last run's)"
+        lines.append(f"| {labels[name]} | " + " | ".join(cells) + f" | {len(per_seed)} | {minutes} |")
     return "\n".join(lines)
 
 

@@ -34,8 +34,10 @@ def test_one_seed_prints_its_interval_and_several_their_mean_and_spread():
     assert f"| {ROWS['sft'].label} |" in sft and f"{em['em']:.3f} [{lo:.3f}, {hi:.3f}]" in sft
     ems = [f["answer_bearing"]["em"] for f in figures["grpo_bm25"]]
     mean, sd = sum(ems) / 2, abs(ems[0] - ems[1]) / 2 ** 0.5  # the sample sd of two values
+    assert figures["grpo_bm25"][1]["resumed"] and not figures["sft"][0]["resumed"]  # seed 2 was made in four runs
     assert f"{mean:.3f} +/- {sd:.3f}" in grpo and grpo.endswith(
-        f"| 2 | {sum(f['seconds'] for f in figures['grpo_bm25']) / 2 / 60:.0f} |")
+        f"| 2 | {sum(f['seconds'] for f in figures['grpo_bm25']) / 2 / 60:.0f} (resumed: the last run's) |")
+    assert sft.endswith(f"| 1 | {figures['sft'][0]['seconds'] / 60:.0f} |")
 
 
 def test_the_png_fits_its_range_to_the_figures_and_names_the_validation_size(tmp_path: Path):

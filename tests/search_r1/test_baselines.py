@@ -165,7 +165,11 @@ def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, te
     (out / "rag" / "row.json").unlink()  # interrupted after its evaluation, before its report
     assert paper_table.main(argv) == 0
     assert {name: path.read_text() for name, path in trajectories.items()} == written  # no trajectory redone
-    assert json.loads((out / "rag" / "row.json").read_text())["all"] == rag["all"]
+    resumed = json.loads((out / "rag" / "row.json").read_text())
+    assert resumed["all"] == rag["all"] and resumed["resumed"] and not rag["resumed"]
+    lines = {line.split(" |")[0]: line for line in (out / "table.md").read_text().splitlines()}
+    assert lines["| RAG (BM25, top 3)"].endswith("(resumed: the last run's) |")  # its time is partial, and says so
+    assert not lines["| Direct inference"].endswith("(resumed: the last run's) |")
 
     # another clone (or machine) resumes from the row files alone: each finished row's row.json carries the settings
     # it was made with (paths inside the checkout are recorded relative to it, so another clone's default data and
