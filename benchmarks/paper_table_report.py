@@ -85,8 +85,8 @@ def figure(figures: dict[str, list[dict]], labels: dict[str, str], val_n: int):
 
 def plot(figures: dict[str, list[dict]], labels: dict[str, str], path: Path, val_n: int) -> None:
     """``figure`` written to ``path`` as a PNG."""
+    fig = figure(figures, labels, val_n)  # selects the Agg backend before pyplot is imported here
     import matplotlib.pyplot as plt
 
-    fig = figure(figures, labels, val_n)
     fig.savefig(path, dpi=100)
     plt.close(fig)
