@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -183,7 +184,16 @@ def run(cmd: list[str], log: Path) -> float:
     print(f"[paper-table] {' '.join(cmd)}  (log: {log})", flush=True)
     start = time.time()
     with log.open("a") as f:
-        status = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        child = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            status = child.wait()
+        except BaseException:  # SIGTERM (exit_on_sigterm) or Ctrl-C: stop the trainer too, gracefully first
+            child.terminate()
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            raise
     if status != 0:
         raise RuntimeError(f"exit status {status} of {' '.join(cmd)}; end of {log}:\n"
                            f"{log.read_text(errors='replace')[-3000:]}")
@@ -396,6 +406,12 @@ def kept_row(name: str, seed: int, engine: str, settings: dict) -> Path | None:
     return path if recorded is not None and not settings_differ(recorded, settings) else None
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (``kill``, a scheduler) exits through Python, so ``run`` stops its trainer and the ExitStack its
+    retrieval services; by default SIGTERM ended this process alone and left both running as orphans."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--full", action="store_true",
@@ -450,4 +466,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    exit_on_sigterm()
     raise SystemExit(main())

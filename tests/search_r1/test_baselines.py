@@ -323,3 +323,34 @@ def test_the_rows_made_from_the_cold_start_record_how_it_was_trained(tmp_path):
     with pytest.raises(SystemExit, match=r"other settings \(cold_start None there, \{'sft_epochs': 1\} now\)"):
         paper_table.check_settings(tmp_path / "settings.json", before,
                                    paper_table.row_settings(paper_table.ROWS["grpo_bm25"], args), "grpo_bm25", True)
+
+
+def test_a_terminated_table_stops_its_trainer_and_services(tmp_path):
+    """Guards against SIGTERM ending the table's process alone: its trainer went on training and its retrieval
+    service kept its port, both orphaned (seen pausing a row at a checkpoint with ``kill``)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks import paper_table
+
+    pid_file, closed = tmp_path / "child.pid", tmp_path / "closed"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    script = (f"import sys; sys.path.insert(0, {str(paper_table.ROOT)!r})\n"
+              "from contextlib import ExitStack\nfrom pathlib import Path\nfrom benchmarks import paper_table\n"
+              "paper_table.exit_on_sigterm()\n"
+              "with ExitStack() as stack:\n"
+              f"    stack.callback(Path({str(closed)!r}).write_text, 'closed')\n"
+              f"    paper_table.run([sys.executable, '-c', {child!r}], Path({str(tmp_path / 'child.log')!r}))\n")
+    table = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    trainer = int(pid_file.read_text())
+    table.send_signal(signal.SIGTERM)
+    assert table.wait(timeout=60) == 128 + signal.SIGTERM
+    assert closed.read_text() == "closed"  # the ExitStack (the retrieval services) was unwound
+    with pytest.raises(ProcessLookupError):  # the child was stopped and reaped, not orphaned
+        os.kill(trainer, 0)
