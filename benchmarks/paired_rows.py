@@ -32,6 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.error_analysis import trajectories_file  # noqa: E402
 from search_r1.eval_report import bootstrap_ci  # noqa: E402
 
 DEFAULT_OUT = ROOT / "outputs" / "paper_table_vllm"
@@ -39,12 +40,13 @@ DEFAULT_OUT = ROOT / "outputs" / "paper_table_vllm"
 
 def resolve(arg: str, out: Path) -> Path:
     """The ``trajectories.jsonl`` an argument names (module docstring), or SystemExit naming what was looked for."""
-    candidates = [Path(arg), Path(arg) / "trajectories.jsonl", out / arg / "eval" / "trajectories.jsonl"]
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise SystemExit(f"{arg}: no evaluation found; looked for " + ", ".join(str(c) for c in candidates[1:])
-                     + " (an evaluation directory, or a row NAME or NAME/seedK under --out)")
+    if Path(arg).exists():
+        return trajectories_file(Path(arg))
+    row = out / arg / "eval" / "trajectories.jsonl"
+    if not row.is_file():
+        raise SystemExit(f"{arg}: no evaluation found; looked for {arg} and {row} "
+                         "(an evaluation directory, or a row NAME or NAME/seedK under --out)")
+    return row
 
 
 def scores(path: Path) -> dict[int, dict]:
@@ -95,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.rows) < 2:
         p.error("give at least two rows to pair")
     base_name, others = args.rows[0], args.rows[1:]
-    base = scores(resolve(base_name, args.out))
+    paths = {name: resolve(name, args.out) for name in args.rows}  # every row found before anything is printed
+    base = scores(paths[base_name])
     print(f"| A = {base_name} against B | questions | EM A / B | only A | only B | sign test p | B - A [95 %] |\n"
           "|---|---|---|---|---|---|---|")
     for name in others:
-        other = scores(resolve(name, args.out))
+        other = scores(paths[name])
         for label, bearing_only in (("all", False), ("answer-bearing", True)):
             f = pair(base, other, bearing_only)
             print(f"| {name} | {label}: {f['n']} | {f['em_a']:.3f} / {f['em_b']:.3f} | {f['only_a']} | "

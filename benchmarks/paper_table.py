@@ -193,6 +193,7 @@ def run(cmd: list[str], log: Path) -> float:
                 child.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 child.kill()
+                child.wait()
             raise
     if status != 0:
         raise RuntimeError(f"exit status {status} of {' '.join(cmd)}; end of {log}:\n"
