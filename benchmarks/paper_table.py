@@ -42,7 +42,8 @@ same settings and refused otherwise, naming what differs (so is one an earlier v
 so a ``--full`` table reuses the Direct and RAG rows of a ``--test-n 1800`` table (they never depend on the RL
 settings) and never resumes an RL run made with other steps or lengths. A finished row needs only its ``row.json``:
 copied into another clone's ``--out`` (or kept in the repository), it is skipped there, so a table too long for one
-machine's session is made row by row. The rows made so far at the acceptance size are kept in
+machine's session is made row by row; it keeps each question's EM (``per_question``), so ``benchmarks/paired_rows.py``
+pairs it with another row without its trajectories. The rows made so far at the acceptance size are kept in
 ``benchmarks/paper_table_rows/<engine>/``: ``cp -r benchmarks/paper_table_rows/vllm/. outputs/paper_table_vllm/``
 before ``--full --engine vllm`` skips them (a row about to be made that is kept there under the same settings is
 named first, with the copy that skips it). Writes ``OUT/table.md`` (printed), ``OUT/table.json`` and
@@ -72,6 +73,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.ablations import DYNAMIC_SAMPLING, TURN_CREDIT, curve  # noqa: E402
+from benchmarks.paired_rows import per_question  # noqa: E402
 from benchmarks.paper_table_report import plot, table  # noqa: E402
 from retrieval_server.launcher import ServerProcess  # noqa: E402
 from search_r1.baselines import SEARCH_DISABLED, baseline_messages  # noqa: E402
@@ -336,10 +338,13 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
          "--mode", row.mode, "--batch-size", "30", *search, *ENGINES[args.engine]["evaluate"], *COMMON],
         out / "logs" / f"{name}_seed{seed}_eval.log")
     results = json.loads((eval_dir / "results.json").read_text())
-    # seconds: this invocation's; a row resumed from an earlier run's checkpoint or batches says so (partial time)
+    # seconds: this invocation's; a row resumed from an earlier run's checkpoint or batches says so (partial time).
+    # per_question: each question's EM, so a kept row pairs with another (benchmarks/paired_rows.py) without its
+    # trajectories (about 4 MB a row, not kept).
     figures = {"row": name, "seed": seed, "seconds": round(time.time() - start), "resumed": made, "settings": settings,
                "all": results["overall"], "answer_bearing": results.get("answer_bearing"),
-               **(curve(run_dir) if row.policy == "rl" else {})}
+               **(curve(run_dir) if row.policy == "rl" else {}),
+               "per_question": per_question(eval_dir / "trajectories.jsonl")}
     done.write_text(json.dumps(figures, indent=1) + "\n")
     return figures
 

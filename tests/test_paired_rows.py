@@ -60,7 +60,7 @@ def test_rows_of_another_test_set_or_sampled_evaluations_are_refused(tmp_path):
     with pytest.raises(SystemExit, match="different questions"):
         paired_rows.pair(a, shorter)
     other_golds = paired_rows.scores(write_eval(tmp_path / "c", [1, 0, 0], golden={1: ["else"]}) / "trajectories.jsonl")
-    with pytest.raises(SystemExit, match="question 1 has different gold answers"):
+    with pytest.raises(SystemExit, match="question 1 has different gold answers or answer-bearing flags"):
         paired_rows.pair(a, other_golds)
     sampled = tmp_path / "d"
     sampled.mkdir()
@@ -72,5 +72,55 @@ def test_rows_of_another_test_set_or_sampled_evaluations_are_refused(tmp_path):
 
 def test_a_row_without_an_evaluation_is_named_with_the_paths_looked_at(tmp_path):
     write_eval(tmp_path / "out" / "sft" / "eval", [1])
-    with pytest.raises(SystemExit, match=r"rag: no evaluation found; looked for .*rag/eval/trajectories.jsonl"):
-        paired_rows.main(["sft", "rag", "--out", str(tmp_path / "out")])
+    (tmp_path / "kept" / "rag").mkdir(parents=True)
+    (tmp_path / "kept" / "rag" / "row.json").write_text(json.dumps({"row": "rag"}))  # kept without per_question
+    with pytest.raises(SystemExit, match=r"rag: no evaluation found; looked for .*rag/eval/trajectories.jsonl, "
+                                         r".*out/rag/row.json, .*kept/rag/row.json"):
+        paired_rows.main(["sft", "rag", "--out", str(tmp_path / "out"), "--kept", str(tmp_path / "kept")])
+
+
+def test_a_kept_row_json_pairs_as_its_trajectories_do(tmp_path, capsys):
+    """Guards against per_question losing or shifting a question (the kept rows are all a fresh machine has of hours
+    of training), against rows of another test set pairing through it, and against --out's evaluation not being
+    preferred to the kept copy."""
+    bearing = [True, False, True, True, False, True, True]
+    ems = [1, 0, 0, 1, 1, 0, 0]
+    a = write_eval(tmp_path / "out" / "grpo" / "seed1" / "eval", ems, bearing=bearing)
+    b = write_eval(tmp_path / "b", [0, 1, 0, 1, 0, 0, 1], bearing=bearing)
+    gapped = tmp_path / "gapped"  # questions 0-2 and 5-6 (an evaluation of some rows only)
+    gapped.mkdir()
+    gapped.joinpath("trajectories.jsonl").write_text("".join(
+        json.dumps({"row": q, "em": q % 2, "answer_bearing": q < 3, "golden": [f"gold {q}"]}) + "\n"
+        for q in (0, 1, 2, 5, 6)))
+    record = paired_rows.per_question(gapped / "trajectories.jsonl")
+    assert record["rows"] == [[0, 3], [5, 7]] and record["em"] == "01010" and record["answer_bearing"] == "11100"
+
+    kept = tmp_path / "kept" / "grpo" / "seed1" / "row.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps({"row": "grpo", "per_question": paired_rows.per_question(a / "trajectories.jsonl")}))
+    from_json, from_traj = paired_rows.scores(kept), paired_rows.scores(a / "trajectories.jsonl")
+    assert from_json.test_sha256 == from_traj.test_sha256
+    assert {q: (v["em"], v["bearing"]) for q, v in from_json.by_row.items()} == \
+        {q: (v["em"], v["bearing"]) for q, v in from_traj.by_row.items()}
+    other = paired_rows.scores(b / "trajectories.jsonl")
+    for bearing_only in (False, True):
+        assert paired_rows.pair(from_json, other, bearing_only) == paired_rows.pair(from_traj, other, bearing_only)
+
+    # the row pairs from the kept copy once --out lacks it, and from --out's evaluation while it has it
+    argv = ["grpo/seed1", str(b), "--kept", str(tmp_path / "kept")]
+    assert paired_rows.main([*argv, "--out", str(tmp_path / "elsewhere")]) == 0
+    printed = capsys.readouterr().out
+    assert f"grpo/seed1: {kept}" in printed and f"| {b} | all: 7 | 0.429 / 0.429 | 2 | 2 |" in printed
+    assert paired_rows.main([*argv, "--out", str(tmp_path / "out")]) == 0
+    assert f"grpo/seed1: {a / 'trajectories.jsonl'}" in capsys.readouterr().out
+
+    # another test set: the same rows, one gold changed; only the fingerprint can tell, and it does
+    c = paired_rows.scores(write_eval(tmp_path / "c", ems, bearing=bearing, golden={4: ["else"]}) /
+                           "trajectories.jsonl")
+    with pytest.raises(SystemExit, match="test_sha256 differ: other gold answers or answer-bearing flags"):
+        paired_rows.pair(from_json, c)
+    damaged = json.loads(kept.read_text())
+    damaged["per_question"]["em"] = damaged["per_question"]["em"][:-1]
+    kept.write_text(json.dumps(damaged))
+    with pytest.raises(SystemExit, match="holds 7 rows, 6 EMs and 7 flags"):
+        paired_rows.scores(kept)

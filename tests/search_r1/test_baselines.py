@@ -187,6 +187,13 @@ def test_paper_table_resumes_and_skips_finished_rows(policy, retrieval_index, te
     shown = capsys.readouterr().out
     assert "direct (seed 1) already done" in shown and "rag (seed 1) already done" in shown
     assert "search_r1.evaluate" not in shown and (carried / "table.md").read_text() == (out / "table.md").read_text()
+    # and its row.json alone pairs question by question as its trajectories do (benchmarks/paired_rows.py)
+    from benchmarks import paired_rows
+    for name in ("direct", "rag"):
+        kept_scores, traj_scores = (paired_rows.scores(p) for p in (carried / name / "row.json", trajectories[name]))
+        assert kept_scores.test_sha256 == traj_scores.test_sha256 and len(kept_scores.by_row) == 2
+        em = {q: v["em"] for q, v in traj_scores.by_row.items()}
+        assert {q: v["em"] for q, v in kept_scores.by_row.items()} == em
     # a new --out lacking a row the repository keeps (same settings): the row is named with the copy that skips it
     # before it is made (a table run once re-evaluated the kept SFT row for 10 minutes); a row not kept is not named
     kept = tmp_path / "kept" / "hf" / "direct" / "row.json"
