@@ -310,6 +310,14 @@ class CriticConfig:
         8, "Trajectories per critic forward/backward pass on each rank (also the value pass).", low=1,
         spellings=(GlobalCount("critic.ppo_micro_batch_size"),))
     ppo_epochs: int = setting(1, "Passes of the critic over the step's batch.", low=1)
+    use_dynamic_bsz: bool | None = setting(
+        None, "Pack the critic's micro-batches (value pass and update) by token count instead of by row count, as "
+        "the actor's use_dynamic_bsz does; null = actor_rollout_ref.actor.use_dynamic_bsz.",
+        null_means="the actor's use_dynamic_bsz")
+    ppo_max_token_len_per_gpu: int | None = setting(
+        None, "Token budget per critic micro-batch when the critic packs by tokens; null = "
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu.", low=1, null_means="the actor's token budget",
+        what="a token budget")
     grad_clip: float | None = setting(1.0, "Maximum critic gradient norm; null = no clipping.", low=0, low_open=True,
                                       null_means="no clipping", what="a gradient-norm bound")
     cliprange_value: float = setting(0.5, "Value clipping range around the old values.", low=0, low_open=True,

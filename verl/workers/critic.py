@@ -14,8 +14,11 @@ Choices:
   ``cliprange_value`` around the values of the rollout), token-mean over ``loss_mask``, normalised
   by the mini-batch's global token count (``train_utils``). ``critic/vf_loss`` reports the loss
   before the coefficient.
-* Micro-batches are ``critic.ppo_micro_batch_size_per_gpu`` rows for both the value pass and the update
-  (the token-budget batching of ``actor.use_dynamic_bsz`` is the actor's and reference's).
+* Micro-batches are ``critic.ppo_micro_batch_size_per_gpu`` consecutive rows for both the value pass and the
+  update, or, with ``critic.use_dynamic_bsz`` (null: the actor's), rows grouped by length under the token budget
+  ``critic.ppo_max_token_len_per_gpu`` (null: the actor's), as the actor's and the reference's passes group them
+  (``model_utils.micro_batches``). The loss is normalised by the mini-batch's global counts either way, so the
+  grouping changes what each pass computes, not the update.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from transformers import AutoModelForTokenClassification
 from verl.algorithms.core_algos import compute_value_loss, masked_mean
 from verl.config import Config, trajectories_per_step
 from verl.protocol import Batch
-from verl.workers.model_utils import DTYPES, load_model, resolve_device, response_outputs
+from verl.workers.model_utils import DTYPES, load_model, micro_batches, resolve_device, response_outputs
 from verl.workers.train_utils import (
     GlobalCounts,
     TrainState,
@@ -57,6 +60,7 @@ class CriticWorker:
         steps = total_steps * optimizer_steps_per_training_step(trajectories_per_step(cfg), c.ppo_mini_batch_size,
                                                                 c.ppo_epochs)
         self.state = TrainState.from_optim(self.model, c.optim, steps, c.grad_clip)
+        self.max_tokens = critic_token_budget(cfg)
 
     def _values(self, micro: Batch) -> Tensor:
         """Values [b, R] at columns P-1 .. P+R-2 (padding columns 0), in the autograd graph if enabled."""
@@ -67,8 +71,8 @@ class CriticWorker:
     def compute_values(self, batch: Batch) -> Batch:
         """``values`` [B, R] (no grad), 0 where ``loss_mask`` is 0."""
         with torch.no_grad():
-            micros = batch.split(self.critic_cfg.ppo_micro_batch_size_per_gpu)
-            values = torch.cat([self._values(micro).cpu() for micro in micros])  # [B, R]
+            micros = micro_batches(batch, self.critic_cfg.ppo_micro_batch_size_per_gpu, self.max_tokens)
+            values = micros.in_batch_order([self._values(micro).cpu() for micro in micros])  # [B, R]
         return Batch({"values": values * batch["loss_mask"]})
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
@@ -79,7 +83,8 @@ class CriticWorker:
         """
         c = self.critic_cfg
         metrics = self.state.update(batch, c.ppo_mini_batch_size, c.ppo_epochs,
-                                    lambda mini: mini.split(c.ppo_micro_batch_size_per_gpu), self._micro_batch_loss)
+                                    lambda mini: micro_batches(mini, c.ppo_micro_batch_size_per_gpu, self.max_tokens),
+                                    self._micro_batch_loss)
         return {f"critic/{name}": value for name, value in metrics.items()}
 
     def _micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[Tensor, dict[str, float]]:
@@ -101,3 +106,13 @@ class CriticWorker:
     def load_checkpoint(self, path: str) -> None:
         """Restore ``save_checkpoint``'s state (call on every rank)."""
         self.state.load(path)
+
+
+def critic_token_budget(cfg: Config) -> int | None:
+    """The critic's micro-batch token budget (``critic.use_dynamic_bsz`` and ``critic.ppo_max_token_len_per_gpu``,
+    each the actor's where null), or None: micro-batches of ``critic.ppo_micro_batch_size_per_gpu`` rows."""
+    c, actor = cfg.critic, cfg.actor_rollout_ref.actor
+    dynamic = actor.use_dynamic_bsz if c.use_dynamic_bsz is None else c.use_dynamic_bsz
+    if not dynamic:
+        return None
+    return actor.ppo_max_token_len_per_gpu if c.ppo_max_token_len_per_gpu is None else c.ppo_max_token_len_per_gpu

@@ -22,7 +22,8 @@ a training micro-batch):
   ``i``-wide tensors, SDPA's output and log-sum-exp; ``ACTIVATION_BYTES``, checked against a live forward by
   ``tests/verl/workers/test_activation_bytes.py``); Korthikanti et al.'s ``34 h`` (GPT with a ``4h`` GeLU MLP)
   is 40-60 % under it for these models. Plus the logits ``b R V`` once (log-probs and entropy are chunked,
-  ``verl.algorithms.logprobs``), plus one FSDP-gathered layer.
+  ``verl.algorithms.logprobs``), plus one FSDP-gathered layer. With a critic (GAE), the larger of that and the
+  critic's micro-batch (its own rows or token budget, no logits): the two never run at once.
 * **KV cache**: the HF engine holds ``rows x T x L x 2 x kv_heads x head_dim`` values for a
   micro-batch of ``rollout.micro_batch_size`` rows (at most the rows one engine gets in a step) in
   ``rollout.dtype``; its static cache (on a GPU) pads the rows to a power of two and ``T`` to a multiple of 256,
@@ -52,6 +53,7 @@ from verl.config import (
     uses_reference,
     world_size,
 )
+from verl.workers.critic import critic_token_budget
 from verl.workers.device_holders import report_other_holders
 from verl.workers.model_utils import DTYPES, GRADIENT_CHECKPOINTING_ABOVE
 from verl.workers.rollout.hf_decode import LENGTH_QUANTUM
@@ -163,6 +165,10 @@ def estimate_memory(cfg: Config, tokens: int | None = None, response_tokens: int
     per_token_layer = (2 * compute * hidden * layers + per_layer) if checkpointing else per_layer * layers
     activations = rows * tokens * per_token_layer
     activations += rows * response_tokens * hf.vocab_size * compute  # logits, once
+    if uses_critic(cfg):  # the critic's passes (no vocabulary logits) come at other times: the larger of the two
+        budget = critic_token_budget(cfg)
+        critic_rows = max(1, budget // tokens) if budget else cfg.critic.ppo_micro_batch_size_per_gpu
+        activations = max(activations, critic_rows * tokens * per_token_layer)
     activations += 2 * 4 * total / max(layers, 1)  # one gathered layer and its gradient, float32
 
     head_dim = getattr(hf, "head_dim", None) or hidden // hf.num_attention_heads

@@ -1,4 +1,5 @@
-"""The critic worker: value columns, state masking in the value loss, gradient accumulation, checkpoints."""
+"""The critic worker: value columns, state masking in the value loss, gradient accumulation (rows or token
+budget), checkpoints."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.verl.workers.worker_test_utils import (
     random_batch,
 )
 from verl.workers.critic import CriticWorker
+from verl.workers.model_utils import micro_batches
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -39,6 +41,23 @@ def test_values_match_a_plain_per_row_loop(tiny_model_dir):
         for t in range(n):
             expected[i, t] = out[len(prompt) - 1 + t] * batch["loss_mask"][i, t]
     torch.testing.assert_close(values, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_token_budget_values_come_back_in_batch_order(tiny_model_dir):
+    """Guards against the critic's token-budget micro-batches (rows regrouped by length, longest first) handing the
+    values back out of batch order: they equal the fixed-row pass's, with the actor's budget (null) or its own."""
+    rows = CriticWorker(make_config(tiny_model_dir, "critic.ppo_micro_batch_size_per_gpu=3"), total_steps=1)
+    batch = random_batch(seed=10)
+    expected = rows.compute_values(batch)["values"]
+    actors = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=48")
+    for keys in (actors, ("critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=40")):
+        critic = CriticWorker(make_config(tiny_model_dir, *keys), total_steps=1)
+        assert critic.max_tokens in (48, 40)
+        micros = micro_batches(batch, 8, critic.max_tokens)
+        assert [i for group in micros.rows for i in group] != list(range(len(batch)))  # really regrouped
+        torch.testing.assert_close(critic.compute_values(batch)["values"], expected, atol=1e-5, rtol=0)
+    off = make_config(tiny_model_dir, "actor_rollout_ref.actor.use_dynamic_bsz=true", "critic.use_dynamic_bsz=false")
+    assert CriticWorker(off, total_steps=1).max_tokens is None
 
 
 def test_targets_at_masked_positions_do_not_change_the_critic_update(tiny_model_dir):
@@ -72,11 +91,12 @@ def test_critic_micro_batch_accumulation_equals_one_full_micro_batch(tiny_model_
     """Guards against per-micro-batch normalisation of the value loss."""
     batch = add_targets(random_batch(seed=14), seed=14)
     results = []
-    for micro in (8, 2):
-        worker = CriticWorker(make_config(tiny_model_dir, f"critic.ppo_micro_batch_size_per_gpu={micro}",
-                                          "critic.ppo_epochs=2"), total_steps=1)
+    for keys in (("critic.ppo_micro_batch_size_per_gpu=8",), ("critic.ppo_micro_batch_size_per_gpu=2",),
+                 ("critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=40")):
+        worker = CriticWorker(make_config(tiny_model_dir, *keys, "critic.ppo_epochs=2"), total_steps=1)
         results.append((worker.update_critic(batch), parameters(worker), gradients(worker)))
-    assert_same_update(*results)
+    assert_same_update(results[1], results[0])
+    assert_same_update(results[2], results[0])  # token-budget micro-batches: the same update
 
 
 def test_critic_checkpoint_then_fresh_worker_gives_identical_next_update(tiny_model_dir, tmp_path):

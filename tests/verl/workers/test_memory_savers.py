@@ -165,3 +165,18 @@ def test_memory_estimate_counts_the_real_parameters(tiny_model_dir):
     offloaded = estimate_memory(make_config(tiny_model_dir, "actor_rollout_ref.actor.fsdp_config.param_offload=true"))
     assert offloaded.host > 0 == plain.host
     assert offloaded.device_total == pytest.approx(plain.device_total - offloaded.host)
+
+
+def test_memory_estimate_takes_the_larger_of_the_actors_and_the_critics_micro_batch(tiny_model_dir):
+    """Guards against an estimate that counts only the actor's micro-batch when the critic's (GAE) is larger: its
+    rows, or its token budget's rows, set the activations then (no vocabulary logits); a smaller one changes
+    nothing, and GRPO (no critic) ignores the critic's keys."""
+    gae, grpo = "algorithm.adv_estimator=gae", "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=2"
+    act = {name: estimate_memory(make_config(tiny_model_dir, gae, *keys), tokens=100, response_tokens=50).activations
+           for name, keys in {"small": ["critic.ppo_micro_batch_size_per_gpu=1"],
+                              "same": [], "large": ["critic.ppo_micro_batch_size_per_gpu=64"],
+                              "budget": ["critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=6400"],
+                              "grpo": [*grpo.split(), "critic.ppo_micro_batch_size_per_gpu=64"]}.items()}
+    assert act["small"] == act["same"] == act["grpo"]
+    assert act["large"] > act["same"]
+    assert act["budget"] == act["large"]  # 6400 tokens // 100 a row = 64 rows
