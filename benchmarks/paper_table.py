@@ -103,9 +103,15 @@ RL = ["actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.ppo_mini
       "trainer.max_ckpt_to_keep=1", "trainer.logger=[jsonl]"]
 GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true", "data.train_batch_size=6",
         "actor_rollout_ref.rollout.n=4"]
+# PPO's step was about 2x GRPO's here (290-350 s: the value pass and the critic's update on top of the actor's), too
+# slow for a row to fit a session; its three passes group rows by length under a token budget (use_dynamic_bsz, the
+# critic following the actor's), the same update as 4-row micro-batches (tests/verl/workers/test_critic.py,
+# test_actor.py) in less compute (a GRPO step's reference pass here: 0.72x the time; docs/results.md, "Training step
+# speed"). A micro-batch holds at most the 8192 tokens 4 rows of the longest width (2048) hold: no more memory.
 PPO = ["algorithm.adv_estimator=gae", "data.train_batch_size=24", "actor_rollout_ref.rollout.n=1",
        "critic.ppo_mini_batch_size=24", "critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-5",
-       "critic.model.fsdp_config.dtype=bfloat16"]
+       "critic.model.fsdp_config.dtype=bfloat16", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192"]
 # The cold start: one pass over the scripted trajectories (331 on the default build: 41 steps of 8). demo-real's 6
 # steps (48 of them) were too few on Wikipedia: on the first 100 test questions that model searched until max_turns for
 # 80 and answered 10 (EM 0); after one epoch it answers all 100 after one search (EM 0.010, F1 0.045), in a response

@@ -92,6 +92,29 @@ def test_two_ranks_train_like_one(workspace, tmp_path, ray_address):
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=3e-5, msg=name)
 
 
+def test_token_budget_micro_batches_train_like_fixed_rows(workspace, tmp_path):
+    """Guards against the token budget (actor.use_dynamic_bsz, the critic following it: the paper table's PPO rows)
+    changing what PPO learns rather than how it is computed: with greedy rollouts and one mini-batch, two GAE steps
+    whose actor and critic passes group the rows by length under 64 tokens give the losses, gradient norms and
+    weights of the same steps in 1-row micro-batches."""
+    same_step = ["actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                 "critic.ppo_mini_batch_size=4", "trainer.save_freq=-1", "algorithm.adv_estimator=gae"]
+    budget = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64"]
+    records = {}
+    for name, keys in (("rows", same_step), ("tokens", [*same_step, *budget])):
+        done = main_ppo_in_process(*overrides(workspace, tmp_path / name, 2, *keys))
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        records[name] = metrics(tmp_path / name)
+    for one, two in zip(records["rows"], records["tokens"], strict=True):
+        assert "timing/values" in one and "timing/values" in two and "timing/update_critic" in two
+        assert one["critic/score/mean"] == two["critic/score/mean"]
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "critic/values/mean"):
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), (one["step"], key)
+    wa, wb = final_weights(workspace, tmp_path / "rows"), final_weights(workspace, tmp_path / "tokens")
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=3e-5, msg=name)
+
+
 def test_lora_grpo_run_end_to_end(workspace, tmp_path):
     """Guards against LoRA breaking the trainer's wiring: GRPO with a KL loss whose reference comes from
     the actor with adapters disabled (no reference worker), engines synced with merged weights, and
