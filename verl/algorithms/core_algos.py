@@ -127,7 +127,7 @@ def _masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam
     return torch.stack(advantages[::-1], dim=1)  # [B, T]
 
 
-@register_adv_estimator("gae", needs_critic=True, config_args=("gamma", "lam"))
+@register_adv_estimator("gae", needs_critic=True, config_args=("gamma", "lam"), returns_per_row=True)
 @torch.no_grad()
 def compute_gae_advantage_return(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """GAE (Schulman et al. 2016) over the policy tokens only (masked tokens are transparent).

@@ -9,7 +9,8 @@ loss (``actor.policy_loss.loss_mode``) is one function registered with ``registe
 ``actor.*`` keys it reads beyond the common ones; every loss takes one ``PolicyLossInputs`` record.
 
 Everything that names an estimator asks these registries: the config's allowed values and its
-critic and group-size rules (``verl.config``), and the trainer's call (``PPOTrainer.compute_advantages``).
+critic and group-size rules (``verl.config``), the trainer's call (``verl.trainer.reward.compute_advantages``) and
+the on-policy critic's targets (``returns_per_row``: ``CriticWorker.update_on_policy``).
 Adding an estimator is therefore one decorated function and nothing else; a function registered in any
 module imported before the config is loaded (a recipe, a test) is as valid as the built-ins, which
 ``verl.algorithms.core_algos`` registers on the registries' first use (``Registry.builtins_from``, set up by the
@@ -110,6 +111,9 @@ class AdvEstimator:
     needs_groups: bool  # reads AdvantageInputs.index (the batch's uid): the config requires rollout.n >= 2
     config_args: tuple[str, ...]  # the algorithm.* keys it reads from AdvantageInputs.config
     needs_turns: bool = False  # reads AdvantageInputs.turn_scores / turn_index (verl.algorithms.turn_credit)
+    # a row's returns depend on that row's rewards, values and mask only (GAE's): the critic's on-policy update may
+    # then compute its targets itself from its own forward pass (config.computes_values_in_update)
+    returns_per_row: bool = False
 
 
 ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
@@ -117,11 +121,12 @@ ADV_ESTIMATORS: Registry[AdvEstimator] = Registry("advantage estimator")
 
 def register_adv_estimator(name: str, *, needs_critic: bool = False, needs_groups: bool = False,
                            config_args: tuple[str, ...] = (), needs_turns: bool = False,
-                           ) -> Callable[[AdvantageFn], AdvantageFn]:
+                           returns_per_row: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator: register ``fn(inputs: AdvantageInputs) -> (advantages, returns)`` as the config value
     ``algorithm.adv_estimator=name``, with what it needs (see ``AdvEstimator``)."""
     def register(fn: AdvantageFn) -> AdvantageFn:
-        ADV_ESTIMATORS.add(name, AdvEstimator(fn, needs_critic, needs_groups, tuple(config_args), needs_turns))
+        ADV_ESTIMATORS.add(name, AdvEstimator(fn, needs_critic, needs_groups, tuple(config_args), needs_turns,
+                                              returns_per_row))
         return fn
     return register
 

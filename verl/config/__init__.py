@@ -34,6 +34,7 @@ from verl.config.rl import (
     Config,
     adv_estimator,
     check_paths,
+    computes_values_in_update,
     max_sequence_length,
     recomputes_old_log_probs,
     rollout_world_size,
@@ -84,6 +85,7 @@ __all__ = [
     "SFT_CONFIG", "Setting", "TrainerConfig", "ValKwargs", "adv_estimator", "allowed", "check_paths",
     "check_settings", "declared", "import_plugins", "leaves", "load_config", "load_sft_config",
     "max_sequence_length", "parse_override", "recipe_config", "recipe_module", "recomputes_old_log_probs",
+    "computes_values_in_update",
     "renamed_keys", "require", "rollout_world_size", "run_name", "section", "setting", "steering_keys", "to_yaml",
     "trajectories_per_step", "uses_critic", "uses_lora", "uses_reference", "validate", "world_size",
 ]

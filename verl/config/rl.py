@@ -106,6 +106,21 @@ def uses_critic(cfg: Config) -> bool:
     return adv_estimator(cfg).needs_critic
 
 
+def computes_values_in_update(cfg: Config) -> bool:
+    """Whether the critic's values come from its update's own forward pass instead of a separate value pass.
+
+    When the critic's update is on-policy (one epoch over one mini-batch: a single optimiser step, so every
+    micro-batch's forward runs on the weights the value pass would have used) and the estimator's returns are per
+    row (``returns_per_row``: GAE's), each micro-batch's detached values are the values, its targets are computed
+    from them on the spot, and the values go back to the trainer for the advantages: the same update, one forward
+    pass of the critic fewer (the actor's on-policy shortcut, ``recomputes_old_log_probs``, for the critic).
+    """
+    estimator, c = adv_estimator(cfg), cfg.critic
+    per_row = estimator.returns_per_row and not estimator.needs_groups and not estimator.needs_turns
+    return estimator.needs_critic and per_row and c.ppo_epochs == 1 and \
+        c.ppo_mini_batch_size >= trajectories_per_step(cfg)
+
+
 def uses_reference(cfg: Config) -> bool:
     """Reference log-probs are needed when any KL term is on."""
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward

@@ -114,6 +114,12 @@ class CriticGroup:
         """The value-loss update on the batch, rows split; ``critic/*`` metrics over all ranks."""
         return self.group.execute_split(CriticWorker.update_critic, batch)
 
+    def update_on_policy(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """The on-policy update that measures the values itself, rows split: ``values`` [B, R] in batch order and
+        the ``critic/*`` metrics over all ranks (``CriticWorker.update_on_policy``)."""
+        out = self.group.execute_split(CriticWorker.update_on_policy, batch)
+        return Batch(out.tensors), out.meta["metrics"]  # metrics: rank 0's (all-reduced: every rank's are equal)
+
     def save_checkpoint(self, path: str) -> None:
         """Every rank saves its shard, optimiser and scheduler under ``path``."""
         self.group.execute_all(CriticWorker.save_checkpoint, path)

@@ -126,15 +126,22 @@ STEP: tuple[Phase, ...] = (
     Phase("ref", "RefWorker.compute_ref_log_prob (the actor's under LoRA)", reads=MODEL_INPUTS, adds={
         "ref_log_prob": Column("B, R", "log-probs of the response tokens under the reference model"),
     }),
-    Phase("values", "CriticWorker.compute_values", reads=(*MODEL_INPUTS, "loss_mask"), adds={
-        "values": Column("B, R", "the critic's value of the state each response token was chosen in (0 where "
-                                 "loss_mask is 0)"),
-    }),
-    Phase("advantages", "verl.trainer.reward.compute_advantages",
+    Phase("rewards", "verl.trainer.reward.token_rewards",
           reads=("token_level_scores", "loss_mask", "response_mask", "info_mask"),
-          may_read=("old_log_probs", "ref_log_prob", "values", "uid", "turn_scores"), adds={
+          may_read=("old_log_probs", "ref_log_prob", "turn_scores"), adds={
               "token_level_rewards": Column("B, R", "token_level_scores minus the KL penalty (use_kl_in_reward) plus "
                                                     "the turn rewards (turn_reward_coef)"),
+          }),
+    # CriticWorker.compute_values, or, on-policy (config.computes_values_in_update), CriticWorker.update_on_policy:
+    # the update's own forward gives the values and token_level_rewards its targets; update_critic then does not run
+    Phase("values", "CriticWorker.compute_values | CriticWorker.update_on_policy", reads=(*MODEL_INPUTS, "loss_mask"),
+          may_read=("token_level_rewards",), adds={
+              "values": Column("B, R", "the critic's value of the state each response token was chosen in (0 where "
+                                       "loss_mask is 0)"),
+          }),
+    Phase("advantages", "verl.trainer.reward.compute_advantages",
+          reads=("token_level_rewards", "loss_mask", "response_mask", "info_mask"),
+          may_read=("values", "uid", "turn_scores"), adds={
               "advantages": Column("B, R", "the estimator's advantages (algorithm.adv_estimator)"),
               "returns": Column("B, R", "the estimator's returns (the critic's targets)"),
           }),

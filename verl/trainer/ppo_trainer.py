@@ -50,6 +50,7 @@ from verl.algorithms import core_algos
 from verl.config import (
     Config,
     check_paths,
+    computes_values_in_update,
     recomputes_old_log_probs,
     steering_keys,
     to_yaml,
@@ -75,7 +76,13 @@ from verl.trainer import columns, step_metrics
 from verl.trainer.health import HealthMonitor, TrainingStopped
 from verl.trainer.pipeline import Generated, InlineRollout, PipelinedRollout, fill_batch, round_seed, staleness
 from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated, expected_row_lengths
-from verl.trainer.reward import RewardManager, apply_overlong, compute_advantages, load_custom_score_fn
+from verl.trainer.reward import (
+    RewardManager,
+    apply_overlong,
+    compute_advantages,
+    load_custom_score_fn,
+    token_rewards,
+)
 from verl.trainer.step_metrics import StepResult, StepTimings, timed
 from verl.utils import checkpoint, run_dir
 from verl.utils.dataset import PromptDataset, StatefulLoader
@@ -165,6 +172,7 @@ class PPOTrainer:
         self.critic = CriticGroup(make(CriticWorker, colocate_with=self.actor.group)) if uses_critic(self.cfg) \
             else None
         self.recompute_old = recomputes_old_log_probs(self.cfg)
+        self.values_in_update = computes_values_in_update(self.cfg)
         if not self.recompute_old:
             logger.info("on-policy update (one PPO epoch, one mini-batch): the old-log-prob pass is skipped; the "
                         "update's own forward pass gives them")
@@ -315,17 +323,24 @@ class PPOTrainer:
             batch, t.old_log_prob = timed(columns.run, batch, "old_log_prob", self.actor.compute_log_prob)
         if self.ref is not None:
             batch, t.ref = timed(columns.run, batch, "ref", self.ref.compute_ref_log_prob)
-        if self.critic is not None:
+        (batch, metrics), t.adv = timed(token_rewards, batch, self.cfg, self.kl_ctrl)
+        if self.critic is not None and self.values_in_update:  # its update's forward gives the values
+            (values, critic_metrics), t.update_critic = timed(self.critic.update_on_policy,
+                                                              columns.require(batch, "values"))
+            batch = columns.merge(batch, "values", values)
+            metrics.update(critic_metrics)
+        elif self.critic is not None:
             batch, t.values = timed(columns.run, batch, "values", self.critic.compute_values)
-        (batch, metrics), t.adv = timed(compute_advantages, batch, self.cfg, self.kl_ctrl)
+        batch, seconds = timed(compute_advantages, batch, self.cfg)
+        t.adv += seconds
         metrics.update(step_metrics.mismatch_metrics(batch))
-        if not self._finite_targets(batch):
+        if not self._finite_targets(batch):  # an on-policy critic skipped its own step on its non-finite loss
             actor = self.cfg.actor_rollout_ref.actor
             updates = actor.ppo_epochs * (len(batch) // actor.ppo_mini_batch_size)
             return StepResult(batch, {**metrics, **step_metrics.data_metrics(batch),
                                       "actor/skipped_updates": float(updates), "actor/nonfinite_advantages": 1.0},
                               updated=False, timings=t)
-        if self.critic is not None:
+        if self.critic is not None and not self.values_in_update:
             critic_metrics, t.update_critic = timed(self.critic.update_critic, columns.require(batch, "update_critic"))
             metrics.update(critic_metrics)
         # verl's rule: the first critic_warmup - 1 steps train the critic only

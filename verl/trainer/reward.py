@@ -1,4 +1,4 @@
-"""A step's learning signal, from its generated batch to its advantages: three phases of the column table
+"""A step's learning signal, from its generated batch to its advantages: four phases of the column table
 (``verl.trainer.columns``), run in this order by ``PPOTrainer.run_step`` and written here.
 
 **1. The reward** (``RewardManager.score_batch``): rule rewards on decoded responses -> token-level scores. A score
@@ -33,10 +33,13 @@ Logged every step: ``train/overlong_frac`` (share of the rows that were cut), ``
 rows whose loss mask was zeroed: the cut rows under ``mask``, else 0) and, under ``soft_penalty``,
 ``train/overlong_penalty`` (mean penalty per row).
 
-**3. The advantages** (``compute_advantages``): rewards per token -> ``token_level_rewards``, ``advantages``,
-``returns`` [B, R]. KL-in-reward (``algorithm.use_kl_in_reward``), the turn rewards
-(``algorithm.turn_reward_coef``), then the estimator registered under ``algorithm.adv_estimator``
-(``verl.algorithms.registry``), over ``loss_mask`` and given what its registration declares it reads.
+**3. The rewards per token** (``token_rewards``): ``token_level_rewards`` [B, R], the scores with KL-in-reward
+(``algorithm.use_kl_in_reward``) and the turn rewards (``algorithm.turn_reward_coef``).
+
+**4. The advantages** (``compute_advantages``), after the critic's values: ``advantages``, ``returns`` [B, R] by
+the estimator registered under ``algorithm.adv_estimator`` (``verl.algorithms.registry``), over ``loss_mask`` and
+given what its registration declares it reads. The rewards come before the values because an on-policy critic
+computes its targets from them inside its update (``CriticWorker.update_on_policy``).
 """
 
 from __future__ import annotations
@@ -161,28 +164,38 @@ def apply_overlong(batch: Batch, cfg: OverlongConfig, max_trajectory_length: int
 
 
 # ------------------------------------------------------------------ advantages
-def compute_advantages(batch: Batch, cfg: Config, kl_ctrl) -> tuple[Batch, dict[str, float]]:
-    """``batch`` with the advantages phase's columns (written in place) and the KL metrics (``kl_ctrl``: the
-    adaptive or fixed KL controller, ``core_algos.get_kl_controller``)."""
+def token_rewards(batch: Batch, cfg: Config, kl_ctrl) -> tuple[Batch, dict[str, float]]:
+    """``batch`` with the rewards phase's ``token_level_rewards`` [B, R] (written in place): the scores, minus the KL
+    penalty (``algorithm.use_kl_in_reward``; ``kl_ctrl``: the adaptive or fixed KL controller,
+    ``core_algos.get_kl_controller``), plus the turn rewards (``algorithm.turn_reward_coef``); and the KL metrics."""
     algo, metrics = cfg.algorithm, {}
-    mask = columns.require(batch, "advantages")["loss_mask"].float()  # [B, R]
+    mask = columns.require(batch, "rewards")["loss_mask"].float()  # [B, R]
     rewards = batch["token_level_scores"]  # [B, R]
     if algo.use_kl_in_reward:
         rewards, metrics = core_algos.apply_kl_penalty(rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
                                                        kl_ctrl, algo.kl_penalty)
+    if algo.turn_reward_coef:
+        policy = batch["response_mask"] * batch["info_mask"]  # [B, R] 1 = sampled by the policy: turns are its runs
+        turn_scores = batch["turn_scores"] if "turn_scores" in batch else [[]] * len(batch)  # per row, per turn
+        rewards = rewards + algo.turn_reward_coef * turn_credit.place_turn_rewards(turn_scores, policy)
+    return columns.write(batch, "rewards", token_level_rewards=rewards), metrics
+
+
+def compute_advantages(batch: Batch, cfg: Config) -> Batch:
+    """``batch`` with the advantages phase's ``advantages`` and ``returns`` [B, R] (written in place): the estimator
+    registered under ``algorithm.adv_estimator`` over ``token_level_rewards`` and ``loss_mask``, given what its
+    registration declares it reads (the critic's ``values``, the groups' ``uid``, the turns)."""
+    mask = columns.require(batch, "advantages")["loss_mask"].float()  # [B, R]
     policy = batch["response_mask"] * batch["info_mask"]  # [B, R] 1 = sampled by the policy: turns are its runs
     turn_scores = batch["turn_scores"] if "turn_scores" in batch else [[]] * len(batch)  # per row, per turn
-    if algo.turn_reward_coef:
-        rewards = rewards + algo.turn_reward_coef * turn_credit.place_turn_rewards(turn_scores, policy)
     estimator = adv_estimator(cfg)
     turns = turn_credit.turn_index(policy) if estimator.needs_turns else None  # [B, R]
     inputs = core_algos.AdvantageInputs(
-        token_level_rewards=rewards, mask=mask,  # [B, R] each
+        token_level_rewards=batch["token_level_rewards"], mask=mask,  # [B, R] each
         values=batch["values"] if estimator.needs_critic else None,  # [B, R]
         index=batch["uid"] if estimator.needs_groups else None,  # [B]
-        config={name: getattr(algo, name) for name in estimator.config_args},
+        config={name: getattr(cfg.algorithm, name) for name in estimator.config_args},
         turn_scores=turn_credit.scores_tensor(turn_scores, turns) if turns is not None else None,  # [B, K]
         turn_index=turns)
     advantages, returns = estimator.fn(inputs)
-    return columns.write(batch, "advantages", token_level_rewards=rewards, advantages=advantages,
-                         returns=returns), metrics
+    return columns.write(batch, "advantages", advantages=advantages, returns=returns)

@@ -46,7 +46,8 @@ def timed(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> tuple[T, flo
 @dataclass
 class StepTimings:
     """Seconds of each phase of one training step, logged as ``timing/<phase>``; ``None``: the phase did not run
-    (no critic: no ``values``; an on-policy update: no ``old_log_prob``; a skipped update: no ``update_*``)."""
+    (no critic: no ``values``; an on-policy update: no ``old_log_prob``; an on-policy critic: no ``values``, its
+    update measures them; a skipped update: no ``update_*``)."""
 
     wait_rollout: float | None = None  # the trainer waiting for its batch (pipeline.py)
     gen: float | None = None  # generating and scoring the batch, every round (in the producer thread if pipelined)

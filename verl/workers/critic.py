@@ -14,6 +14,10 @@ Choices:
   ``cliprange_value`` around the values of the rollout), token-mean over ``loss_mask``, normalised
   by the mini-batch's global token count (``train_utils``). ``critic/vf_loss`` reports the loss
   before the coefficient.
+* **On-policy** (one epoch over one mini-batch, a per-row estimator: ``config.computes_values_in_update``, the
+  default for GAE): ``update_on_policy`` takes the values from the update's own forward pass (the weights the value
+  pass would have used) and computes each micro-batch's returns from them, so the step has no separate value pass;
+  the values go back to the trainer, which computes the advantages from them as from ``compute_values``'.
 * Micro-batches are ``critic.ppo_micro_batch_size_per_gpu`` consecutive rows for both the value pass and the
   update, or, with ``critic.use_dynamic_bsz`` (null: the actor's), rows grouped by length under the token budget
   ``critic.ppo_max_token_len_per_gpu`` (null: the actor's), as the actor's and the reference's passes group them
@@ -24,15 +28,24 @@ Choices:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 from transformers import AutoModelForTokenClassification
 
 from verl.algorithms.core_algos import compute_value_loss, masked_mean
-from verl.config import Config, trajectories_per_step
+from verl.algorithms.registry import AdvantageInputs
+from verl.config import Config, adv_estimator, trajectories_per_step
 from verl.protocol import Batch
-from verl.workers.model_utils import DTYPES, load_model, micro_batches, resolve_device, response_outputs
+from verl.workers.model_utils import (
+    DTYPES,
+    MicroBatches,
+    load_model,
+    micro_batches,
+    resolve_device,
+    response_outputs,
+)
 from verl.workers.train_utils import (
     GlobalCounts,
     TrainState,
@@ -87,11 +100,53 @@ class CriticWorker:
                                     self._micro_batch_loss)
         return {f"critic/{name}": value for name, value in metrics.items()}
 
-    def _micro_batch_loss(self, micro: Batch, counts: GlobalCounts) -> tuple[Tensor, dict[str, float]]:
+    def update_on_policy(self, batch: Batch) -> Batch:
+        """The on-policy update that measures the values itself (``config.computes_values_in_update``): each
+        micro-batch's forward gives ``values`` (detached, 0 where ``loss_mask`` is 0: what ``compute_values`` would
+        return, on the same weights), its rows' ``returns`` come from them and ``token_level_rewards`` by the
+        estimator (per row: GAE's), then the value loss as ``update_critic``'s. Returns ``values`` [B, R] in batch
+        order, with the ``critic/*`` metrics in ``meta["metrics"]``.
+
+        Needs ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``, ``loss_mask`` and
+        ``token_level_rewards``.
+        """
+        c = self.critic_cfg
+        estimator = adv_estimator(self.cfg)
+        config = {name: getattr(self.cfg.algorithm, name) for name in estimator.config_args}
+        made: list[MicroBatches] = []
+        measured: list[Tensor] = []
+
+        def split(mini: Batch) -> MicroBatches:
+            made.append(micro_batches(mini, c.ppo_micro_batch_size_per_gpu, self.max_tokens))
+            return made[-1]
+
+        def targets(micro: Batch, vpreds: Tensor) -> tuple[Tensor, Tensor]:
+            mask = micro["loss_mask"].to(self.device).float()  # [b, R]
+            values = vpreds.detach() * mask  # [b, R]
+            _, returns = estimator.fn(AdvantageInputs(token_level_rewards=micro["token_level_rewards"].to(self.device),
+                                                      mask=mask, values=values, config=config))
+            measured.append(values.cpu())
+            return values, returns
+
+        metrics = self.state.update(batch, c.ppo_mini_batch_size, 1, split,
+                                    lambda micro, counts: self._micro_batch_loss(micro, counts, targets))
+        if len(made) != 1:
+            raise RuntimeError(f"update_on_policy made {len(made)} mini-batches: the on-policy update is one")
+        return Batch({"values": made[0].in_batch_order(measured)},
+                     meta={"metrics": {f"critic/{name}": value for name, value in metrics.items()}})
+
+    def _micro_batch_loss(self, micro: Batch, counts: GlobalCounts,
+                          targets: Callable[[Batch, Tensor], tuple[Tensor, Tensor]] | None = None,
+                          ) -> tuple[Tensor, dict[str, float]]:
+        """The value loss of a micro-batch; its old values and returns are the batch's columns, or ``targets``'
+        (from this forward's values: ``update_on_policy``)."""
         c = self.critic_cfg
         mask = micro["loss_mask"].to(self.device).float()  # [b, R], 1 = a policy token (value is trained)
         vpreds = self._values(micro)  # [b, R]
-        values_old, returns = micro["values"].to(self.device), micro["returns"].to(self.device)
+        if targets is None:
+            values_old, returns = micro["values"].to(self.device), micro["returns"].to(self.device)
+        else:
+            values_old, returns = targets(micro, vpreds)
         vf_loss, clipfrac = compute_value_loss(vpreds, values_old, returns, mask, c.cliprange_value, "token-mean",
                                                counts.tokens, counts.seqs)
         share = token_weight(mask, counts)

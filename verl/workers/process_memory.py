@@ -33,12 +33,17 @@ def peak_memory_metrics(device: torch.device) -> dict[str, float]:
     global _lifetime_peak_kib
     # the kernel's peak (also what getrusage reports) since the last reset here; the lifetime peak is kept apart
     _lifetime_peak_kib = max(_lifetime_peak_kib, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    metrics = {"perf/max_rss_gb": _lifetime_peak_kib / (1 << 20)}  # KiB -> GiB
     status = _proc_status()
     if "VmHWM" in status:
-        metrics["perf/step_max_rss_gb"] = status["VmHWM"] / (1 << 20)
-        metrics["perf/rss_gb"] = status["VmRSS"] / (1 << 20)
+        # the kernel's counters are approximate (per-CPU): VmRSS was seen a few pages above VmHWM in one read; a
+        # peak is never below what is resident now
+        step_peak = max(status["VmHWM"], status["VmRSS"])
+        _lifetime_peak_kib = max(_lifetime_peak_kib, step_peak)
+        metrics = {"perf/max_rss_gb": _lifetime_peak_kib / (1 << 20),  # KiB -> GiB
+                   "perf/step_max_rss_gb": step_peak / (1 << 20), "perf/rss_gb": status["VmRSS"] / (1 << 20)}
         _reset_high_water_mark()
+    else:
+        metrics = {"perf/max_rss_gb": _lifetime_peak_kib / (1 << 20)}
     if device.type == "cuda":
         metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / (1 << 30)
         torch.cuda.reset_peak_memory_stats(device)

@@ -4,8 +4,8 @@
 Each batch goes through the trainer's own phases: the prompts of a real parquet (``PromptDataset``), the search
 loop over the memorised tiny policy on an HF engine and the real retrieval service (``search_agent``),
 ``loss_mask``, the reward (``RewardManager`` with the search recipe's score and reward terms) and the advantages
-(``compute_advantages``, REINFORCE++: the samples of a prompt here often score alike, and GRPO would make every
-advantage 0). ``records_from_batch`` then writes each row as the record contract says:
+(``token_rewards``, ``compute_advantages``, REINFORCE++: the samples of a prompt here often score alike, and GRPO would
+make every advantage 0). ``records_from_batch`` then writes each row as the record contract says:
 ``segments`` are the runs of the row's ``info_mask`` (0 = inserted, decoded on its own), the advantage the mean
 over the row's trained tokens. The same batches are also written as ``trainer.rollout_data_dir`` wrote them before
 the record contract (``write_legacy_rollouts``: step, input, output, score and a few columns), so the tests can show
@@ -31,7 +31,7 @@ from tests.search_r1.memorised_policy import QUESTIONS, TOPK
 from verl.config import load_config
 from verl.protocol import Batch
 from verl.trainer import columns
-from verl.trainer.reward import RewardManager, compute_advantages
+from verl.trainer.reward import RewardManager, compute_advantages, token_rewards
 from verl.utils.dataset import PromptDataset
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
@@ -125,7 +125,8 @@ def scored_batch(agent: AgentLoop, dataset: PromptDataset, tokenizer, samples: i
     score = functools.partial(compute_score, default_scorer="em", format_score=0.0, normalize="squad")
     out = RewardManager(tokenizer, score, TermsReward(None, None, "squad")).score_batch(out)
     cfg = load_config(["algorithm.adv_estimator=reinforce_plus_plus"])  # whitened over the batch: not all 0
-    out, _ = compute_advantages(out, cfg, kl_ctrl=None)
+    out, _ = token_rewards(out, cfg, kl_ctrl=None)
+    out = compute_advantages(out, cfg)
     return out
 
 

@@ -25,7 +25,7 @@ from verl.trainer import columns
 from verl.trainer.columns import PHASES, STEP, Column, ColumnError, Phase
 from verl.trainer.pipeline import Generated, fill_batch
 from verl.trainer.recipe import RecipeOutputError, check_generated
-from verl.trainer.reward import RewardManager, apply_overlong, compute_advantages
+from verl.trainer.reward import RewardManager, apply_overlong, compute_advantages, token_rewards
 from verl.utils.seq import pack_trajectories
 
 ROWS, N = 4, 2  # 4 rows = 2 prompts x n = 2
@@ -84,8 +84,8 @@ def test_a_phase_writing_a_column_it_does_not_declare_fails_naming_both():
     assert "returns" not in batch  # a refused write writes nothing
     with pytest.raises(ColumnError, match="phase 'old_log_prob' writes column 'token_level_scores'"):
         columns.merge(batch, "old_log_prob", Batch({"token_level_scores": batch["token_level_scores"]}))
-    with pytest.raises(ColumnError, match="no phase 'rewards' in the column table"):
-        columns.write(batch, "rewards", score=np.zeros(ROWS))
+    with pytest.raises(ColumnError, match="no phase 'scoring' in the column table"):
+        columns.write(batch, "scoring", score=np.zeros(ROWS))
 
 
 def test_a_column_is_added_once_a_second_add_fails_naming_the_phase_and_the_column():
@@ -115,9 +115,12 @@ def test_replacing_a_missing_column_fails_naming_the_phase_and_the_column():
 
 def test_reading_a_column_before_its_phase_ran_fails_naming_the_phase_and_the_column():
     batch = scored()
-    with pytest.raises(ColumnError, match="phase 'advantages' reads column 'token_level_scores' before any phase made "
+    with pytest.raises(ColumnError, match="phase 'rewards' reads column 'token_level_scores' before any phase made "
                                           "it \\(phase 'reward' adds it"):
-        columns.require(made(prompts()), "advantages")
+        columns.require(made(prompts()), "rewards")
+    with pytest.raises(ColumnError, match="phase 'advantages' reads column 'token_level_rewards' before any phase "
+                                          "made it \\(phase 'rewards' adds it"):
+        columns.require(batch, "advantages")
     with pytest.raises(ColumnError, match="phase 'update_actor' reads column 'advantages' before any phase made it "
                                           "\\(phase 'advantages' adds it"):
         columns.require(batch, "update_actor")
@@ -231,7 +234,8 @@ def test_the_phases_functions_keep_to_the_table():
         batch = columns.run(batch, "old_log_prob", lambda b: Batch({"old_log_probs": like(), "entropy": like()}))
         batch = columns.run(batch, "ref", lambda b: Batch({"ref_log_prob": like()}))
         kl = core_algos.get_kl_controller("fixed", 0.001, 0.1, 1000)
-        batch, _ = compute_advantages(batch, cfg, kl)
+        batch, _ = token_rewards(batch, cfg, kl)
+        batch = compute_advantages(batch, cfg)
         columns.require(batch, "update_actor")
     # the events of the two rounds interleave generate..dynamic_sampling: check each round, then the rest
     starts = [i for i, (event, name, _) in enumerate(events) if (event, name) == ("reads", "generate")]
@@ -239,7 +243,7 @@ def test_the_phases_functions_keep_to_the_table():
     assert assert_true_to_table(events[:starts[1]], {}) == ["generate", "loss_mask", "reward", "dynamic_sampling"]
     rest = events[starts[1]:]
     assert assert_true_to_table(rest, {}) == ["generate", "loss_mask", "reward", "dynamic_sampling", "overlong",
-                                             "old_log_prob", "ref", "advantages", "update_actor"]
+                                             "old_log_prob", "ref", "rewards", "advantages", "update_actor"]
     assert ("writes", "dynamic_sampling") in [e[:2] for e in rest]  # the second round's uids got their suffix
     assert {"turn_scores", "reward/length", "rollout_log_probs"} <= set(batch.keys())
 
@@ -258,7 +262,15 @@ def test_one_real_step_keeps_to_the_table(workspace, tmp_path):
     with columns.watch() as events:
         build_trainer(load_config(args, files)).fit()
     assert assert_true_to_table(events, search_columns()) == [
-        "generate", "loss_mask", "reward", "overlong", "old_log_prob", "ref", "values", "advantages", "update_critic",
-        "update_actor"]
+        "generate", "loss_mask", "reward", "overlong", "old_log_prob", "ref", "rewards", "values", "advantages",
+        "update_critic", "update_actor"]
     final = events[-1][2]
     assert {"turn_scores", "reward/em", "stop_reason", "values", "ref_log_prob", "returns"} <= final
+    # the critic on-policy (one mini-batch of the step's 4 rows): its update measures the values, no update_critic
+    files, args = split_args(overrides(workspace, tmp_path / "on_policy", 1, "algorithm.adv_estimator=gae",
+                                       "critic.ppo_mini_batch_size=4", "algorithm.overlong.mode=mask"))
+    with columns.watch() as events:
+        build_trainer(load_config(args, files)).fit()
+    assert assert_true_to_table(events, search_columns()) == [
+        "generate", "loss_mask", "reward", "overlong", "old_log_prob", "rewards", "values", "advantages",
+        "update_actor"]

@@ -17,6 +17,7 @@ from tests.verl.workers.worker_test_utils import (
     perturb_masked,
     random_batch,
 )
+from verl.protocol import Batch
 from verl.workers.critic import CriticWorker
 from verl.workers.model_utils import micro_batches
 
@@ -111,3 +112,34 @@ def test_critic_checkpoint_then_fresh_worker_gives_identical_next_update(tiny_mo
     resumed.load_checkpoint(str(tmp_path / "critic"))
     assert original.update_critic(second) == resumed.update_critic(second)
     assert_equal_parameters(original, resumed)
+
+
+@pytest.mark.parametrize("keys", [(), ("critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=40")],
+                         ids=["rows", "token-budget"])
+def test_on_policy_update_equals_a_value_pass_then_the_update(tiny_model_dir, keys):
+    """Guards against the on-policy critic (config.computes_values_in_update: its update's forward gives the values,
+    each micro-batch's GAE returns are computed from them) training on other targets than the two-pass step: the
+    values it hands back equal compute_values', and its update equals update_critic's on the returns GAE makes from
+    those values over the whole batch, in batch order whatever the micro-batches' grouping."""
+    from verl.algorithms.core_algos import compute_gae_advantage_return
+    from verl.algorithms.registry import AdvantageInputs
+
+    cfg = make_config(tiny_model_dir, "critic.ppo_micro_batch_size_per_gpu=3", "algorithm.gamma=0.9",
+                      "algorithm.lam=0.8", *keys)
+    batch = random_batch(seed=17)
+    gen = torch.Generator().manual_seed(17)
+    rewards = torch.randn(batch["responses"].shape, generator=gen) * batch["loss_mask"]  # [B, R]
+    batch.tensors["token_level_rewards"] = rewards
+    two_pass, fused = CriticWorker(cfg, total_steps=1), CriticWorker(cfg, total_steps=1)
+    values = two_pass.compute_values(batch)["values"]
+    _, returns = compute_gae_advantage_return(AdvantageInputs(
+        token_level_rewards=rewards, mask=batch["loss_mask"].float(), values=values,
+        config={"gamma": 0.9, "lam": 0.8}))
+    expected = two_pass.update_critic(Batch({**batch.tensors, "values": values, "returns": returns},
+                                            dict(batch.non_tensors)))
+    out = fused.update_on_policy(batch)
+    torch.testing.assert_close(out["values"], values, atol=1e-6, rtol=0)
+    assert out.meta["metrics"].keys() == expected.keys()
+    for key, value in expected.items():
+        assert out.meta["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert_equal_parameters(two_pass, fused)
