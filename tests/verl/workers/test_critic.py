@@ -17,6 +17,7 @@ from tests.verl.workers.worker_test_utils import (
     perturb_masked,
     random_batch,
 )
+from verl.config import computes_values_in_update
 from verl.protocol import Batch
 from verl.workers.critic import CriticWorker
 from verl.workers.model_utils import micro_batches
@@ -143,3 +144,9 @@ def test_on_policy_update_equals_a_value_pass_then_the_update(tiny_model_dir, ke
     for key, value in expected.items():
         assert out.meta["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
     assert_equal_parameters(two_pass, fused)
+    # only then (one epoch over one mini-batch of the step's rows, GAE's per-row returns) does the trainer use it
+    assert computes_values_in_update(cfg)  # 8 rows a step, critic.ppo_mini_batch_size=8
+    for other in ("critic.ppo_mini_batch_size=4", "critic.ppo_epochs=2"):
+        assert not computes_values_in_update(make_config(tiny_model_dir, other))
+    assert not computes_values_in_update(make_config(tiny_model_dir, "algorithm.adv_estimator=grpo",
+                                                     "actor_rollout_ref.rollout.n=2"))  # no critic
