@@ -56,33 +56,38 @@ def _results(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(VOLATILE) and not k.endswith("_s")} for row in rows]
 
 
-def _train_args(policy, qa: Path, url: str, out: Path, device: str, estimator: str) -> list[str]:
+def _train_args(policy, qa: Path, url: str, out: Path, device: str, estimator: str, critic_mini: int = 4) -> list[str]:
     return ["--config", "configs/demo.yaml", f"actor_rollout_ref.model.path={policy[0]}",
             f"data.train_files={qa}", f"data.val_files={qa}", f"retriever.url={url}", f"retriever.topk={TOPK}",
             f"algorithm.adv_estimator={estimator}", "actor_rollout_ref.rollout.name=hf", "trainer.backend=local",
             f"trainer.device={device}", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=2",
+            f"critic.ppo_mini_batch_size={critic_mini}", "critic.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.actor.use_kl_loss=true", "data.max_obs_length=96",
             "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=2",
             "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.resume_mode=disable",
             f"trainer.default_local_dir={out}"]
 
 
-def test_training_steps_on_a_device_match_the_host(policy, qa, service_url, tmp_path):
+@pytest.mark.parametrize("critic_mini", [4, 2], ids=["on-policy-critic", "value-pass"])
+def test_training_steps_on_a_device_match_the_host(policy, qa, service_url, tmp_path, critic_mini):
     """Two PPO steps with every pass there is (rollout with searches and log-probs, the reference for the KL loss,
     the critic's values and update, the actor's update, the weight sync, a validation): the same metrics on the device
-    as on the host. (GRPO's passes are a subset; its advantages are computed on the host.)"""
+    as on the host. The critic either on-policy (its update measures the values and computes its GAE targets on the
+    device: config.computes_values_in_update) or with its value pass, the targets computed on the host. (GRPO's
+    passes are a subset; its advantages are computed on the host.)"""
     runs = {}
     for device in ("cpu", "cuda"):
         out = tmp_path / device
-        _run(device, "verl.trainer.main_ppo", *_train_args(policy, qa, service_url, out, device, "gae"))
+        _run(device, "verl.trainer.main_ppo", *_train_args(policy, qa, service_url, out, device, "gae", critic_mini))
         runs[device] = _results(out)
     assert [sorted(r) for r in runs["cuda"]] == [sorted(r) for r in runs["cpu"]]
     for on_device, on_host in zip(runs["cuda"], runs["cpu"], strict=True):
         for key, value in on_host.items():
             assert on_device[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
     assert sum(row.get("agent/searches_per_traj", 0) for row in runs["cpu"]) > 0  # passages went in on the device
+    raw = [json.loads(line) for line in (tmp_path / "cuda" / "metrics.jsonl").read_text().splitlines()]
+    assert all(("timing/values" in row) == (critic_mini == 2) for row in raw)  # the critic path it names
 
 
 def test_evaluation_on_a_device_matches_the_host(policy, qa, service_url, tmp_path):
