@@ -77,6 +77,7 @@ from benchmarks.paired_rows import per_question  # noqa: E402
 from benchmarks.paper_table_report import plot, table  # noqa: E402
 from retrieval_server.launcher import ServerProcess  # noqa: E402
 from search_r1.baselines import SEARCH_DISABLED, baseline_messages  # noqa: E402
+from verl.utils import checkpoint  # noqa: E402
 
 MODEL = "data/models/smollm2-135m-instruct"
 DATA = "data/wiki_nq"
@@ -316,15 +317,25 @@ def train(name: str, row: Row, seed: int, args: argparse.Namespace, out: Path, r
     return model
 
 
+def progress(run_dir: Path, policy: str) -> tuple[bool, bool]:
+    """What a row's directory holds from an earlier run -> (made, resumed). ``made``: anything of this row at all
+    (its settings must then match; the cold start shares OUT/sft with the sft row and is checked on its own), so also
+    the ``config.yaml`` a stopped start leaves before its first step. ``resumed``: what this run continues from, so
+    that its seconds are only part of the row's: a finished row, an evaluation begun, or an RL checkpoint (a start
+    stopped before its first checkpoint trains every step again, and its seconds are the whole row's)."""
+    evaluated = (run_dir / "row.json").exists() or (run_dir / "eval").exists()
+    trained = policy == "rl" and run_dir.exists()
+    made = evaluated or (trained and any(p.name != "settings.json" for p in run_dir.iterdir()))
+    return made, evaluated or (trained and bool(checkpoint.complete_steps(run_dir)))
+
+
 def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services: Services) -> dict:
     """Make and evaluate one row for one seed, unless its ``row.json`` exists -> its figures."""
     row = ROWS[name]
     run_dir = out / name / f"seed{seed}" if row.policy == "rl" else out / name
     settings = row_settings(row, args)
     done = run_dir / "row.json"
-    # what this row made so far (the cold start shares OUT/sft with the sft row, and is checked on its own)
-    made = done.exists() or (run_dir / "eval").exists() or \
-        (row.policy == "rl" and run_dir.exists() and any(p.name != "settings.json" for p in run_dir.iterdir()))
+    made, resumed = progress(run_dir, row.policy)
     recorded = json.loads(done.read_text()).get("settings") if done.exists() else None
     check_settings(run_dir / "settings.json", recorded, settings, f"row {name} (seed {seed})", made)
     if done.exists():
@@ -344,11 +355,11 @@ def run_row(name: str, seed: int, args: argparse.Namespace, out: Path, services:
          "--mode", row.mode, "--batch-size", "30", *search, *ENGINES[args.engine]["evaluate"], *COMMON],
         out / "logs" / f"{name}_seed{seed}_eval.log")
     results = json.loads((eval_dir / "results.json").read_text())
-    # seconds: this invocation's; a row resumed from an earlier run's checkpoint or batches says so (partial time).
+    # seconds: this invocation's; a row resumed from an earlier run's checkpoint or evaluation says so (partial time).
     # per_question: each question's EM, so a kept row pairs with another (benchmarks/paired_rows.py) without its
     # trajectories (about 4 MB a row, not kept).
-    figures = {"row": name, "seed": seed, "seconds": round(time.time() - start), "resumed": made, "settings": settings,
-               "all": results["overall"], "answer_bearing": results.get("answer_bearing"),
+    figures = {"row": name, "seed": seed, "seconds": round(time.time() - start), "resumed": resumed,
+               "settings": settings, "all": results["overall"], "answer_bearing": results.get("answer_bearing"),
                **(curve(run_dir) if row.policy == "rl" else {}),
                "per_question": per_question(eval_dir / "trajectories.jsonl")}
     done.write_text(json.dumps(figures, indent=1) + "\n")

@@ -303,6 +303,35 @@ def test_the_tables_training_runs_resume_and_keep_one_checkpoint(tmp_path, monke
     assert f"actor_rollout_ref.model.path={tmp_path / 'out' / 'sft_phrase' / 'hf_model'}" in rl
 
 
+def test_a_start_stopped_before_its_first_checkpoint_is_made_but_not_resumed(tmp_path):
+    """Guards the row's ``resumed`` flag (its seconds are part of the row's): a start stopped before its first
+    checkpoint leaves ``config.yaml`` and ``retrieval.json``, so its settings are checked, but the next run trains every
+    step and its seconds are the whole row's (a kept row said ``resumed`` over all 24 steps); a committed checkpoint or
+    an evaluation begun is resumed from, and an unfinished ``.tmp`` checkpoint is not."""
+    from benchmarks.paper_table import progress
+    from verl.utils import checkpoint
+
+    run = tmp_path / "grpo_bm25" / "seed1"
+    assert progress(run, "rl") == (False, False)
+    run.mkdir(parents=True)
+    (run / "settings.json").write_text("{}")
+    assert progress(run, "rl") == (False, False)  # settings are written before anything is made
+    (run / "config.yaml").write_text("trainer: {}\n")
+    (run / "retrieval.json").write_text("{}")
+    assert progress(run, "rl") == (True, False)
+    tmp = checkpoint.begin(run, 4)  # killed while saving step 4
+    assert progress(run, "rl") == (True, False)
+    checkpoint.commit(run, tmp, 4, {"step": 4}, "trainer: {}\n")
+    assert progress(run, "rl") == (True, True)
+
+    rag = tmp_path / "rag"  # a baseline row: only its evaluation is resumed
+    rag.mkdir()
+    (rag / "settings.json").write_text("{}")
+    assert progress(rag, "base") == (False, False)
+    (rag / "eval").mkdir()
+    assert progress(rag, "base") == (True, True)
+
+
 def test_the_rows_made_from_the_cold_start_record_how_it_was_trained(tmp_path):
     """Guards against a table reusing a cold start (or a row trained or evaluated from one) made under another SFT
     schedule: demo-real's 6 steps left the model searching until max_turns on Wikipedia, one epoch answers. The SFT
