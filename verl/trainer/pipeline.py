@@ -64,6 +64,7 @@ generated, over all rounds), ``train/filled_groups``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -75,6 +76,8 @@ import torch
 from verl.protocol import Batch
 from verl.trainer import columns
 from verl.utils.dataset import StatefulLoader
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -236,6 +239,27 @@ class PipelinedRollout:
             self._stop = True
             self._cond.notify_all()
         self._thread.join()
+
+
+def bound_staleness(rollout: InlineRollout | PipelinedRollout, generated: Generated, trained_version: int,
+                    regenerate: Callable[[Batch], Generated]) -> tuple[Generated, dict[str, float]]:
+    """The staleness bound on a batch about to train the policy of ``trained_version``: a batch holding a row more
+    than ``rollout.max_staleness`` versions behind is dropped and ``regenerate``d from its prompts on the current
+    weights, once the producer's batch in flight has ended (the batch and its metrics replaced; the loader position
+    and ``timing/gen`` stay the first generation's). Returns the batch to train on and its metrics:
+    ``rollout/staleness_mean``, ``rollout/staleness_max`` and ``rollout/dropped_stale`` (rows dropped)."""
+    dropped, max_staleness = 0, rollout.max_staleness
+    stale = staleness(generated.batch, trained_version)
+    if stale.max(initial=0) > max_staleness:
+        logger.warning("%d rows are more than trainer.max_staleness=%d versions behind policy version %d: generating "
+                       "the batch again", int((stale > max_staleness).sum()), max_staleness, trained_version)
+        dropped = len(generated.batch)
+        with rollout.quiet():
+            again = regenerate(generated.prompts)
+        generated = replace(generated, batch=again.batch, metrics=again.metrics)
+        stale = staleness(generated.batch, trained_version)
+    return generated, {"rollout/staleness_mean": float(stale.mean()), "rollout/staleness_max": float(stale.max()),
+                       "rollout/dropped_stale": float(dropped)}
 
 
 def _endless(loader: StatefulLoader) -> Iterator[Batch]:

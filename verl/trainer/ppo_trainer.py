@@ -74,7 +74,7 @@ from verl.single_controller.rollout import GroupRollout
 from verl.tools import run_tool_specs
 from verl.trainer import columns, step_metrics
 from verl.trainer.health import HealthMonitor, TrainingStopped
-from verl.trainer.pipeline import Generated, InlineRollout, PipelinedRollout, fill_batch, round_seed, staleness
+from verl.trainer.pipeline import Generated, InlineRollout, PipelinedRollout, bound_staleness, fill_batch, round_seed
 from verl.trainer.recipe import EnvironmentUnavailable, RecipeBuilder, check_generated, expected_row_lengths
 from verl.trainer.reward import (
     RewardManager,
@@ -239,7 +239,8 @@ class PPOTrainer:
         self._take_traffic()  # count only this step's worker-group calls (not the previous checkpoint's)
         generated, wait_s = timed(rollout.take, self.step)
         train_start = time.perf_counter()
-        generated, metrics = self._check_staleness(rollout, generated)
+        generated, metrics = bound_staleness(rollout, generated, self.step - 1,
+                                             lambda prompts: self._make_batch(prompts, self.step, None))
         metrics.update(generated.metrics)  # the recipe's, the engines' and dynamic sampling's
         # cut rows: masked out of the loss, or a length penalty on the reward (algorithm.overlong); before log-probs
         batch, overlong_metrics = apply_overlong(generated.batch, self.cfg.algorithm.overlong,
@@ -294,23 +295,6 @@ class PPOTrainer:
         more = draw if draw is not None else lambda: prompts  # regenerating a dropped batch: the same prompts
         return fill_batch(prompts, more, one_round, groups=len(prompts), max_rounds=fg.max_num_gen_batches,
                           pad_id=pad_token_id(self.tokenizer))
-
-    def _check_staleness(self, rollout, generated: Generated) -> tuple[Generated, dict[str, float]]:
-        """The staleness bound on the batch about to be trained (policy version ``step - 1``); a batch holding a row
-        more than ``max_staleness`` versions behind is dropped and generated again on the current weights (the
-        batch and its metrics replaced; the loader position and ``timing/gen`` stay the first generation's)."""
-        dropped = 0
-        stale = staleness(generated.batch, self.step - 1)
-        if stale.max(initial=0) > rollout.max_staleness:
-            logger.warning("step %d: %d rows are more than trainer.max_staleness=%d versions behind: generating the "
-                           "batch again", self.step, int((stale > rollout.max_staleness).sum()), rollout.max_staleness)
-            dropped = len(generated.batch)
-            with rollout.quiet():
-                again = self._make_batch(generated.prompts, self.step, None)
-            generated = replace(generated, batch=again.batch, metrics=again.metrics)
-            stale = staleness(generated.batch, self.step - 1)
-        return generated, {"rollout/staleness_mean": float(stale.mean()), "rollout/staleness_max": float(stale.max()),
-                           "rollout/dropped_stale": float(dropped)}
 
     def train_on(self, batch: Batch) -> StepResult:
         """Log-probs, values, advantages and the updates for one generated, scored batch: the trained batch, the
