@@ -10,6 +10,8 @@
 # of `make gpu-wheels` (.whl/, gguf for the import among them), installed into /tmp/site (benchmarks/gpu_site.sh).
 # Environment: OUT (outputs/gpu_demo_real), DEMO_TIMEOUT (seconds for demo_real.sh, default 420; what finished by
 # then is still reported), and demo_real.sh's own (SFT_STEPS, GRPO_STEPS, EVAL_N, DEMO_REAL_FORMAT, DEMO_REAL_SEED).
+# GRPO runs with the HF engine (DEMO_REAL_ENGINE=hf, as every GPU run of this script did; the carried wheels hold no
+# CUDA vLLM), not demo_real.sh's CPU default, vLLM.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
@@ -37,7 +39,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 t0=$(date +%s)
 status=0
-timeout "${DEMO_TIMEOUT:-420}" env DEMO_REAL_PORT=8013 bash scripts/demo_real.sh > "$OUT/demo_real.log" 2>&1 || status=$?
+timeout "${DEMO_TIMEOUT:-420}" env DEMO_REAL_PORT=8013 DEMO_REAL_ENGINE=hf bash scripts/demo_real.sh > "$OUT/demo_real.log" 2>&1 || status=$?
 say "demo_real.sh: exit $status after $(( $(date +%s) - t0 )) s$([ $status = 124 ] && echo ' (TIMED OUT)')"
 tail -n 8 "$OUT/demo_real.log" | tee -a "$OUT/summary.txt"
 D=outputs/demo_real

@@ -133,8 +133,8 @@ COLD_STARTS = {"sft": COLD_START, "sft_rephrase": {**COLD_START, "rephrase": 8},
 # would hold ~11 GiB, the table's ten RL runs more than this machine's disk.
 SFT_SAVE_FREQ = 10
 # --engine: what search_r1.evaluate and the RL runs generate with. hf: the configs' engine (lockstep turns); vllm:
-# vLLM's CPU engine, the RL runs with per-trajectory async rollout, as `make demo-real ENGINE=vllm` (its GRPO step
-# 0.47-0.51x the hf engine's here: docs/results.md).
+# vLLM's CPU engine, the RL runs with per-trajectory async rollout, as `make demo-real` (its GRPO step 0.47-0.51x the
+# hf engine's for a run's first step, 0.82x over a whole demo-real run: docs/results.md).
 ENGINES = {"hf": {"evaluate": [], "train": []},
            "vllm": {"evaluate": ["--engine", "vllm"],
                     "train": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async"]}}

@@ -22,12 +22,13 @@
 # at most 3 rounds a step) or grpo_turn (GRPO + retrieval-hit turn credit); a variant shares its seed's cold start and
 # evaluations and trains into $DEMO_REAL_DIR/<variant>, so variants compare side by side on one cold start (the model as
 # it comes is evaluated by the grpo run only).
-# DEMO_REAL_ENGINE (`make demo-real ENGINE=vllm`) picks GRPO's generation engine: hf (the default: the HF engine,
-# lockstep turns, as every recorded run) or vllm (vLLM's CPU engine, trajectories scheduled as they finish,
-# rollout.mode=async): about half the step time on this kind of machine, but its one seed-1 run ended at test EM 0.783
-# on 60 questions and 0.745 on 200, just below the HF engine's seeds (0.800-0.850 and 0.755-0.795), so it is not yet the
-# default (docs/results.md, "The real model"). A vllm run trains into $DEMO_REAL_DIR/<variant>_vllm (never resuming or
-# reusing an hf run's); evaluations use the HF engine either way (greedy).
+# DEMO_REAL_ENGINE (`make demo-real ENGINE=hf`) picks GRPO's generation engine: vllm (the default: vLLM's CPU engine,
+# trajectories scheduled as they finish, rollout.mode=async) or hf (the HF engine, lockstep turns, as every run before
+# 2026-12-01). From one seed-2 cold start on one machine, vllm took 0.78x hf's GRPO time (median step 68 vs 83 s,
+# generation 13 vs 36 s) and ended one question away on 60 test questions and within its paired interval on 200;
+# its two seeds overlap the hf seeds' range, seed 1 one or two questions below it (docs/results.md, "The real
+# model"). A vllm run trains into $DEMO_REAL_DIR/<variant>_vllm, an hf run into $DEMO_REAL_DIR/<variant> (neither
+# resumes or reuses the other's); evaluations use the HF engine either way (greedy).
 # Everything goes to DEMO_REAL_DIR (default outputs/demo_real, with _hermes and _seedN added for a non-default format
 # or seed); a rerun resumes or reuses each finished part.
 # The demo's 96-token passage budget (configs/demo.yaml) is sized for the tiny policy's tokenizer; a real tokenizer
@@ -46,7 +47,7 @@ case "$VARIANT" in
   grpo_turn) VARIANT_ARGS=(algorithm.adv_estimator=grpo_turn reward.turn_term=retrieval_hit algorithm.turn_adv_coef=1.0) ;;
   *) echo "[demo-real] error: DEMO_REAL_VARIANT=$VARIANT; allowed: grpo, grpo_ds, grpo_turn" >&2; exit 2;;
 esac
-ENGINE=${DEMO_REAL_ENGINE:-hf}
+ENGINE=${DEMO_REAL_ENGINE:-vllm}
 case "$ENGINE" in
   vllm) ENGINE_ARGS=(actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async) ;;
   hf) ENGINE_ARGS=() ;;  # the config's own engine: hf, lockstep turns
