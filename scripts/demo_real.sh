@@ -26,9 +26,9 @@
 # trajectories scheduled as they finish, rollout.mode=async) or hf (the HF engine, lockstep turns, as every run before
 # 2026-12-01). From one seed-2 cold start on one machine, vllm took 0.78x hf's GRPO time (median step 68 vs 83 s,
 # generation 13 vs 36 s) and ended one question away on 60 test questions and within its paired interval on 200;
-# its two seeds overlap the hf seeds' range, seed 1 one or two questions below it (docs/results.md, "The real
-# model"). A vllm run trains into $DEMO_REAL_DIR/<variant>_vllm, an hf run into $DEMO_REAL_DIR/<variant> (neither
-# resumes or reuses the other's); evaluations use the HF engine either way (greedy).
+# its three seeds (0.783-0.817 on 60, 0.745-0.775 on 200) overlap the hf seeds' (0.800-0.850, 0.755-0.795;
+# docs/results.md, "The real model"). A vllm run trains into $DEMO_REAL_DIR/<variant>_vllm, an hf run into
+# $DEMO_REAL_DIR/<variant> (neither resumes or reuses the other's); evaluations use the HF engine either way (greedy).
 # Everything goes to DEMO_REAL_DIR (default outputs/demo_real, with _hermes and _seedN added for a non-default format
 # or seed); a rerun resumes or reuses each finished part.
 # The demo's 96-token passage budget (configs/demo.yaml) is sized for the tiny policy's tokenizer; a real tokenizer
