@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,10 +31,10 @@ import json, sys, time, torch
 from transformers import AutoModelForCausalLM
 from verl.algorithms.logprobs import logprobs_and_entropy
 from verl.workers.process_memory import map_large_host_allocations, peak_memory_metrics, release_host_memory
-model_dir, mapped, steps, micro = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
+model_dir, threshold, steps, micro = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 lengths, dtype = [int(x) for x in sys.argv[5].split(",")], getattr(torch, sys.argv[6])
-if mapped:
-    assert map_large_host_allocations()
+if threshold:
+    assert map_large_host_allocations(threshold)
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
 model.gradient_checkpointing_disable()
@@ -57,8 +58,15 @@ for step in range(steps):
     opt.zero_grad(set_to_none=True)
     times.append(time.perf_counter() - start)
     peaks.append(peak_memory_metrics(cpu)["perf/step_max_rss_gb"])
-print(json.dumps({"times": times, "peaks": peaks}))
+huge = [int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages")]
+print(json.dumps({"times": times, "peaks": peaks, "huge_kib": huge[0] if huge else 0}))
 """
+
+
+HUGE_PAGES = "glibc.malloc.hugetlb=1"  # glibc >= 2.35: madvise(MADV_HUGEPAGE) on what malloc maps
+# name -> (mmap threshold in bytes, 0 = glibc's own rule; GLIBC_TUNABLES of the process)
+SETTINGS = {"default": (0, ""), "mapped": (1 << 20, ""), "mapped-huge": (1 << 20, HUGE_PAGES),
+            "huge": (0, HUGE_PAGES), "mapped-32m": (32 << 20, ""), "mapped-32m-huge": (32 << 20, HUGE_PAGES)}
 
 
 def main() -> None:
@@ -69,23 +77,32 @@ def main() -> None:
     p.add_argument("--micro", type=int, default=4, help="rows per micro-batch")
     p.add_argument("--lengths", default="640,480,560,320", help="tokens per row of each micro-batch of a step")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--settings", default="default,mapped", help=f"comma-separated, of: {', '.join(SETTINGS)}")
     args = p.parse_args()
-    results: dict[str, dict[str, list[float]]] = {"default": {"times": [], "peaks": []},
-                                                  "mapped": {"times": [], "peaks": []}}
+    names = args.settings.split(",")
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        p.error(f"--settings: unknown {unknown}; allowed: {', '.join(SETTINGS)}")
+    results: dict[str, dict[str, list[float]]] = {n: {"times": [], "peaks": []} for n in names}
     for round_ in range(args.rounds):
-        for name in ("default", "mapped"):
-            done = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD), args.model,
-                                   "1" if name == "mapped" else "0", str(args.steps), str(args.micro), args.lengths,
-                                   args.dtype], cwd=ROOT, capture_output=True, text=True)
+        for name in names:
+            threshold, tunables = SETTINGS[name]
+            env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_")}
+            if tunables:
+                env["GLIBC_TUNABLES"] = tunables
+            done = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD), args.model, str(threshold),
+                                   str(args.steps), str(args.micro), args.lengths, args.dtype],
+                                  cwd=ROOT, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 sys.exit(f"{name} round {round_}: exit {done.returncode}\n{done.stderr[-2000:]}")
             got = json.loads(done.stdout.strip().splitlines()[-1])
             results[name]["times"] += got["times"][1:]  # the first step warms up
             results[name]["peaks"] += got["peaks"]
-            print(f"round {round_} {name:7s} step s {[round(t, 1) for t in got['times']]}  "
-                  f"peak GiB {[round(x, 2) for x in got['peaks']]}", flush=True)
+            print(f"round {round_} {name:12s} step s {[round(t, 1) for t in got['times']]}  "
+                  f"peak GiB {[round(x, 2) for x in got['peaks']]}  huge pages {got['huge_kib'] >> 10} MiB",
+                  flush=True)
     for name, r in results.items():
-        print(f"{name:7s} median step {statistics.median(r['times']):.1f} s  max peak {max(r['peaks']):.2f} GiB  "
+        print(f"{name:12s} median step {statistics.median(r['times']):.1f} s  max peak {max(r['peaks']):.2f} GiB  "
               f"median peak {statistics.median(r['peaks']):.2f} GiB")
 
 

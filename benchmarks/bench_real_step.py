@@ -7,7 +7,10 @@ Trains SmolLM2-135M-Instruct's cold start (``make demo-real``'s ``sft/hf_model``
 by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4 samples a step, lr 1e-5, bfloat16
 (``benchmarks/paper_table.py``'s RL settings and demo-real's lengths), against the real BM25 service. Variants:
 
-    hf-sync      the HF engine as it is (rollout.mode=sync: lockstep turns; today's default)
+    hf-sync      the HF engine (rollout.mode=sync: lockstep turns)
+    hf-sync-full the same, every row's prompt computed in full (actor.share_prompt_prefix=false): the step as the
+                 issue measured it (its 65 s median), the baseline of the goal
+    vllm-sync-full  vLLM, every row's prompt in full
     vllm-sync    vLLM's CPU engine (rollout.name=vllm), lockstep turns
     hf-async     rows that finish make room for waiting trajectories: rollout.mode=async with the HF engine's
                  chunked rounds (rollout.async_chunk_tokens=64)
@@ -18,8 +21,9 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
 One fresh trainer process per (variant, run), the variants interleaved (run 1 of every variant, then run 2, ...),
 so a machine whose load changes mid-benchmark affects all; the 1-minute load average is printed before and after
 each run. Per variant: the step seconds (``timing/step``) of every step after the first (the first loads the engine
-and, with k=1, has nothing to overlap; ``--steps 1`` counts its one step), their median, and the ratio to
-``hf-sync``'s median (issue 59's goal: <= 0.5). Figures belong in docs/results.md with the date, machine, load and
+and, with k=1, has nothing to overlap; ``--steps 1`` counts its one step), their median, the medians of the step's
+phases (generation, reference pass, update), and the ratio to the first variant's median (issue 59's goal against
+``hf-sync-full``: <= 0.5). Figures belong in docs/results.md with the date, machine, load and
 commit.
 """
 
@@ -42,8 +46,11 @@ from retrieval_server.launcher import ServerProcess  # noqa: E402
 
 ASYNC = ["actor_rollout_ref.rollout.mode=async"]
 K1 = ["trainer.max_staleness=1", "actor_rollout_ref.actor.tis_cap=2"]
+FULL = ["actor_rollout_ref.actor.share_prompt_prefix=false"]  # every row's prompt in full, as before 2026-12-01
 VARIANTS = {
     "hf-sync": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync"],
+    "hf-sync-full": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync", *FULL],
+    "vllm-sync-full": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync", *FULL],
     "vllm-sync": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync"],
     "hf-async": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64"],
     "vllm-async": ["actor_rollout_ref.rollout.name=vllm", *ASYNC],
@@ -53,8 +60,12 @@ VARIANTS = {
 DEMO = ROOT / "data" / "demo"
 
 
-def train(url: str, model: Path, variant: str, steps: int, out: Path) -> list[float]:
-    """One fresh run of ``steps`` steps -> the seconds of each step after the first (of the only one, with 1)."""
+PHASES = ("step", "gen", "ref", "update_actor")  # timing/<phase> of the trainer's metrics
+
+
+def train(url: str, model: Path, variant: str, steps: int, out: Path) -> dict[str, list[float]]:
+    """One fresh run of ``steps`` steps -> per phase, the seconds of each step after the first (of the only one,
+    with 1)."""
     shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl appends: no earlier run's records
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *DEMO_REAL_COMMON, *RL, *GRPO, *VARIANTS[variant],
@@ -67,7 +78,8 @@ def train(url: str, model: Path, variant: str, steps: int, out: Path) -> list[fl
     if status != 0:
         raise SystemExit(f"{variant} failed (exit {status}); see {out.with_suffix('.log')}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["timing/step"] for r in records if "timing/step" in r and (r["step"] > 1 or steps == 1)]
+    counted = [r for r in records if "timing/step" in r and (r["step"] > 1 or steps == 1)]
+    return {key: [r.get(f"timing/{key}", 0.0) for r in counted] for key in PHASES}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,22 +97,24 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"variants must be among {', '.join(VARIANTS)} (got {unknown}); --steps >= 1; --runs >= 1")
     if not (args.model / "config.json").exists() or not (DEMO / "index_bm25").exists():
         raise SystemExit(f"needs {args.model} and {DEMO}: run `make demo-real` (or scripts/demo_real.sh) once")
-    seconds: dict[str, list[float]] = {v: [] for v in variants}
+    seconds: dict[str, dict[str, list[float]]] = {v: {key: [] for key in PHASES} for v in variants}
     with ServerProcess(DEMO / "index_bm25", DEMO / "corpus.jsonl", ["--threads", "1"]) as server:
         server.wait_ready()
         for run in range(args.runs):
             for variant in variants:
                 before = os.getloadavg()[0]
-                steps = train(server.url, args.model, variant, args.steps, args.out / f"{variant}_run{run}")
-                seconds[variant] += steps
-                print(f"[bench] {variant} run {run}: steps {', '.join(f'{s:.0f}' for s in steps)} s "
+                got = train(server.url, args.model, variant, args.steps, args.out / f"{variant}_run{run}")
+                for key in PHASES:
+                    seconds[variant][key] += got[key]
+                print(f"[bench] {variant} run {run}: steps {', '.join(f'{s:.0f}' for s in got['step'])} s "
                       f"(load {before:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
-    base = statistics.median(seconds["hf-sync"]) if seconds.get("hf-sync") else None
-    print("| variant | median step s | steps counted | vs hf-sync |\n|---|---|---|---|")
-    for variant, values in seconds.items():
-        median = statistics.median(values)
-        ratio = f"{median / base:.2f}x" if base else "-"
-        print(f"| {variant} | {median:.1f} | {len(values)} | {ratio} |")
+    base = statistics.median(seconds[variants[0]]["step"])
+    print(f"| variant | median step s | generation | reference | update | steps counted | vs {variants[0]} |\n"
+          "|---|---|---|---|---|---|---|")
+    for variant, phases in seconds.items():
+        med = {key: statistics.median(values) for key, values in phases.items()}
+        print(f"| {variant} | {med['step']:.1f} | {med['gen']:.1f} | {med['ref']:.1f} | {med['update_actor']:.1f} | "
+              f"{len(phases['step'])} | {med['step'] / base:.2f}x |")
     return 0
 
 

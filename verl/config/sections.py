@@ -175,6 +175,11 @@ class ActorConfig:
         "min(pi_old / pi_rollout, tis_cap), detached, correcting for the rollout engine sampling from a slightly "
         "different distribution than the trainer's (kernels, dtype). null = off; 2 is a common cap.", low=1,
         null_means="off")
+    share_prompt_prefix: bool = setting(
+        True, "Run the prompt tokens a micro-batch's rows all start with once per forward and serve every row from "
+        "their keys and values (the actor's passes and update, the reference): the same log-probs and gradients to "
+        "float rounding, fewer tokens computed (a GRPO group shares its whole prompt; verl/workers/shared_prefix.py). "
+        "Off under gradient checkpointing, which turns the model's cache off.")
 
 
 @dataclass

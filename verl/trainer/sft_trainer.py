@@ -57,7 +57,7 @@ from verl.workers.export import save_hf_model
 from verl.workers.lora import LoraSpec
 from verl.workers.model_files import check_model_files
 from verl.workers.model_utils import DTYPES, load_model, resolve_device, response_log_probs
-from verl.workers.shared_prefix import MIN_PREFIX, batch_prefix_length, shared_prefix_log_probs
+from verl.workers.shared_prefix import PrefixSharing
 from verl.workers.train_utils import GlobalCounts, TrainState
 
 logger = logging.getLogger(__name__)
@@ -101,9 +101,8 @@ class SFTTrainer:
         self.model = load_model(AutoModelForCausalLM, m.partial_pretrain, device=self.device, dtype=torch.float32,
                                 seed=t.seed, trainable=True, gradient_checkpointing=m.enable_gradient_checkpointing,
                                 trust_remote_code=m.trust_remote_code, lora=self.lora)
-        # the prompt tokens all rows of a micro-batch start with (the instruction) run once; not under gradient
-        # checkpointing, which turns the model's cache off in training
-        self.share_prefix = not getattr(self.model, "is_gradient_checkpointing", False)
+        # the prompt tokens all rows of a micro-batch start with (the instruction) run once (shared_prefix.py)
+        self.prefix_sharing = PrefixSharing(self.model)
         self.state = TrainState.from_optim(self.model, cfg.optim, self.total_steps, cfg.optim.clip_grad)
         run_dir.record_config(self.out_dir, to_yaml(cfg))
         self.tracker = Tracker(t.logger, self.out_dir, t.project_name, t.experiment_name,
@@ -191,15 +190,8 @@ class SFTTrainer:
 
     def _log_probs(self, micro: Batch) -> Tensor:
         """Log-probs [b, R] of the micro-batch's responses; the shared prompt prefix run once when there is one
-        (``verl/workers/shared_prefix.py``: the same values), unless the model's cache cannot be repeated per row."""
-        prefix = batch_prefix_length(micro) if self.share_prefix else 0
-        if prefix >= MIN_PREFIX:
-            try:
-                return shared_prefix_log_probs(self.model, micro, prefix, self.device, self.dtype)
-            except (AttributeError, NotImplementedError) as err:  # a cache type without batch_repeat_interleave
-                logger.warning("running every row's prompt in full: the model's cache cannot be shared (%s)", err)
-                self.share_prefix = False
-        return response_log_probs(self.model, micro, self.device, self.dtype)[0]
+        (``verl/workers/shared_prefix.py``: the same values)."""
+        return self.prefix_sharing.log_probs(micro, self.device, self.dtype)[0]
 
     def validate(self) -> dict[str, float]:
         """``val/loss``: the mean NLL per policy token of the validation trajectories (no gradient)."""

@@ -18,15 +18,20 @@ values and gradients, on several model families).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from verl.algorithms.logprobs import logprobs_and_entropy
 from verl.protocol import Batch
-from verl.workers.model_utils import autocast
+from verl.workers.distributed import all_reduce_, world
+from verl.workers.model_utils import autocast, response_log_probs
+
+logger = logging.getLogger(__name__)
 
 MIN_PREFIX = 8  # shorter shared prefixes are not worth a second forward call
 
@@ -66,10 +71,10 @@ def right_padded(batch: Batch) -> tuple[Tensor, Tensor, Tensor, int]:
     return ids, mask, prompt_len, int(response_len.max())
 
 
-def shared_prefix_log_probs(model: nn.Module, batch: Batch, p0: int, device: torch.device,
-                            dtype: torch.dtype) -> Tensor:
-    """Log-probs [b, R] of ``responses``, as ``model_utils.response_log_probs`` computes them, with the ``p0``
-    prompt tokens every row starts with run once. 0 at response padding."""
+def shared_prefix_log_probs(model: nn.Module, batch: Batch, p0: int, device: torch.device, dtype: torch.dtype,
+                            with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Log-probs [b, R] of ``responses`` and the entropy [b, R] if asked, as ``model_utils.response_log_probs``
+    computes them, with the ``p0`` prompt tokens every row starts with run once. 0 at response padding."""
     ids, mask, first, r = right_padded(batch)
     responses = batch["responses"]
     rows, R = responses.shape
@@ -82,11 +87,50 @@ def shared_prefix_log_probs(model: nn.Module, batch: Batch, p0: int, device: tor
     keep = width - int(first.min()) + 1
     column = (first.to(device)[:, None] - 1 - (width - keep) + torch.arange(r, device=device)).clamp(max=keep - 1)
     with autocast(device, dtype):
-        cache = model(input_ids=ids[:1, :p0], position_ids=positions[:1, :p0], use_cache=True).past_key_values
+        cache = model(input_ids=ids[:1, :p0], position_ids=positions[:1, :p0], use_cache=True,
+                      logits_to_keep=1).past_key_values  # only its keys and values are used
         cache.batch_repeat_interleave(rows)
         logits = model(input_ids=ids[:, p0:], attention_mask=mask, position_ids=positions[:, p0:],
                        past_key_values=cache, use_cache=True, logits_to_keep=keep).logits  # [b, keep, V]
     logits = logits.gather(1, column[..., None].expand(-1, -1, logits.shape[-1]))  # [b, r, V]
-    log_prob, _ = logprobs_and_entropy(logits, responses[:, :r].to(device), False, False)  # [b, r]
-    log_prob = log_prob * batch["attention_mask"][:, -R:][:, :r].to(device)
-    return torch.nn.functional.pad(log_prob, (0, R - r))
+    log_prob, entropy = logprobs_and_entropy(logits, responses[:, :r].to(device), with_entropy, entropy_grad)
+    real = batch["attention_mask"][:, -R:][:, :r].to(device)  # [b, r], 1 = a real response token
+    pad = lambda t: torch.nn.functional.pad(t * real, (0, R - r))  # noqa: E731
+    return pad(log_prob), (pad(entropy) if entropy is not None else None)
+
+
+class PrefixSharing:
+    """Whether a worker's forward passes run the micro-batch's shared prompt prefix once, decided per micro-batch.
+
+    On unless the model recomputes activations in its backward pass (transformers then turns the cache off, which
+    the prefix forward needs), and off for good after the model's cache could not be repeated per row. Ranks share
+    the prefix only if every rank can (``share``: FSDP runs its collectives per forward call, so every rank must
+    make the same number of calls)."""
+
+    def __init__(self, model: nn.Module, enabled: bool = True):
+        self.model = model
+        self.enabled = enabled and not getattr(model, "is_gradient_checkpointing", False)
+
+    def prefix(self, batch: Batch) -> int:
+        """The prompt tokens every row of ``batch`` starts with, when worth a second forward call on every rank;
+        else 0."""
+        p0 = batch_prefix_length(batch) if self.enabled else 0
+        can = torch.tensor([int(p0 >= MIN_PREFIX)])
+        if world()[1] > 1:
+            all_reduce_(can, dist.ReduceOp.MIN)  # every rank shares, or none does
+        return p0 if can.item() else 0
+
+    def log_probs(self, batch: Batch, device: torch.device, dtype: torch.dtype, with_entropy: bool = False,
+                  entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+        """``model_utils.response_log_probs`` of the micro-batch, its shared prompt prefix run once when there is
+        one (the same values to float rounding)."""
+        p0 = self.prefix(batch)
+        if p0:
+            try:
+                return shared_prefix_log_probs(self.model, batch, p0, device, dtype, with_entropy, entropy_grad)
+            except (AttributeError, NotImplementedError) as err:  # a cache type without batch_repeat_interleave
+                if world()[1] > 1:
+                    raise  # another rank may have made its calls: stopping here is better than a hang
+                logger.warning("running every row's prompt in full: the model's cache cannot be shared (%s)", err)
+                self.enabled = False
+        return response_log_probs(self.model, batch, device, dtype, with_entropy, entropy_grad)

@@ -123,7 +123,9 @@ def test_logits_at_inserted_positions_get_exactly_zero_gradient(request, vocab):
     else:
         model_dir = request.getfixturevalue("qwen_model_dir")
         batch = real_vocab_batch(request.getfixturevalue("qwen_tokenizer"))
-    cfg = make_config(model_dir, *FULL_LOSS)
+    # every row in full (one LM head call to read); the shared-prefix forward's gradients equal these
+    # (test_prefix_sharing.py)
+    cfg = make_config(model_dir, *FULL_LOSS, "actor_rollout_ref.actor.share_prompt_prefix=false")
     batch = add_targets(batch, seed=6)
     actor = ActorWorker(cfg, total_steps=1)
     outputs = capture_outputs(actor.model.lm_head)

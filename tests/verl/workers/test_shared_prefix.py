@@ -46,16 +46,21 @@ def test_shared_prefix_log_probs_equal_the_full_forward(name):
     assert p0 == common_prefix_length(prompts) == 40
     real = batch["response_mask"].float()  # [b, R]
 
-    def run(fn) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def run(fn) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         model.zero_grad(set_to_none=True)
-        log_prob = fn() * real
-        log_prob.sum().backward()
-        return log_prob.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        log_prob, entropy = fn()
+        log_prob, entropy = log_prob * real, entropy * real
+        (log_prob.sum() + 0.5 * entropy.sum()).backward()  # an entropy bonus: its gradient goes through the prefix too
+        return (log_prob.detach(), entropy.detach(),
+                {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
 
-    full, full_grads = run(lambda: response_log_probs(model, batch, torch.device("cpu"), torch.float32)[0])
-    shared, shared_grads = run(lambda: shared_prefix_log_probs(model, batch, p0, torch.device("cpu"), torch.float32))
+    cpu = torch.device("cpu")
+    full, full_entropy, full_grads = run(lambda: response_log_probs(model, batch, cpu, torch.float32, True, True))
+    shared, shared_entropy, shared_grads = run(lambda: shared_prefix_log_probs(model, batch, p0, cpu, torch.float32,
+                                                                                True, True))
     assert shared.shape == full.shape == real.shape
     torch.testing.assert_close(shared, full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(shared_entropy, full_entropy, rtol=1e-4, atol=1e-4)
     assert shared_grads.keys() == full_grads.keys() and full_grads
     for n in full_grads:
         torch.testing.assert_close(shared_grads[n], full_grads[n], rtol=1e-3, atol=1e-4, msg=n)
