@@ -1,8 +1,9 @@
 """Log-probs of a micro-batch whose prompts all start with the same tokens, with that prefix run once.
 
 Every row of a Search-R1 dataset starts with the same instruction (and a chat template's system prompt): in the demo
-84 of a trajectory's 159 tokens on average. The supervised cold start trains on every row in full, so it spends about
-half its forward and backward passes on the same tokens. Here the prefix runs once ([1, p0]), its keys and values
+84 of a trajectory's 159 tokens on average; and the rows of a GRPO group share their whole prompt, so a micro-batch
+that holds one group computes its prompt once per row for nothing. Used by the supervised cold start, the actor's
+log-prob pass and update and the reference (``PrefixSharing``). Here the prefix runs once ([1, p0]), its keys and values
 are repeated for the b rows (``Cache.batch_repeat_interleave``; gradients flow back through the repeat, so the
 prefix's weights get the sum of the rows' gradients, as in the full computation), and the rows' remainders run
 against that cache.
