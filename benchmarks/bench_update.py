@@ -2,7 +2,7 @@
 
     python benchmarks/bench_update.py --model DIR [--random-weights] [--device cpu|cuda] [--dtype float32]
                                       [--rows 16] [--prompt-tokens 200] [--response-tokens 300]
-                                      [--micro-batch 4] [--repeats 3] [key=value ...]
+                                      [--micro-batch 4] [--repeats 3] [--group N [--compare-prefix]] [key=value ...]
 
 One ``ActorWorker`` (the trainer's own, built from the trainer's config with the given overrides) on ``--device``,
 compute dtype ``--dtype`` (weights and optimiser in float32, as in training). A batch of ``--rows`` rows of random
@@ -13,6 +13,9 @@ one mini-batch: the trainer then skips the pass, ``config.recomputes_old_log_pro
 of every row (prompt and response); MFU = model FLOPs (``verl.workers.flops``: 1 forward for the pass, 3 for an
 update) over the time and the device's measured matmul peak in ``--dtype``. Medians after one warm-up.
 ``--random-weights`` keeps ``--model``'s config and draws new weights (the speed of a real model's shape).
+``--group N``: consecutive groups of N rows share their prompt, as a GRPO group's do; ``--compare-prefix`` then
+times the log-prob pass and the on-policy update with that prompt run once per micro-batch and in full
+(``actor.share_prompt_prefix``), alternated on the same batch.
 """
 
 from __future__ import annotations
@@ -37,9 +40,12 @@ from verl.workers.actor import ActorWorker  # noqa: E402
 from verl.workers.flops import ModelFlops, measure_peak_flops  # noqa: E402
 
 
-def make_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> Batch:
+def make_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0, group: int = 1) -> Batch:
+    """Random rows; with ``group`` > 1 consecutive groups of that many rows share their prompt (a GRPO group)."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(10, vocab) for _ in range(prompt)] for _ in range(rows)]
+    prompts = []
+    for i in range(rows):
+        prompts.append(prompts[-1] if i % group else [rng.randrange(10, vocab) for _ in range(prompt)])
     responses = [[rng.randrange(10, vocab) for _ in range(response)] for _ in range(rows)]
     info = [[0 if (t // 20) % 3 == 2 else 1 for t in range(response)] for _ in range(rows)]
     tensors = pack_trajectories(prompts, responses, info, pad_id=0)
@@ -58,6 +64,24 @@ def timed(fn, device: str) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
+def compare_prefix(actor: ActorWorker, batch: Batch, repeats: int, device: str) -> None:
+    """Log-prob pass and on-policy update with the shared prefix run once / in full, alternated; medians."""
+    times: dict[str, list[float]] = {}
+    for rep in range(repeats + 1):
+        for share in (True, False):
+            actor.prefix_sharing.enabled = share
+            pass_s, _ = timed(lambda: actor.compute_log_prob(batch), device)
+            update_s, _ = timed(lambda: actor.update_actor(batch), device)
+            if rep:  # the first round warms up
+                times.setdefault(f"log-prob pass, {'shared' if share else 'full'}", []).append(pass_s)
+                times.setdefault(f"update, {'shared' if share else 'full'}", []).append(update_s)
+    for name, values in times.items():
+        print(f"  {name:24s} median {statistics.median(values):7.2f} s  ({', '.join(f'{v:.1f}' for v in values)})")
+    for what in ("log-prob pass", "update"):
+        ratio = statistics.median(times[f"{what}, shared"]) / statistics.median(times[f"{what}, full"])
+        print(f"  {what}: shared / full = {ratio:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
@@ -69,6 +93,10 @@ def main() -> None:
     parser.add_argument("--response-tokens", type=int, default=300)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--group", type=int, default=1, help="consecutive rows sharing their prompt (GRPO's n)")
+    parser.add_argument("--compare-prefix", action="store_true",
+                        help="time the log-prob pass and the on-policy update with the shared prompt prefix run once "
+                             "and in full, alternated on the same batch (actor.share_prompt_prefix)")
     parser.add_argument("overrides", nargs="*", help="trainer config key=value")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,11 +116,14 @@ def main() -> None:
         actor = ActorWorker(cfg, total_steps=100)
         flops = ModelFlops.of(actor.model)
         batch = make_batch(args.rows, args.prompt_tokens, args.response_tokens, AutoConfig.from_pretrained(model)
-                           .vocab_size)
+                           .vocab_size, group=args.group)
         forward = flops.forward(batch["attention_mask"].sum(-1))
         tokens = float(batch["attention_mask"].sum())
         times: dict[str, list[float]] = {"log-prob pass": [], "update (old log-probs given)": [],
                                          "update (on-policy, no pass)": []}
+        if args.compare_prefix:
+            compare_prefix(actor, batch, args.repeats, args.device)
+            return
         for rep in range(args.repeats + 1):
             pass_s, old = timed(lambda: actor.compute_log_prob(batch), args.device)
             with_old = Batch({**batch.tensors, "old_log_probs": old["old_log_probs"]})
