@@ -179,7 +179,8 @@ class ActorConfig:
         True, "Run the prompt tokens a micro-batch's rows all start with once per forward and serve every row from "
         "their keys and values (the actor's passes and update, the reference): the same log-probs and gradients to "
         "float rounding, fewer tokens computed (a GRPO group shares its whole prompt; verl/workers/shared_prefix.py). "
-        "Off under gradient checkpointing, which turns the model's cache off.")
+        "Off under gradient checkpointing (no cache in training) and for a model sharded with FSDP (ranks or "
+        "offload), whose freed weights a backward through two forward calls cannot use.")
 
 
 @dataclass

@@ -21,8 +21,9 @@ Choices:
 * Mini-batches are consecutive rows in batch order (no shuffling), identical on every run.
 * **Shared prompt prefix.** Every forward (the log-prob pass, the update, the LoRA reference) runs the prompt tokens
   a micro-batch's rows all start with once and serves every row from its keys and values
-  (``shared_prefix.PrefixSharing``; the same values and gradients to float rounding). A GRPO micro-batch that holds
-  one group shares its whole prompt: on ``make demo-real``'s steps about a quarter of the tokens a forward computed.
+  (``shared_prefix.PrefixSharing``; the same values and gradients to float rounding; not for a model sharded with
+  FSDP). A GRPO micro-batch that holds one group shares its whole prompt: on ``make demo-real``'s steps about a
+  quarter of the tokens a forward computed.
 * **LoRA** (``model.lora_rank > 0``, ``lora.py``): only the adapters are trained and checkpointed;
   the reference log-probs come from this same model with its adapters disabled
   (``compute_ref_log_prob``), so no second copy of the weights exists.

@@ -24,12 +24,11 @@ import os
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from verl.algorithms.logprobs import logprobs_and_entropy
 from verl.protocol import Batch
-from verl.workers.distributed import all_reduce_, world
 from verl.workers.model_utils import autocast, response_log_probs
 
 logger = logging.getLogger(__name__)
@@ -103,23 +102,21 @@ def shared_prefix_log_probs(model: nn.Module, batch: Batch, p0: int, device: tor
 class PrefixSharing:
     """Whether a worker's forward passes run the micro-batch's shared prompt prefix once, decided per micro-batch.
 
-    On unless the model recomputes activations in its backward pass (transformers then turns the cache off, which
-    the prefix forward needs), and off for good after the model's cache could not be repeated per row. Ranks share
-    the prefix only if every rank can (``share``: FSDP runs its collectives per forward call, so every rank must
-    make the same number of calls)."""
+    Off for a model sharded with FSDP (data-parallel ranks, or CPU offload): FSDP2 frees the gathered weights after
+    each forward call, and a backward through two calls (the prefix's, the rows') then finds the first one's gone
+    (``setStorage ... out of bounds for storage of size 0``). Off when the model recomputes activations in its
+    backward pass (transformers then turns the cache off, which the prefix forward needs), and off for good after
+    the model's cache could not be repeated per row."""
 
     def __init__(self, model: nn.Module, enabled: bool = True):
         self.model = model
-        self.enabled = enabled and not getattr(model, "is_gradient_checkpointing", False)
+        sharded = any(isinstance(p, DTensor) for p in model.parameters())
+        self.enabled = enabled and not sharded and not getattr(model, "is_gradient_checkpointing", False)
 
     def prefix(self, batch: Batch) -> int:
-        """The prompt tokens every row of ``batch`` starts with, when worth a second forward call on every rank;
-        else 0."""
+        """The prompt tokens every row of ``batch`` starts with, when worth a second forward call; else 0."""
         p0 = batch_prefix_length(batch) if self.enabled else 0
-        can = torch.tensor([int(p0 >= MIN_PREFIX)])
-        if world()[1] > 1:
-            all_reduce_(can, dist.ReduceOp.MIN)  # every rank shares, or none does
-        return p0 if can.item() else 0
+        return p0 if p0 >= MIN_PREFIX else 0
 
     def log_probs(self, batch: Batch, device: torch.device, dtype: torch.dtype, with_entropy: bool = False,
                   entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -130,8 +127,6 @@ class PrefixSharing:
             try:
                 return shared_prefix_log_probs(self.model, batch, p0, device, dtype, with_entropy, entropy_grad)
             except (AttributeError, NotImplementedError) as err:  # a cache type without batch_repeat_interleave
-                if world()[1] > 1:
-                    raise  # another rank may have made its calls: stopping here is better than a hang
                 logger.warning("running every row's prompt in full: the model's cache cannot be shared (%s)", err)
                 self.enabled = False
         return response_log_probs(self.model, batch, device, dtype, with_entropy, entropy_grad)

@@ -127,16 +127,16 @@ def test_non_finite_loss_on_one_rank_is_skipped_by_every_rank(tiny_model_dir, tm
         assert torch.equal(ranks[0]["after_skip"][name], value), name
 
 
-def prefix_on_one_rank(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
-    """One spawned rank: rank 0's micro-batches share their prompts' prefix, rank 1's do not; a log-prob pass and
-    an update. Saves the log-probs and whether rank 0 would have shared alone."""
+def prefix_on_both_ranks(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
+    """One spawned rank: micro-batches whose rows share their prompt, a log-prob pass and an update. Saves the
+    log-probs, the metrics and the prefix each micro-batch would run once."""
     from tests.verl.workers.test_prefix_sharing import MICRO, grouped_batch
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        batch = add_targets(grouped_batch(seed=4) if rank == 0 else random_batch(seed=21), seed=22)
+        batch = add_targets(grouped_batch(seed=4 + rank), seed=22)
         actor = ActorWorker(make_config(model_dir, *MICRO), total_steps=1)
         alone = batch_prefix_length(batch.index([0, 1, 2, 3]))
         shared = [actor.prefix_sharing.prefix(batch.index(list(range(i, i + 4)))) for i in (0, 4)]
@@ -149,17 +149,18 @@ def prefix_on_one_rank(rank: int, world_size: int, port: int, model_dir: str, ou
 
 
 @pytest.mark.timeout(300)
-def test_ranks_share_the_prompt_prefix_only_when_all_can(tiny_model_dir, tmp_path):
-    """Guards against a hang: FSDP runs its collectives per forward call, and a rank that runs its shared prefix
-    makes one call more per micro-batch than a rank that cannot. Every rank then computes in full, with the
-    log-probs a single process computes."""
+def test_a_sharded_model_runs_every_prompt_in_full(tiny_model_dir, tmp_path):
+    """Guards against the shared-prefix forward under FSDP2: it frees the gathered weights after each forward call,
+    so a backward through the prefix's call and the rows' call fails (every Ray two-rank run did). A sharded actor
+    computes every row in full, with the log-probs a single process computes."""
     from tests.verl.workers.test_prefix_sharing import MICRO, grouped_batch
 
-    mp.spawn(prefix_on_one_rank, args=(2, free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
+    mp.spawn(prefix_on_both_ranks, args=(2, free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    assert ranks[0]["alone"] >= 12 and ranks[0]["shared"] == [0, 0] and ranks[1]["shared"] == [0, 0]
+    assert all(r["alone"] >= 12 and r["shared"] == [0, 0] for r in ranks)
     assert ranks[0]["metrics"] == ranks[1]["metrics"]
     single = ActorWorker(make_config(tiny_model_dir, *MICRO), total_steps=1)
-    for rank, batch in ((0, grouped_batch(seed=4)), (1, random_batch(seed=21))):
-        torch.testing.assert_close(ranks[rank]["log_probs"], single.compute_log_prob(batch)["old_log_probs"],
+    for rank in range(2):
+        torch.testing.assert_close(ranks[rank]["log_probs"],
+                                   single.compute_log_prob(grouped_batch(seed=4 + rank))["old_log_probs"],
                                    atol=1e-5, rtol=1e-5)
