@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -32,6 +33,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def gloo_rank(rank: int, world_size: int, port: int):
+    """A spawned rank's body: one torch thread, in the gloo group on loopback, the group destroyed on the way out."""
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 def train_one_step(cfg, batch) -> dict:
     """Log-probs (actor, sharded reference) and values, then one actor and one critic update."""
     actor, critic, ref = ActorWorker(cfg, total_steps=1), CriticWorker(cfg, total_steps=1), RefWorker(cfg, 1)
@@ -47,16 +60,11 @@ def train_one_step(cfg, batch) -> dict:
 
 def fsdp_rank(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
     """One spawned rank: join the gloo group, train on its half of the batch, save what rank 0 sees."""
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
+    with gloo_rank(rank, world_size, port):
         batch = add_targets(random_batch(seed=20), seed=20).chunk(world_size)[rank]
         result = train_one_step(make_config(model_dir, *OVERRIDES), batch)
         result.pop("actor").save_checkpoint(os.path.join(out_dir, "actor_ckpt"))
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.timeout(300)
@@ -89,10 +97,7 @@ def test_two_process_fsdp_update_equals_single_process_update(tiny_model_dir, tm
 
 def nan_on_one_rank(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
     """One spawned rank: a NaN advantage on rank 1's rows only; then a clean update. Saves what each rank saw."""
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
+    with gloo_rank(rank, world_size, port):
         batch = add_targets(random_batch(seed=21), seed=21).chunk(world_size)[rank]
         poisoned = Batch(dict(batch.tensors))
         poisoned.tensors["advantages"] = batch["advantages"].clone()
@@ -106,8 +111,6 @@ def nan_on_one_rank(rank: int, world_size: int, port: int, model_dir: str, out_d
         clean = actor.update_actor(batch)
         torch.save({"before": before, "after_skip": after_skip, "skipped": skipped, "clean": clean},
                    os.path.join(out_dir, f"nan_rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.timeout(300)
@@ -132,10 +135,7 @@ def prefix_on_both_ranks(rank: int, world_size: int, port: int, model_dir: str, 
     log-probs, the metrics and the prefix each micro-batch would run once."""
     from tests.verl.workers.test_prefix_sharing import MICRO, grouped_batch
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
+    with gloo_rank(rank, world_size, port):
         batch = add_targets(grouped_batch(seed=4 + rank), seed=22)
         actor = ActorWorker(make_config(model_dir, *MICRO), total_steps=1)
         alone = batch_prefix_length(batch.index([0, 1, 2, 3]))
@@ -144,8 +144,6 @@ def prefix_on_both_ranks(rank: int, world_size: int, port: int, model_dir: str, 
         metrics = actor.update_actor(batch)
         torch.save({"alone": alone, "shared": shared, "log_probs": log_probs, "metrics": metrics},
                    os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.timeout(300)
