@@ -64,9 +64,13 @@ print(json.dumps({"times": times, "peaks": peaks, "huge_kib": huge[0] if huge el
 
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"  # glibc >= 2.35: madvise(MADV_HUGEPAGE) on what malloc maps
+KEEP_TOP = "glibc.malloc.trim_threshold=67108864"  # the heap's top is given back only above 64 MiB free
 # name -> (mmap threshold in bytes, 0 = glibc's own rule; GLIBC_TUNABLES of the process)
 SETTINGS = {"default": (0, ""), "mapped": (1 << 20, ""), "mapped-huge": (1 << 20, HUGE_PAGES),
-            "huge": (0, HUGE_PAGES), "mapped-32m": (32 << 20, ""), "mapped-32m-huge": (32 << 20, HUGE_PAGES)}
+            "huge": (0, HUGE_PAGES), "mapped-32m": (32 << 20, ""), "mapped-32m-huge": (32 << 20, HUGE_PAGES),
+            # a fixed mmap threshold also keeps glibc's trim threshold at 128 KiB (the default rule raises it to twice
+            # the mmap threshold): the heap's top is then given back and faulted in again on every micro-batch
+            "mapped-trim": (1 << 20, KEEP_TOP), "mapped-trim-huge": (1 << 20, f"{KEEP_TOP}:{HUGE_PAGES}")}
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
     hf-k1        hf-async plus the one-step-off pipeline (trainer.max_staleness=1, actor.tis_cap=2)
     vllm-k1      vllm-async plus the one-step-off pipeline
 
-One fresh trainer process per (variant, run), the variants interleaved (run 1 of every variant, then run 2, ...),
-so a machine whose load changes mid-benchmark affects all; the 1-minute load average is printed before and after
+One fresh trainer process per (variant, run), the variants interleaved (run 1 of every variant, then run 2 in the
+reverse order, ...), so a machine whose load or speed changes mid-benchmark affects all; the 1-minute load average is printed before and after
 each run. Per variant: the step seconds (``timing/step``) of every step after the first (the first loads the engine
 and, with k=1, has nothing to overlap; ``--steps 1`` counts its one step), their median, the medians of the step's
 phases (generation, reference pass, update), and the ratio to the first variant's median (issue 59's goal against
@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     with ServerProcess(DEMO / "index_bm25", DEMO / "corpus.jsonl", ["--threads", "1"]) as server:
         server.wait_ready()
         for run in range(args.runs):
-            for variant in variants:
+            # every other run in reverse order (A B, B A, ...): a machine that speeds up or slows down over the
+            # benchmark then favours no variant
+            for variant in (variants if run % 2 == 0 else variants[::-1]):
                 before = os.getloadavg()[0]
                 got = train(server.url, args.model, variant, args.steps, args.out / f"{variant}_run{run}")
                 for key in PHASES:
