@@ -19,12 +19,12 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
     vllm-k1      vllm-async plus the one-step-off pipeline
 
 One fresh trainer process per (variant, run), the variants interleaved (run 1 of every variant, then run 2 in the
-reverse order, ...), so a machine whose load or speed changes mid-benchmark affects all; the 1-minute load average is printed before and after
-each run. Per variant: the step seconds (``timing/step``) of every step after the first (the first loads the engine
-and, with k=1, has nothing to overlap; ``--steps 1`` counts its one step), their median, the medians of the step's
-phases (generation, reference pass, update), and the ratio to the first variant's median (issue 59's goal against
-``hf-sync-full``: <= 0.5). Figures belong in docs/results.md with the date, machine, load and
-commit.
+reverse order, ...), so a machine whose load or speed changes mid-benchmark affects all; the 1-minute load average
+is printed before and after each run. Per variant: the step seconds (``timing/step``) of every step after the first
+(the first loads the engine and, with k=1, has nothing to overlap; ``--steps 1`` counts its one step), their median,
+the medians of the step's phases (generation, reference pass, update), and the ratio to the first variant's median
+(issue 59's goal against ``hf-sync-full``: <= 0.5). Figures belong in docs/results.md with the date, machine, load
+and commit.
 """
 
 from __future__ import annotations

@@ -2,12 +2,13 @@
 
     python benchmarks/bench_update.py --model DIR [--random-weights] [--device cpu|cuda] [--dtype float32]
                                       [--rows 16] [--prompt-tokens 200] [--response-tokens 300]
-                                      [--micro-batch 4] [--repeats 3] [--group N [--compare-prefix]] [key=value ...]
+                                      [--micro-batch 4] [--repeats 3] [--group N [--compare-prefix]]
+                                      [--compare-head] [--inserted-every 3] [key=value ...]
 
 One ``ActorWorker`` (the trainer's own, built from the trainer's config with the given overrides) on ``--device``,
 compute dtype ``--dtype`` (weights and optimiser in float32, as in training). A batch of ``--rows`` rows of random
 token ids (``--prompt-tokens`` prompt, ``--response-tokens`` response of which every third 20-token block is an
-inserted, masked block) with random advantages, and per repeat, timed: the old-log-prob pass
+inserted, masked block, by default) with random advantages, and per repeat, timed: the old-log-prob pass
 (``compute_log_prob``), an update that reads those old log-probs, and an on-policy update without them (one epoch,
 one mini-batch: the trainer then skips the pass, ``config.recomputes_old_log_probs``). Tokens/s counts every token
 of every row (prompt and response); MFU = model FLOPs (``verl.workers.flops``: 1 forward for the pass, 3 for an
@@ -15,7 +16,9 @@ update) over the time and the device's measured matmul peak in ``--dtype``. Medi
 ``--random-weights`` keeps ``--model``'s config and draws new weights (the speed of a real model's shape).
 ``--group N``: consecutive groups of N rows share their prompt, as a GRPO group's do; ``--compare-prefix`` then
 times the log-prob pass and the on-policy update with that prompt run once per micro-batch and in full
-(``actor.share_prompt_prefix``), alternated on the same batch.
+(``actor.share_prompt_prefix``), alternated on the same batch. ``--compare-head`` times them with the LM head on
+the tokens a loss or metric reads and on every response token (``verl/workers/scored_tokens.py``), alternated;
+``--inserted-every N`` makes every N-th 20-token block inserted text (default 3: a third of the response).
 """
 
 from __future__ import annotations
@@ -40,14 +43,17 @@ from verl.workers.actor import ActorWorker  # noqa: E402
 from verl.workers.flops import ModelFlops, measure_peak_flops  # noqa: E402
 
 
-def make_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0, group: int = 1) -> Batch:
-    """Random rows; with ``group`` > 1 consecutive groups of that many rows share their prompt (a GRPO group)."""
+def make_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0, group: int = 1,
+               inserted_every: int = 3) -> Batch:
+    """Random rows; every ``inserted_every``-th 20-token block of a response inserted (info mask 0); with ``group``
+    > 1 consecutive groups of that many rows share their prompt (a GRPO group)."""
     rng = random.Random(seed)
     prompts = []
     for i in range(rows):
         prompts.append(prompts[-1] if i % group else [rng.randrange(10, vocab) for _ in range(prompt)])
     responses = [[rng.randrange(10, vocab) for _ in range(response)] for _ in range(rows)]
-    info = [[0 if (t // 20) % 3 == 2 else 1 for t in range(response)] for _ in range(rows)]
+    info = [[0 if (t // 20) % inserted_every == inserted_every - 1 else 1 for t in range(response)]
+            for _ in range(rows)]
     tensors = pack_trajectories(prompts, responses, info, pad_id=0)
     tensors["loss_mask"] = tensors["response_mask"] * tensors["info_mask"]
     tensors["advantages"] = torch.randn(tensors["responses"].shape, generator=torch.Generator().manual_seed(seed))
@@ -64,22 +70,23 @@ def timed(fn, device: str) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def compare_prefix(actor: ActorWorker, batch: Batch, repeats: int, device: str) -> None:
-    """Log-prob pass and on-policy update with the shared prefix run once / in full, alternated; medians."""
+def compare(actor: ActorWorker, batch: Batch, repeats: int, device: str, names: tuple[str, str], switch) -> None:
+    """Log-prob pass and on-policy update with ``switch(True)`` (named ``names[0]``) and ``switch(False)``,
+    alternated on the same batch; medians and the ratio."""
     times: dict[str, list[float]] = {}
     for rep in range(repeats + 1):
-        for share in (True, False):
-            actor.prefix_sharing.enabled = share
+        for on in (True, False):
+            switch(on)
             pass_s, _ = timed(lambda: actor.compute_log_prob(batch), device)
             update_s, _ = timed(lambda: actor.update_actor(batch), device)
             if rep:  # the first round warms up
-                times.setdefault(f"log-prob pass, {'shared' if share else 'full'}", []).append(pass_s)
-                times.setdefault(f"update, {'shared' if share else 'full'}", []).append(update_s)
+                times.setdefault(f"log-prob pass, {names[not on]}", []).append(pass_s)
+                times.setdefault(f"update, {names[not on]}", []).append(update_s)
     for name, values in times.items():
-        print(f"  {name:24s} median {statistics.median(values):7.2f} s  ({', '.join(f'{v:.1f}' for v in values)})")
+        print(f"  {name:30s} median {statistics.median(values):7.2f} s  ({', '.join(f'{v:.1f}' for v in values)})")
     for what in ("log-prob pass", "update"):
-        ratio = statistics.median(times[f"{what}, shared"]) / statistics.median(times[f"{what}, full"])
-        print(f"  {what}: shared / full = {ratio:.2f}x")
+        ratio = statistics.median(times[f"{what}, {names[0]}"]) / statistics.median(times[f"{what}, {names[1]}"])
+        print(f"  {what}: {names[0]} / {names[1]} = {ratio:.2f}x")
 
 
 def main() -> None:
@@ -97,6 +104,11 @@ def main() -> None:
     parser.add_argument("--compare-prefix", action="store_true",
                         help="time the log-prob pass and the on-policy update with the shared prompt prefix run once "
                              "and in full, alternated on the same batch (actor.share_prompt_prefix)")
+    parser.add_argument("--compare-head", action="store_true",
+                        help="time the pass and the update with the LM head on the read tokens and on every token "
+                             "(verl/workers/scored_tokens.py), alternated on the same batch")
+    parser.add_argument("--inserted-every", type=int, default=3,
+                        help="every N-th 20-token block of a response is inserted text (2: half the response)")
     parser.add_argument("overrides", nargs="*", help="trainer config key=value")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,13 +128,18 @@ def main() -> None:
         actor = ActorWorker(cfg, total_steps=100)
         flops = ModelFlops.of(actor.model)
         batch = make_batch(args.rows, args.prompt_tokens, args.response_tokens, AutoConfig.from_pretrained(model)
-                           .vocab_size, group=args.group)
+                           .vocab_size, group=args.group, inserted_every=args.inserted_every)
         forward = flops.forward(batch["attention_mask"].sum(-1))
         tokens = float(batch["attention_mask"].sum())
         times: dict[str, list[float]] = {"log-prob pass": [], "update (old log-probs given)": [],
                                          "update (on-policy, no pass)": []}
         if args.compare_prefix:
-            compare_prefix(actor, batch, args.repeats, args.device)
+            compare(actor, batch, args.repeats, args.device, ("shared", "full"),
+                    lambda on: setattr(actor.prefix_sharing, "enabled", on))
+            return
+        if args.compare_head:
+            compare(actor, batch, args.repeats, args.device, ("read tokens", "every token"),
+                    lambda on: setattr(actor.prefix_sharing, "every_token", not on))
             return
         for rep in range(args.repeats + 1):
             pass_s, old = timed(lambda: actor.compute_log_prob(batch), args.device)

@@ -74,6 +74,7 @@ class ColumnError(ValueError):
 
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")  # what a forward pass reads
+SCORED = ("loss_mask", "response_mask", "info_mask")  # which of its tokens a log-prob pass scores
 
 STEP: tuple[Phase, ...] = (
     Phase("prompts", "verl.utils.dataset.PromptDataset.batch", adds={
@@ -119,12 +120,16 @@ STEP: tuple[Phase, ...] = (
     Phase("overlong", "verl.trainer.reward.apply_overlong (algorithm.overlong.mode)",
           reads=("truncated", "loss_mask", "response_mask", "token_level_scores"),
           replaces=("loss_mask", "token_level_scores")),  # mask: loss_mask; soft_penalty: token_level_scores
-    Phase("old_log_prob", "ActorRolloutWorker.compute_log_prob", reads=MODEL_INPUTS, adds={
-        "old_log_probs": Column("B, R", "log-probs of the response tokens under the weights that sampled this step"),
-        "entropy": Column("B, R", "the policy's entropy at each response token"),
+    # the passes score only the tokens loss_mask or the policy's sampling marks (verl/workers/scored_tokens.py)
+    Phase("old_log_prob", "ActorRolloutWorker.compute_log_prob", reads=MODEL_INPUTS, may_read=SCORED, adds={
+        "old_log_probs": Column("B, R", "log-probs of the response tokens under the weights that sampled this step "
+                                        "(0 where no loss or metric reads them: retrieved text, padding)"),
+        "entropy": Column("B, R", "the policy's entropy at each response token (0 where old_log_probs is)"),
     }),
-    Phase("ref", "RefWorker.compute_ref_log_prob (the actor's under LoRA)", reads=MODEL_INPUTS, adds={
-        "ref_log_prob": Column("B, R", "log-probs of the response tokens under the reference model"),
+    Phase("ref", "RefWorker.compute_ref_log_prob (the actor's under LoRA)", reads=MODEL_INPUTS, may_read=SCORED,
+          adds={
+        "ref_log_prob": Column("B, R", "log-probs of the response tokens under the reference model (0 where "
+                                       "old_log_probs is)"),
     }),
     Phase("rewards", "verl.trainer.reward.token_rewards",
           reads=("token_level_scores", "loss_mask", "response_mask", "info_mask"),

@@ -22,7 +22,8 @@ a training micro-batch):
   ``i``-wide tensors, SDPA's output and log-sum-exp; ``ACTIVATION_BYTES``, checked against a live forward by
   ``tests/verl/workers/test_activation_bytes.py``); Korthikanti et al.'s ``34 h`` (GPT with a ``4h`` GeLU MLP)
   is 40-60 % under it for these models. Plus the logits ``b R V`` once (log-probs and entropy are chunked,
-  ``verl.algorithms.logprobs``), plus one FSDP-gathered layer. With a critic (GAE), the larger of that and the
+  ``verl.algorithms.logprobs``; an upper bound, as the head scores only the tokens a loss or metric reads,
+  ``scored_tokens.py``), plus one FSDP-gathered layer. With a critic (GAE), the larger of that and the
   critic's micro-batch (its own rows or token budget, no logits): the two never run at once.
 * **KV cache**: the HF engine holds ``rows x T x L x 2 x kv_heads x head_dim`` values for a
   micro-batch of ``rollout.micro_batch_size`` rows (at most the rows one engine gets in a step) in

@@ -46,6 +46,7 @@ from verl.algorithms.logprobs import logprobs_and_entropy
 from verl.protocol import Batch
 from verl.workers.distributed import all_reduce_, init_single_process_group, shard_model, world
 from verl.workers.lora import LoraSpec, add_lora
+from verl.workers.scored_tokens import ScoredTokens, head_logits, head_on
 
 logger = logging.getLogger(__name__)
 
@@ -163,20 +164,29 @@ def response_outputs(model: nn.Module, batch: Batch, device: torch.device, dtype
 
 
 def response_log_probs(model: nn.Module, batch: Batch, device: torch.device, dtype: torch.dtype,
-                       with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+                       with_entropy: bool = False, entropy_grad: bool = False,
+                       every_token: bool = False) -> tuple[Tensor, Tensor | None]:
     """Log-probs [b, R] of ``responses`` under a causal LM, and the policy entropy [b, R] if asked.
 
     ``entropy_grad`` keeps the entropy in the autograd graph (an entropy bonus); otherwise it is
     computed without gradient (a metric). Both come from ``logprobs.logprobs_and_entropy`` over
-    token chunks, so the model's logits are the only [b, r, V] tensor. Padding columns hold 0.
+    token chunks, so the model's logits are the only [n, V] tensor. With a ``loss_mask`` in the batch only the
+    tokens something reads are scored (``scored_tokens.py``: n of them; ``every_token``: all real ones); 0 at the
+    others and at padding.
     """
-
-    def head(logits: Tensor, labels: Tensor) -> tuple[Tensor, ...]:
-        log_prob, entropy = logprobs_and_entropy(logits, labels, with_entropy, entropy_grad)  # [b, r] each
-        return (log_prob,) if entropy is None else (log_prob, entropy)
-
-    out = response_outputs(model, batch, device, dtype, causal_lm=True, head=head)
-    return out[0], (out[1] if with_entropy else None)
+    input_ids, attention_mask, position_ids, r = _cut_padding(batch)
+    # the LM head on the scored tokens only (scored_tokens.py): the kept r + 1 columns' column k predicts token k
+    scored = ScoredTokens.of(batch, r, device, every_token)
+    responses = batch["responses"]
+    index = scored.rows * (r + 1) + scored.cols  # [n] into the head's input [b * (r + 1)]
+    with autocast(device, dtype), head_on(model, index) as head_input:
+        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                       position_ids=position_ids.to(device), use_cache=False, logits_to_keep=r + 1).logits
+    labels = responses.to(device)[scored.rows, scored.cols][None]  # [1, n]
+    log_prob, entropy = logprobs_and_entropy(head_logits(logits, head_input, index), labels, with_entropy,
+                                             entropy_grad)  # [1, n] each
+    rows, R = responses.shape
+    return scored.scatter(log_prob[0], rows, R), (scored.scatter(entropy[0], rows, R) if with_entropy else None)
 
 
 # ----------------------------------------------------------------------------------------------

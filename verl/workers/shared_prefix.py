@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from verl.algorithms.logprobs import logprobs_and_entropy
 from verl.protocol import Batch
 from verl.workers.model_utils import autocast, response_log_probs
+from verl.workers.scored_tokens import ScoredTokens, head_logits, head_on
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +73,10 @@ def right_padded(batch: Batch) -> tuple[Tensor, Tensor, Tensor, int]:
 
 
 def shared_prefix_log_probs(model: nn.Module, batch: Batch, p0: int, device: torch.device, dtype: torch.dtype,
-                            with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+                            with_entropy: bool = False, entropy_grad: bool = False,
+                            every_token: bool = False) -> tuple[Tensor, Tensor | None]:
     """Log-probs [b, R] of ``responses`` and the entropy [b, R] if asked, as ``model_utils.response_log_probs``
-    computes them, with the ``p0`` prompt tokens every row starts with run once. 0 at response padding."""
+    computes them (at the same scored tokens), with the ``p0`` prompt tokens every row starts with run once."""
     ids, mask, first, r = right_padded(batch)
     responses = batch["responses"]
     rows, R = responses.shape
@@ -86,17 +88,20 @@ def shared_prefix_log_probs(model: nn.Module, batch: Batch, p0: int, device: tor
     # padding
     keep = width - int(first.min()) + 1
     column = (first.to(device)[:, None] - 1 - (width - keep) + torch.arange(r, device=device)).clamp(max=keep - 1)
+    # the LM head on the scored tokens only (scored_tokens.py), every real one when the batch has no loss_mask
+    scored = ScoredTokens.of(batch, r, device, every_token)
+    index = scored.rows * keep + column[scored.rows, scored.cols]  # [n] into the head's input [b * keep]
     with autocast(device, dtype):
         cache = model(input_ids=ids[:1, :p0], position_ids=positions[:1, :p0], use_cache=True,
                       logits_to_keep=1).past_key_values  # only its keys and values are used
         cache.batch_repeat_interleave(rows)
-        logits = model(input_ids=ids[:, p0:], attention_mask=mask, position_ids=positions[:, p0:],
-                       past_key_values=cache, use_cache=True, logits_to_keep=keep).logits  # [b, keep, V]
-    logits = logits.gather(1, column[..., None].expand(-1, -1, logits.shape[-1]))  # [b, r, V]
-    log_prob, entropy = logprobs_and_entropy(logits, responses[:, :r].to(device), with_entropy, entropy_grad)
-    real = batch["attention_mask"][:, -R:][:, :r].to(device)  # [b, r], 1 = a real response token
-    pad = lambda t: torch.nn.functional.pad(t * real, (0, R - r))  # noqa: E731
-    return pad(log_prob), (pad(entropy) if entropy is not None else None)
+        with head_on(model, index) as head_input:
+            logits = model(input_ids=ids[:, p0:], attention_mask=mask, position_ids=positions[:, p0:],
+                           past_key_values=cache, use_cache=True, logits_to_keep=keep).logits  # [1, n, V]
+    labels = responses.to(device)[scored.rows, scored.cols][None]  # [1, n]
+    log_prob, entropy = logprobs_and_entropy(head_logits(logits, head_input, index), labels, with_entropy,
+                                             entropy_grad)  # [1, n] each
+    return scored.scatter(log_prob[0], rows, R), (scored.scatter(entropy[0], rows, R) if with_entropy else None)
 
 
 class PrefixSharing:
@@ -107,6 +112,8 @@ class PrefixSharing:
     (``setStorage ... out of bounds for storage of size 0``). Off when the model recomputes activations in its
     backward pass (transformers then turns the cache off, which the prefix forward needs), and off for good after
     the model's cache could not be repeated per row."""
+
+    every_token = False  # score every real response token, not only the read ones (scored_tokens.py): benchmarks
 
     def __init__(self, model: nn.Module, enabled: bool = True):
         self.model = model
@@ -125,8 +132,9 @@ class PrefixSharing:
         p0 = self.prefix(batch)
         if p0:
             try:
-                return shared_prefix_log_probs(self.model, batch, p0, device, dtype, with_entropy, entropy_grad)
+                return shared_prefix_log_probs(self.model, batch, p0, device, dtype, with_entropy, entropy_grad,
+                                               self.every_token)
             except (AttributeError, NotImplementedError) as err:  # a cache type without batch_repeat_interleave
                 logger.warning("running every row's prompt in full: the model's cache cannot be shared (%s)", err)
                 self.enabled = False
-        return response_log_probs(self.model, batch, device, dtype, with_entropy, entropy_grad)
+        return response_log_probs(self.model, batch, device, dtype, with_entropy, entropy_grad, self.every_token)

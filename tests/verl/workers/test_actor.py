@@ -58,15 +58,17 @@ def plain_log_probs(model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_log_probs_and_entropy_match_a_plain_per_row_loop(tiny_model_dir):
     """Guards against reading the wrong logit columns (off by one at P-1), padding leaking into
-    real tokens, and non-zero values left at response padding."""
+    real tokens, and non-zero values left at response padding or at the inserted tokens (which are not scored:
+    verl/workers/scored_tokens.py)."""
     cfg = make_config(tiny_model_dir, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3")
     batch = random_batch(seed=0)
     out = ActorWorker(cfg, total_steps=1).compute_log_prob(batch)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     expected_lp, expected_ent = plain_log_probs(model, batch)
-    torch.testing.assert_close(out["old_log_probs"], expected_lp, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out["entropy"], expected_ent, atol=1e-4, rtol=1e-5)
-    assert torch.all(out["old_log_probs"][batch["response_mask"] == 0] == 0)
+    scored = batch["loss_mask"].float()  # [B, R]: the policy's tokens (state masking)
+    assert 0 < scored.sum() < batch["response_mask"].sum()
+    torch.testing.assert_close(out["old_log_probs"], expected_lp * scored, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["entropy"], expected_ent * scored, atol=1e-4, rtol=1e-5)
 
 
 def test_reference_matches_actor_before_training_and_stays_frozen(tiny_model_dir):
@@ -114,9 +116,10 @@ def test_targets_at_masked_positions_do_not_change_the_update(tiny_model_dir, mo
 
 @pytest.mark.parametrize("vocab", ["tiny", "qwen"])
 def test_logits_at_inserted_positions_get_exactly_zero_gradient(request, vocab):
-    """With state masking on, the actor loss (PPO + entropy + KL) must send exactly zero gradient
-    into the logits of tokens inserted by the environment and of padding, and some elsewhere; also on
-    agent-loop trajectories of Qwen2.5's real vocabulary (multi-token tags, blocks that start where a
+    """With state masking on, the actor loss (PPO + entropy + KL) must send no gradient into the logits of tokens
+    inserted by the environment and of padding (the LM head does not compute them: scored_tokens.py), exactly zero
+    into those of a row whose loss is masked out (scored for rollout/*), and some into every trained token's; also
+    on agent-loop trajectories of Qwen2.5's real vocabulary (multi-token tags, blocks that start where a
     re-tokenisation would merge them with the sampled text)."""
     if vocab == "tiny":
         model_dir, batch = request.getfixturevalue("tiny_model_dir"), random_batch(seed=6)
@@ -127,14 +130,18 @@ def test_logits_at_inserted_positions_get_exactly_zero_gradient(request, vocab):
     # (test_prefix_sharing.py)
     cfg = make_config(model_dir, *FULL_LOSS, "actor_rollout_ref.actor.share_prompt_prefix=false")
     batch = add_targets(batch, seed=6)
+    batch.tensors["loss_mask"] = batch["loss_mask"].clone()
+    batch.tensors["loss_mask"][0] = 0  # as the overlong filter masks a row
     actor = ActorWorker(cfg, total_steps=1)
     outputs = capture_outputs(actor.model.lm_head)
     actor.update_actor(batch)
-    (logits,) = outputs  # one micro-batch: [B, R + 1, V] (the LM head runs on the response columns only)
-    grad = logits.grad[:, :-1]  # [B, R, V]: row i, column t predicts response token t
-    masked = batch["loss_mask"] == 0
-    assert torch.all(grad[masked] == 0)
-    assert torch.all(grad[~masked].abs().sum(-1) > 0)
+    (logits,) = outputs  # one micro-batch: [1, n, V], the scored tokens in row-major order
+    policy = (batch["response_mask"] * batch["info_mask"]).bool()  # [B, R]: sampled by the policy
+    assert logits.shape[:2] == (1, int(policy.sum())) and policy.sum() < batch["response_mask"].sum()
+    trained = batch["loss_mask"].bool()[policy]  # [n]
+    grad = logits.grad[0]  # [n, V]
+    assert torch.all(grad[~trained] == 0) and (~trained).any()
+    assert torch.all(grad[trained].abs().sum(-1) > 0)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
