@@ -118,3 +118,20 @@ def test_which_tokens_are_scored():
     nothing = Batch({**batch.tensors, "loss_mask": torch.zeros_like(batch["loss_mask"]),
                      "info_mask": torch.zeros_like(batch["info_mask"])})
     assert len(ScoredTokens.of(nothing, r, CPU).rows) == 1
+
+
+def test_a_model_without_output_embeddings_gets_its_full_logits_gathered(monkeypatch):
+    """Guards the fallback: where the head cannot be hooked, the scored tokens' values come from the full logits."""
+    family = FAMILIES["llama"]
+    tokenizer = build_tokenizer(family, ["the guild of Vuzaholm was founded by Arlen Tosk in the north"] * 4)
+    model = build_model(family, tokenizer).eval()
+    specials = set(tokenizer.all_special_ids)
+    batch = make_batch([i for i in range(len(tokenizer)) if i not in specials], tokenizer.pad_token_id or 0)
+    scored = (batch["response_mask"] * batch["info_mask"]).float()
+    with torch.no_grad():
+        hooked, _ = response_log_probs(model, batch, CPU, torch.float32)
+        monkeypatch.setattr(model, "get_output_embeddings", lambda: None)
+        gathered, _ = response_log_probs(model, batch, CPU, torch.float32)
+        want, _ = oracle(model, batch)
+    torch.testing.assert_close(gathered, want * scored, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(hooked, gathered, rtol=1e-5, atol=1e-5)
