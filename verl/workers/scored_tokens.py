@@ -33,6 +33,7 @@ class ScoredTokens:
 
     rows: Tensor  # [n] long
     cols: Tensor  # [n] long, < r (the response columns the pass keeps)
+    placeholder: bool = False  # nothing is read: one token computed for the graph, its value scattered as 0
 
     @classmethod
     def of(cls, batch: Batch, r: int, device: torch.device, every_token: bool = False) -> ScoredTokens:
@@ -48,13 +49,14 @@ class ScoredTokens:
             scored = scored & read
         scored = scored.nonzero()  # [n, 2]
         if len(scored) == 0:
-            scored = torch.zeros((1, 2), dtype=torch.long)
+            return cls(torch.zeros(1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device),
+                       placeholder=True)
         return cls(scored[:, 0].to(device), scored[:, 1].to(device))
 
     def scatter(self, values: Tensor, rows: int, R: int) -> Tensor:
         """``values`` [n] at their tokens of a [rows, R] float32 tensor, 0 elsewhere (differentiable in ``values``)."""
         out = values.new_zeros((rows, R), dtype=torch.float32)
-        return out.index_put((self.rows, self.cols), values.float())
+        return out.index_put((self.rows, self.cols), values.float() * (0.0 if self.placeholder else 1.0))
 
 
 class HeadInput:

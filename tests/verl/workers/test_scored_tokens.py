@@ -117,7 +117,11 @@ def test_which_tokens_are_scored():
     assert torch.equal(as_mask(ScoredTokens.of(no_masking, r, CPU)), expected)
     nothing = Batch({**batch.tensors, "loss_mask": torch.zeros_like(batch["loss_mask"]),
                      "info_mask": torch.zeros_like(batch["info_mask"])})
-    assert len(ScoredTokens.of(nothing, r, CPU).rows) == 1
+    placeholder = ScoredTokens.of(nothing, r, CPU)
+    assert len(placeholder.rows) == 1 and placeholder.placeholder
+    values = torch.tensor([-2.0], requires_grad=True)
+    out = placeholder.scatter(values, len(batch), R)
+    assert torch.all(out == 0) and out.requires_grad  # 0 everywhere, still a graph for an update's backward
 
 
 def test_a_model_without_output_embeddings_gets_its_full_logits_gathered(monkeypatch):
