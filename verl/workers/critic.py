@@ -77,7 +77,7 @@ class CriticWorker:
 
     def _values(self, micro: Batch) -> Tensor:
         """Values [b, R] at columns P-1 .. P+R-2 (padding columns 0), in the autograd graph if enabled."""
-        (values,) = response_outputs(self.model, micro, self.device, self.dtype, causal_lm=False,
+        (values,) = response_outputs(self.model, micro, self.device, self.dtype,
                                      head=lambda out, _: out[..., 0].float())
         return values
 

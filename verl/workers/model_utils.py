@@ -136,13 +136,13 @@ def _cut_padding(batch: Batch) -> tuple[Tensor, Tensor, Tensor, int]:
     return batch["input_ids"][:, cols], attention_mask[:, cols], batch["position_ids"][:, cols], last - P + 1
 
 
-def response_outputs(model: nn.Module, batch: Batch, device: torch.device, dtype: torch.dtype, causal_lm: bool,
+def response_outputs(model: nn.Module, batch: Batch, device: torch.device, dtype: torch.dtype,
                      head: Callable[[Tensor, Tensor], Tensor | tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
-    """Run ``model`` on a micro-batch and apply ``head`` to its outputs at the response columns.
+    """Run ``model`` (a value model: every column's output is computed) on a micro-batch and apply ``head`` to its
+    outputs at the response columns. Causal LMs go through ``response_log_probs``.
 
     Args:
         batch: ``input_ids``, ``attention_mask``, ``position_ids`` [b, P+R], ``responses`` [b, R].
-        causal_lm: the model takes ``logits_to_keep`` (the LM head then runs on the response only).
         head: ``head(outputs [b, r, ...], responses [b, r]) -> [b, r]`` tensor(s), r <= R the kept
             response columns; ``outputs`` are the model's logits at columns P-1 .. P+r-2.
     Returns the head's tensors [b, R] on ``device``, 0 at response padding (whatever the micro-batch).
@@ -153,10 +153,7 @@ def response_outputs(model: nn.Module, batch: Batch, device: torch.device, dtype
     kwargs = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
               "position_ids": position_ids.to(device), "use_cache": False}
     with autocast(device, dtype):
-        if causal_lm:
-            logits = model(**kwargs, logits_to_keep=r + 1).logits[:, :-1]  # [b, r, V]
-        else:
-            logits = model(**kwargs).logits[:, -r - 1:-1]  # [b, r, ...]
+        logits = model(**kwargs).logits[:, -r - 1:-1]  # [b, r, ...]
     out = head(logits, responses[:, :r].to(device))
     out = out if isinstance(out, tuple) else (out,)
     real = attention_mask[:, attention_mask.shape[1] - r:].to(device)  # [b, r], 1 = a real response token
