@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.search_r1.model_families import FAMILIES, build_model, build_tokenizer
+from tests.verl.workers.test_shared_prefix import rows
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
 from verl.workers.model_utils import response_log_probs
@@ -26,17 +27,10 @@ CPU = torch.device("cpu")
 
 
 def make_batch(vocab: list[int], pad: int, state_masking: bool = True) -> Batch:
-    """Four rows: a 30-token shared prefix, 1-12 prompt tokens of their own, 1-60 response tokens of which tokens
-    8-22 are retrieved (info mask 0); ``loss_mask`` as the recipe makes it (retrieved tokens out under state
-    masking), the last row's loss masked out whole (as the overlong filter does)."""
-    rng = random.Random(0)
-    prefix = [rng.choice(vocab) for _ in range(30)]
-    prompts, responses, infos = [], [], []
-    for own, length in ((1, 60), (12, 3), (5, 40), (8, 30)):
-        prompts.append(prefix + [rng.choice(vocab) for _ in range(own)])
-        responses.append([rng.choice(vocab) for _ in range(length)])
-        infos.append([0 if 8 <= k < 23 else 1 for k in range(length)])
-    tensors = pack_trajectories(prompts, responses, infos, pad)
+    """test_shared_prefix's four rows (a 40-token shared prefix, prompts of their own, responses with a retrieved
+    span: info mask 0), with ``loss_mask`` as the recipe makes it (retrieved tokens out under state masking) and the
+    last row's loss masked out whole (as the overlong filter does)."""
+    tensors = pack_trajectories(*rows(vocab, random.Random(0)), pad)
     loss_mask = tensors["response_mask"] * (tensors["info_mask"] if state_masking else 1)
     loss_mask[3] = 0
     return Batch({**tensors, "loss_mask": loss_mask})
@@ -82,7 +76,7 @@ def test_both_passes_score_exactly_the_read_tokens(name):
     full_rows = list(head_rows)
     head_rows.clear()
     p0 = batch_prefix_length(batch)
-    assert p0 >= 30
+    assert p0 >= 40
     shared = run(model, lambda: shared_prefix_log_probs(model, batch, p0, CPU, torch.float32, True, True), scored)
     hook.remove()
     assert full_rows == [int(scored.sum())]  # the LM head saw the scored tokens, once
