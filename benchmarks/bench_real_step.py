@@ -20,10 +20,18 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
 
 One fresh trainer process per (variant, run), the variants interleaved (run 1 of every variant, then run 2 in the
 reverse order, ...), so a machine whose load or speed changes mid-benchmark affects all; the 1-minute load average
-is printed before and after each run. Per variant: the step seconds (``timing/step``) of every step after the first
-(the first loads the engine and, with k=1, has nothing to overlap; ``--steps 1`` counts its one step), their median,
-the medians of the step's phases (generation, reference pass, update), and the ratio to the first variant's median
-(issue 59's goal against ``hf-sync-full``: <= 0.5). Figures belong in docs/results.md with the date, machine, load
+is printed before and after each run. Run k (from 0) trains with ``trainer.seed=1+k``: every variant of a run sees
+the same prompts and seed, and a second run draws new samples (with one seed, a repeat samples the same rows again
+and measures only the machine's noise).
+
+Per variant: the step seconds (``timing/step``) of every step after the first (the first loads the engine and, with
+k=1, has nothing to overlap; ``--steps 1`` counts its one step), their median, the medians of the step's phases
+(generation, reference pass, update), and the ratio to the first variant's median (issue 59's goal against
+``hf-sync-full``: <= 0.5). Beside them, the work the steps did: the median response length and how many steps had a
+row cut at ``max_response_length``. Such a step waits for its longest row and pads the update to it (in ``make
+demo-real`` it takes 1.5-2.5x the others), so two variants whose samples differ by chance differ by it: the median
+over the steps with no row cut compares them at like work. ``--report`` prints the table again from every step
+recorded under ``--out`` (an unfinished run's too). Figures belong in docs/results.md with the date, machine, load
 and commit.
 """
 
@@ -61,9 +69,10 @@ DEMO = ROOT / "data" / "demo"
 
 
 PHASES = ("step", "gen", "ref", "update_actor")  # timing/<phase> of the trainer's metrics
+WORK = {"cut": "agent/cut/max_response_length", "length": "response_length/mean"}  # what a step's rows did
 
 
-def train(url: str, model: Path, variant: str, steps: int, out: Path) -> dict[str, list[float]]:
+def train(url: str, model: Path, variant: str, steps: int, seed: int, out: Path) -> dict[str, list[float]]:
     """One fresh run of ``steps`` steps -> per phase, the seconds of each step after the first (of the only one,
     with 1)."""
     shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl appends: no earlier run's records
@@ -71,15 +80,59 @@ def train(url: str, model: Path, variant: str, steps: int, out: Path) -> dict[st
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *DEMO_REAL_COMMON, *RL, *GRPO, *VARIANTS[variant],
            f"actor_rollout_ref.model.path={model}", f"retriever.url={url}", f"trainer.total_training_steps={steps}",
            f"data.train_files={DEMO / 'train.parquet'}", f"data.val_files={DEMO / 'test.parquet'}",
-           "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.seed=1",
+           "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.resume_mode=disable", f"trainer.seed={seed}",
            f"trainer.default_local_dir={out}"]
     with out.with_suffix(".log").open("w") as f:
         status = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     if status != 0:
         raise SystemExit(f"{variant} failed (exit {status}); see {out.with_suffix('.log')}")
+    return read_run(out)
+
+
+def read_run(out: Path) -> dict[str, list[float]]:
+    """A run directory's metrics.jsonl -> per phase (and per WORK key), one value for each step after the first (the
+    only step of a one-step run)."""
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    counted = [r for r in records if "timing/step" in r and (r["step"] > 1 or steps == 1)]
-    return {key: [r.get(f"timing/{key}", 0.0) for r in counted] for key in PHASES}
+    stepped = [r for r in records if "timing/step" in r]
+    counted = [r for r in stepped if r["step"] > 1 or len(stepped) == 1]
+    got = {key: [r.get(f"timing/{key}", 0.0) for r in counted] for key in PHASES}
+    got.update({key: [r.get(name, 0.0) for r in counted] for key, name in WORK.items()})
+    return got
+
+
+def table(seconds: dict[str, dict[str, list[float]]]) -> str:
+    """The markdown table of per-variant medians; the first variant is the ratio's baseline."""
+    base = statistics.median(next(iter(seconds.values()))["step"])
+    first = next(iter(seconds))
+    uncut = {v: [s for s, n in zip(p["step"], p["cut"]) if n == 0] for v, p in seconds.items()}
+    base_uncut = statistics.median(uncut[first]) if uncut[first] else float("nan")
+    lines = [f"| variant | median step s | generation | reference | update | steps counted | steps with a row cut | "
+             f"median response tokens | vs {first} | median step s, no row cut | vs {first}, no row cut |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for variant, phases in seconds.items():
+        med = {key: statistics.median(values) for key, values in phases.items()}
+        cut = sum(1 for n in phases["cut"] if n > 0)
+        no_cut = statistics.median(uncut[variant]) if uncut[variant] else float("nan")
+        lines.append(f"| {variant} | {med['step']:.1f} | {med['gen']:.1f} | {med['ref']:.1f} | "
+                     f"{med['update_actor']:.1f} | {len(phases['step'])} | {cut} | {med['length']:.0f} | "
+                     f"{med['step'] / base:.2f}x | {no_cut:.1f} | {no_cut / base_uncut:.2f}x |")
+    return "\n".join(lines)
+
+
+def report(out: Path, variants: list[str]) -> dict[str, dict[str, list[float]]]:
+    """Every finished run under ``out`` (``<variant>_run<k>/metrics.jsonl``), pooled per variant."""
+    seconds = {}
+    for variant in variants:
+        runs = sorted(d for d in out.glob(f"{variant}_run*") if (d / "metrics.jsonl").is_file())
+        if not runs:
+            raise SystemExit(f"no run of {variant} under {out} (looked for {variant}_run*/metrics.jsonl)")
+        pooled: dict[str, list[float]] = {}
+        for run in runs:
+            for key, values in read_run(run).items():
+                pooled.setdefault(key, []).extend(values)
+        print(f"[bench] {variant}: {len(runs)} run(s) from {out}", flush=True)
+        seconds[variant] = pooled
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,14 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--model", type=Path, default=ROOT / "outputs" / "demo_real" / "sft" / "hf_model")
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_real_step")
+    p.add_argument("--report", action="store_true",
+                   help="train nothing: print the table from the finished runs under --out")
     args = p.parse_args(argv)
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or args.steps < 1 or args.runs < 1:
         p.error(f"variants must be among {', '.join(VARIANTS)} (got {unknown}); --steps >= 1; --runs >= 1")
+    if args.report:
+        print(table(report(args.out, variants)))
+        return 0
     if not (args.model / "config.json").exists() or not (DEMO / "index_bm25").exists():
         raise SystemExit(f"needs {args.model} and {DEMO}: run `make demo-real` (or scripts/demo_real.sh) once")
-    seconds: dict[str, dict[str, list[float]]] = {v: {key: [] for key in PHASES} for v in variants}
+    seconds: dict[str, dict[str, list[float]]] = {v: {key: [] for key in (*PHASES, *WORK)} for v in variants}
     with ServerProcess(DEMO / "index_bm25", DEMO / "corpus.jsonl", ["--threads", "1"]) as server:
         server.wait_ready()
         for run in range(args.runs):
@@ -105,18 +163,12 @@ def main(argv: list[str] | None = None) -> int:
             # benchmark then favours no variant
             for variant in (variants if run % 2 == 0 else variants[::-1]):
                 before = os.getloadavg()[0]
-                got = train(server.url, args.model, variant, args.steps, args.out / f"{variant}_run{run}")
-                for key in PHASES:
-                    seconds[variant][key] += got[key]
+                got = train(server.url, args.model, variant, args.steps, 1 + run, args.out / f"{variant}_run{run}")
+                for key, values in got.items():
+                    seconds[variant][key] += values
                 print(f"[bench] {variant} run {run}: steps {', '.join(f'{s:.0f}' for s in got['step'])} s "
                       f"(load {before:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
-    base = statistics.median(seconds[variants[0]]["step"])
-    print(f"| variant | median step s | generation | reference | update | steps counted | vs {variants[0]} |\n"
-          "|---|---|---|---|---|---|---|")
-    for variant, phases in seconds.items():
-        med = {key: statistics.median(values) for key, values in phases.items()}
-        print(f"| {variant} | {med['step']:.1f} | {med['gen']:.1f} | {med['ref']:.1f} | {med['update_actor']:.1f} | "
-              f"{len(phases['step'])} | {med['step'] / base:.2f}x |")
+    print(table(seconds))
     return 0
 
 
