@@ -86,15 +86,15 @@ def train(url: str, model: Path, variant: str, steps: int, seed: int, out: Path)
         status = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     if status != 0:
         raise SystemExit(f"{variant} failed (exit {status}); see {out.with_suffix('.log')}")
-    return read_run(out)
+    return read_run(out, count_first=steps == 1)
 
 
-def read_run(out: Path) -> dict[str, list[float]]:
-    """A run directory's metrics.jsonl -> per phase (and per WORK key), one value for each step after the first (the
-    only step of a one-step run)."""
+def read_run(out: Path, count_first: bool = False) -> dict[str, list[float]]:
+    """A run directory's metrics.jsonl -> per phase (and per WORK key), one value for each step after the first (each
+    step with ``count_first``: a one-step benchmark)."""
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     stepped = [r for r in records if "timing/step" in r]
-    counted = [r for r in stepped if r["step"] > 1 or len(stepped) == 1]
+    counted = [r for r in stepped if r["step"] > 1 or count_first]
     got = {key: [r.get(f"timing/{key}", 0.0) for r in counted] for key in PHASES}
     got.update({key: [r.get(name, 0.0) for r in counted] for key, name in WORK.items()})
     return got
@@ -119,7 +119,7 @@ def table(seconds: dict[str, dict[str, list[float]]]) -> str:
     return "\n".join(lines)
 
 
-def report(out: Path, variants: list[str]) -> dict[str, dict[str, list[float]]]:
+def report(out: Path, variants: list[str], count_first: bool) -> dict[str, dict[str, list[float]]]:
     """Every finished run under ``out`` (``<variant>_run<k>/metrics.jsonl``), pooled per variant."""
     seconds = {}
     for variant in variants:
@@ -128,7 +128,7 @@ def report(out: Path, variants: list[str]) -> dict[str, dict[str, list[float]]]:
             raise SystemExit(f"no run of {variant} under {out} (looked for {variant}_run*/metrics.jsonl)")
         pooled: dict[str, list[float]] = {}
         for run in runs:
-            for key, values in read_run(run).items():
+            for key, values in read_run(run, count_first).items():
                 pooled.setdefault(key, []).extend(values)
         print(f"[bench] {variant}: {len(runs)} run(s) from {out}", flush=True)
         seconds[variant] = pooled
@@ -144,14 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=ROOT / "outputs" / "demo_real" / "sft" / "hf_model")
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_real_step")
     p.add_argument("--report", action="store_true",
-                   help="train nothing: print the table from the finished runs under --out")
+                   help="train nothing: print the table from the runs under --out (with --steps 1: first steps too)")
     args = p.parse_args(argv)
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or args.steps < 1 or args.runs < 1:
         p.error(f"variants must be among {', '.join(VARIANTS)} (got {unknown}); --steps >= 1; --runs >= 1")
     if args.report:
-        print(table(report(args.out, variants)))
+        print(table(report(args.out, variants, count_first=args.steps == 1)))
         return 0
     if not (args.model / "config.json").exists() or not (DEMO / "index_bm25").exists():
         raise SystemExit(f"needs {args.model} and {DEMO}: run `make demo-real` (or scripts/demo_real.sh) once")

@@ -24,6 +24,7 @@ def test_report_pools_runs_skips_first_steps_and_compares_at_like_work(tmp_path,
     the ratio's baseline being the wrong variant, and against the no-cut median including steps with a row cut."""
     write_run(tmp_path / "hf-sync-full_run0", [(999, 0, 100), (150, 2, 200), (140, 1, 190), (80, 0, 150)])
     write_run(tmp_path / "hf-sync-full_run1", [(999, 0, 100), (90, 0, 160)])
+    write_run(tmp_path / "hf-sync-full_run2", [(999, 0, 100)])  # stopped after its first step: nothing counted
     write_run(tmp_path / "vllm-sync_run0", [(999, 0, 100), (50, 0, 150), (60, 0, 160), (100, 3, 210)])
 
     assert bench_real_step.main(["--report", "--variants", "hf-sync-full,vllm-sync", "--out", str(tmp_path)]) == 0
