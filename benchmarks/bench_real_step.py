@@ -119,11 +119,14 @@ def table(seconds: dict[str, dict[str, list[float]]]) -> str:
     return "\n".join(lines)
 
 
-def report(out: Path, variants: list[str], count_first: bool) -> dict[str, dict[str, list[float]]]:
-    """Every finished run under ``out`` (``<variant>_run<k>/metrics.jsonl``), pooled per variant."""
+def report(out: Path, variants: list[str], count_first: bool, upto: int | None = None
+           ) -> dict[str, dict[str, list[float]]]:
+    """Every run under ``out`` (``<variant>_run<k>/metrics.jsonl``, k < ``upto`` when given), pooled per variant."""
     seconds = {}
     for variant in variants:
-        runs = sorted(d for d in out.glob(f"{variant}_run*") if (d / "metrics.jsonl").is_file())
+        runs = sorted(d for d in out.glob(f"{variant}_run*") if (d / "metrics.jsonl").is_file()
+                      and d.name.removeprefix(f"{variant}_run").isdigit()
+                      and (upto is None or int(d.name.removeprefix(f"{variant}_run")) < upto))
         if not runs:
             raise SystemExit(f"no run of {variant} under {out} (looked for {variant}_run*/metrics.jsonl)")
         pooled: dict[str, list[float]] = {}
@@ -140,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3,
                    help="steps per run; the first is not counted unless it is the only one (a quick look)")
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--first-run", type=int, default=0,
+                   help="continue a benchmark under --out: its runs K.. (seed and order as if run from 0); the table "
+                        "then pools runs 0.. found there")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--model", type=Path, default=ROOT / "outputs" / "demo_real" / "sft" / "hf_model")
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_real_step")
@@ -148,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or args.steps < 1 or args.runs < 1:
-        p.error(f"variants must be among {', '.join(VARIANTS)} (got {unknown}); --steps >= 1; --runs >= 1")
+    if unknown or args.steps < 1 or args.runs < 1 or args.first_run < 0:
+        p.error(f"variants must be among {', '.join(VARIANTS)} (got {unknown}); --steps >= 1; --runs >= 1; "
+                "--first-run >= 0")
     if args.report:
         print(table(report(args.out, variants, count_first=args.steps == 1)))
         return 0
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, dict[str, list[float]]] = {v: {key: [] for key in (*PHASES, *WORK)} for v in variants}
     with ServerProcess(DEMO / "index_bm25", DEMO / "corpus.jsonl", ["--threads", "1"]) as server:
         server.wait_ready()
-        for run in range(args.runs):
+        for run in range(args.first_run, args.first_run + args.runs):
             # every other run in reverse order (A B, B A, ...): a machine that speeds up or slows down over the
             # benchmark then favours no variant
             for variant in (variants if run % 2 == 0 else variants[::-1]):
@@ -168,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                     seconds[variant][key] += values
                 print(f"[bench] {variant} run {run}: steps {', '.join(f'{s:.0f}' for s in got['step'])} s "
                       f"(load {before:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
+    if args.first_run:
+        seconds = report(args.out, variants, count_first=args.steps == 1, upto=args.first_run + args.runs)
     print(table(seconds))
     return 0
 

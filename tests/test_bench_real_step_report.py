@@ -42,3 +42,13 @@ def test_report_names_the_missing_variant(tmp_path):
     write_run(tmp_path / "hf-sync-full_run0", [(999, 0, 100), (150, 0, 200)])
     with pytest.raises(SystemExit, match=r"no run of vllm-sync under .*vllm-sync_run\*/metrics.jsonl"):
         bench_real_step.main(["--report", "--variants", "hf-sync-full,vllm-sync", "--out", str(tmp_path)])
+
+
+def test_a_continued_benchmark_pools_only_its_runs(tmp_path):
+    """--first-run K pools runs 0..K+runs-1: a later run left under --out, or another folder, is not counted."""
+    write_run(tmp_path / "vllm-sync_run0", [(999, 0, 100), (50, 0, 150)])
+    write_run(tmp_path / "vllm-sync_run1", [(999, 0, 100), (70, 0, 150)])
+    write_run(tmp_path / "vllm-sync_run2", [(999, 0, 100), (500, 0, 150)])
+    write_run(tmp_path / "vllm-sync_run1_old", [(999, 0, 100), (500, 0, 150)])
+    got = bench_real_step.report(tmp_path, ["vllm-sync"], count_first=False, upto=2)
+    assert got["vllm-sync"]["step"] == [50, 70]
