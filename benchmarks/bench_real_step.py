@@ -9,7 +9,8 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
 
     hf-sync      the HF engine (rollout.mode=sync: lockstep turns)
     hf-sync-full the same, every row's prompt computed in full (actor.share_prompt_prefix=false): the step as the
-                 issue measured it (its 65 s median), the baseline of the goal
+                 issue measured it (its 65 s median), the baseline of the goal, except that the LM head runs on the
+                 read tokens only, as in every variant since 57a095b (a little faster than the issue's step)
     vllm-sync-full  vLLM, every row's prompt in full
     vllm-sync    vLLM's CPU engine (rollout.name=vllm), lockstep turns
     hf-async     rows that finish make room for waiting trajectories: rollout.mode=async with the HF engine's
