@@ -134,6 +134,9 @@ def report(out: Path, variants: list[str], count_first: bool, upto: int | None =
         for run in runs:
             for key, values in read_run(run, count_first).items():
                 pooled.setdefault(key, []).extend(values)
+        if not pooled.get("step"):
+            raise SystemExit(f"{variant}: no step to count under {out}: its runs ({', '.join(d.name for d in runs)}) "
+                             "recorded only their first step (counted with --steps 1)")
         print(f"[bench] {variant}: {len(runs)} run(s) from {out}", flush=True)
         seconds[variant] = pooled
     return seconds

@@ -52,3 +52,10 @@ def test_a_continued_benchmark_pools_only_its_runs(tmp_path):
     write_run(tmp_path / "vllm-sync_run1_old", [(999, 0, 100), (500, 0, 150)])
     got = bench_real_step.report(tmp_path, ["vllm-sync"], count_first=False, upto=2)
     assert got["vllm-sync"]["step"] == [50, 70]
+
+
+def test_report_says_when_only_first_steps_were_recorded(tmp_path):
+    write_run(tmp_path / "vllm-sync_run0", [(999, 0, 100)])
+    with pytest.raises(SystemExit, match="vllm-sync: no step to count .*vllm-sync_run0.*--steps 1"):
+        bench_real_step.main(["--report", "--variants", "vllm-sync", "--out", str(tmp_path)])
+    assert bench_real_step.main(["--report", "--steps", "1", "--variants", "vllm-sync", "--out", str(tmp_path)]) == 0
