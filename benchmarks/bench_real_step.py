@@ -103,8 +103,8 @@ def read_run(out: Path, count_first: bool = False) -> dict[str, list[float]]:
 
 def table(seconds: dict[str, dict[str, list[float]]]) -> str:
     """The markdown table of per-variant medians; the first variant is the ratio's baseline."""
-    base = statistics.median(next(iter(seconds.values()))["step"])
     first = next(iter(seconds))
+    base = statistics.median(seconds[first]["step"])
     uncut = {v: [s for s, n in zip(p["step"], p["cut"]) if n == 0] for v, p in seconds.items()}
     base_uncut = statistics.median(uncut[first]) if uncut[first] else float("nan")
     lines = [f"| variant | median step s | generation | reference | update | steps counted | steps with a row cut | "
@@ -125,9 +125,9 @@ def report(out: Path, variants: list[str], count_first: bool, upto: int | None =
     """Every run under ``out`` (``<variant>_run<k>/metrics.jsonl``, k < ``upto`` when given), pooled per variant."""
     seconds = {}
     for variant in variants:
-        runs = sorted(d for d in out.glob(f"{variant}_run*") if (d / "metrics.jsonl").is_file()
-                      and d.name.removeprefix(f"{variant}_run").isdigit()
-                      and (upto is None or int(d.name.removeprefix(f"{variant}_run")) < upto))
+        index = {d: d.name.removeprefix(f"{variant}_run") for d in out.glob(f"{variant}_run*")}  # run k's "k"
+        runs = sorted(d for d, k in index.items() if (d / "metrics.jsonl").is_file() and k.isdigit()
+                      and (upto is None or int(k) < upto))
         if not runs:
             raise SystemExit(f"no run of {variant} under {out} (looked for {variant}_run*/metrics.jsonl)")
         pooled: dict[str, list[float]] = {}
