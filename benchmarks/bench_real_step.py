@@ -13,6 +13,7 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
                  read tokens only, as in every variant since 57a095b (a little faster than the issue's step)
     vllm-sync-full  vLLM, every row's prompt in full
     vllm-sync    vLLM's CPU engine (rollout.name=vllm), lockstep turns
+    vllm-sync-copy  the same, the actor's passes on a bfloat16 copy of its weights (actor.compute_weight_copy)
     hf-async     rows that finish make room for waiting trajectories: rollout.mode=async with the HF engine's
                  chunked rounds (rollout.async_chunk_tokens=64)
     vllm-async   the same with vLLM (continuous batching inside a round)
@@ -61,6 +62,8 @@ VARIANTS = {
     "hf-sync-full": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync", *FULL],
     "vllm-sync-full": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync", *FULL],
     "vllm-sync": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync"],
+    "vllm-sync-copy": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync",
+                       "actor_rollout_ref.actor.compute_weight_copy=true"],
     "hf-async": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64"],
     "vllm-async": ["actor_rollout_ref.rollout.name=vllm", *ASYNC],
     "hf-k1": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64", *K1],

@@ -179,6 +179,7 @@ def check_trainer(cfg: Config) -> None:
     check_pipeline(cfg)
     check_overlong(cfg)
     check_lora(cfg)
+    check_weight_copy(cfg)
     cfg.trainer.check("trainer")
     cfg.actor_rollout_ref.actor.optim.check("actor_rollout_ref.actor.optim")
     cfg.critic.optim.check("critic.optim")
@@ -266,6 +267,22 @@ def check_lora(cfg: Config) -> None:
     model = cfg.actor_rollout_ref.model
     require(model.lora_rank == 0 or len(model.target_modules) > 0, "actor_rollout_ref.model.target_modules",
             model.target_modules, "a non-empty list of module names (e.g. [q_proj, v_proj]) when lora_rank > 0")
+
+
+def check_weight_copy(cfg: Config) -> None:
+    """actor.compute_weight_copy needs a lower compute dtype and an unsharded model without LoRA (weight_copy.py)."""
+    actor = cfg.actor_rollout_ref.actor
+    if not actor.compute_weight_copy:
+        return
+    key = "actor_rollout_ref.actor.compute_weight_copy"
+    require(actor.fsdp_config.dtype != "float32", key, True,
+            "false when actor_rollout_ref.actor.fsdp_config.dtype=float32 (the copy would be the weights themselves); "
+            "set fsdp_config.dtype=bfloat16 with it")
+    require(not uses_lora(cfg), key, True, "false with LoRA (actor_rollout_ref.model.lora_rank > 0: only the adapters "
+            "are trained, and the frozen base is cast as it is used)")
+    require(world_size(cfg) == 1 and not actor.fsdp_config.offload, key, True,
+            "false when the actor is sharded with FSDP (several ranks, or fsdp_config offload): the copy is for one "
+            "unsharded model")
 
 
 # ------------------------------------------------------------------ the files a run reads

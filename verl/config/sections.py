@@ -170,6 +170,13 @@ class ActorConfig:
     optim_state_dtype: str = setting(
         "float32", "dtype of AdamW's two moment estimates: float32 | bfloat16 (halves optimiser memory; the update "
         "itself is computed in float32).", choices=("float32", "bfloat16"))
+    compute_weight_copy: bool = setting(
+        False, "Run the log-prob pass and the update on a copy of the weights in fsdp_config.dtype (bfloat16 or "
+        "float16), kept equal to the float32 weights after every optimiser step; the gradients are summed into the "
+        "float32 weights, which the optimiser, checkpoints and the rollout sync use as before. Saves casting every "
+        "weight in every micro-batch, and the residual stream stays in that dtype as under FSDP mixed precision "
+        "(about 0.75x the update's time on 2 CPU cores, docs/results.md); costs that copy's memory. Not with LoRA, "
+        "FSDP sharding (several ranks) or offload.")
     tis_cap: float | None = setting(
         None, "Truncated importance sampling (TIS, as verl/SkyRL): weight each token's policy loss by "
         "min(pi_old / pi_rollout, tis_cap), detached, correcting for the rollout engine sampling from a slightly "

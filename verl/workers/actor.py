@@ -24,6 +24,9 @@ Choices:
   (``shared_prefix.PrefixSharing``; the same values and gradients to float rounding; not for a model sharded with
   FSDP). A GRPO micro-batch that holds one group shares its whole prompt: on ``make demo-real``'s steps about a
   quarter of the tokens a forward computed.
+* **A weight copy in the compute dtype** (``compute_weight_copy``, ``weight_copy.py``): the passes and the update
+  run on a copy of the weights in ``fsdp_config.dtype``, their gradients summed into the float32 weights the
+  optimiser steps; no cast of every weight in every micro-batch.
 * **LoRA** (``model.lora_rank > 0``, ``lora.py``): only the adapters are trained and checkpointed;
   the reference log-probs come from this same model with its adapters disabled
   (``compute_ref_log_prob``), so no second copy of the weights exists.
@@ -54,6 +57,7 @@ from verl.workers.train_utils import (
     optimizer_steps_per_training_step,
     token_weight,
 )
+from verl.workers.weight_copy import WeightCopy
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +86,12 @@ class ActorWorker:
                                                                 a.ppo_epochs)
         self.state = TrainState.from_optim(self.model, a.optim, steps, a.grad_clip, DTYPES[a.optim_state_dtype])
         self.max_tokens = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
-        self.prefix_sharing = PrefixSharing(self.model, a.share_prompt_prefix)
+        # the module the passes run on: the trained one, or its copy in the compute dtype (weight_copy.py)
+        self.weight_copy = WeightCopy(self.model, self.dtype) if a.compute_weight_copy else None
+        if self.weight_copy is not None:
+            self.state.after_weights_change.append(self.weight_copy.refresh)
+        compute_model = self.model if self.weight_copy is None else self.weight_copy.module
+        self.prefix_sharing = PrefixSharing(compute_model, a.share_prompt_prefix)
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         """``old_log_probs`` and ``entropy`` [B, R] of ``responses`` under the current weights (no grad)."""

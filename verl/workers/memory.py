@@ -10,9 +10,9 @@ measured peak; ``MemoryMeter``). Per device (one rank; ``W`` ranks, ``P`` parame
 a training micro-batch):
 
 * **weights**: the actor's float32 master weights, sharded ``4P / W`` (on the host with
-  ``actor.fsdp_config.*_offload``); the reference model in ``ref.fsdp_config.dtype``, sharded (none under LoRA:
-  it is the actor with adapters disabled); the critic's float32 weights (GAE only); the rollout engine's
-  full copy in ``rollout.dtype``, ``P x bytes / tp``.
+  ``actor.fsdp_config.*_offload``), and with ``actor.compute_weight_copy`` their copy in the compute dtype; the
+  reference model in ``ref.fsdp_config.dtype``, sharded (none under LoRA: it is the actor with adapters disabled);
+  the critic's float32 weights (GAE only); the rollout engine's full copy in ``rollout.dtype``, ``P x bytes / tp``.
 * **optimiser**: AdamW's two moments, ``8 Pt / W`` (``4 Pt / W`` with ``optim_state_dtype:
   bfloat16``), plus float32 gradients ``4 Pt / W``; the critic's likewise (on the host with offload).
 * **activations** of one micro-batch: ``b T L`` x (30 ``h`` + 10 ``i``) bytes with 2-byte compute (autocast over
@@ -147,6 +147,8 @@ def estimate_memory(cfg: Config, tokens: int | None = None, response_tokens: int
     if actor.fsdp_config.offload:
         host, actor_weights, actor_optim = actor_weights + actor_optim, 0.0, 0.0
     weights += actor_weights
+    if actor.compute_weight_copy:  # the weights again in the compute dtype (weight_copy.py)
+        weights += compute * total / world
     optimizer = actor_optim
     if uses_reference(cfg) and not uses_lora(cfg):
         weights += total * ref_bytes / world

@@ -118,6 +118,8 @@ class TrainState:
         lr_schedule_factor(0, warmup, total_optimizer_steps, schedule, min_lr_ratio)  # an unknown schedule fails here
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_schedule_factor(s, warmup, total_optimizer_steps, schedule, min_lr_ratio))
+        # called after every optimiser step and checkpoint load (a compute-dtype copy of the weights: weight_copy.py)
+        self.after_weights_change: list[Callable[[], None]] = []
 
     @classmethod
     def from_optim(cls, model: nn.Module, optim: OptimConfig, total_optimizer_steps: int, grad_clip: float | None,
@@ -176,6 +178,8 @@ class TrainState:
             reduced.update(zip(maxima, all_reduce_(torch.tensor([sums[n] for n in maxima], dtype=torch.float64),
                                                    dist.ReduceOp.MAX).tolist(), strict=True))
         grad_norm, lr, undone = self._optimizer_step(skip=reduced["nonfinite_loss"] > 0)
+        for hook in self.after_weights_change:
+            hook()
         finite_norm = math.isfinite(grad_norm)
         skipped = reduced["nonfinite_loss"] > 0 or not finite_norm or undone
         return {**reduced, "grad_norm": grad_norm, "lr": lr, "skipped_updates": float(skipped),
@@ -243,6 +247,8 @@ class TrainState:
                        options=TRAINABLE_ONLY)
         extra = torch.load(Path(path) / "extra_state.pt", weights_only=True)
         self.scheduler.load_state_dict(extra["scheduler"])
+        for hook in self.after_weights_change:
+            hook()
 
 
 def _local(t: Tensor) -> Tensor:
