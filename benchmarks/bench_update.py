@@ -3,7 +3,7 @@
     python benchmarks/bench_update.py --model DIR [--random-weights] [--device cpu|cuda] [--dtype float32]
                                       [--rows 16] [--prompt-tokens 200] [--response-tokens 300]
                                       [--micro-batch 4] [--repeats 3] [--group N [--compare-prefix]]
-                                      [--compare-head] [--inserted-every 3] [key=value ...]
+                                      [--compare-head] [--compare-copy] [--inserted-every 3] [key=value ...]
 
 One ``ActorWorker`` (the trainer's own, built from the trainer's config with the given overrides) on ``--device``,
 compute dtype ``--dtype`` (weights and optimiser in float32, as in training). A batch of ``--rows`` rows of random
@@ -19,6 +19,9 @@ times the log-prob pass and the on-policy update with that prompt run once per m
 (``actor.share_prompt_prefix``), alternated on the same batch. ``--compare-head`` times them with the LM head on
 the tokens a loss or metric reads and on every response token (``verl/workers/scored_tokens.py``), alternated;
 ``--inserted-every N`` makes every N-th 20-token block inserted text (default 3: a third of the response).
+``--compare-copy`` times them on the trained float32 weights under autocast and on a copy of the weights in
+``--dtype`` (``actor.compute_weight_copy``, ``verl/workers/weight_copy.py``), two workers from the same weights,
+alternated; and prints how far the copy's log-probs are from the autocast ones on the first pass.
 """
 
 from __future__ import annotations
@@ -72,13 +75,13 @@ def timed(fn, device: str) -> tuple[float, object]:
 
 def compare(actor: ActorWorker, batch: Batch, repeats: int, device: str, names: tuple[str, str], switch) -> None:
     """Log-prob pass and on-policy update with ``switch(True)`` (named ``names[0]``) and ``switch(False)``,
-    alternated on the same batch; medians and the ratio."""
+    alternated on the same batch; medians and the ratio. ``switch`` returns the worker to time (None: ``actor``)."""
     times: dict[str, list[float]] = {}
     for rep in range(repeats + 1):
-        for on in (True, False):
-            switch(on)
-            pass_s, _ = timed(lambda: actor.compute_log_prob(batch), device)
-            update_s, _ = timed(lambda: actor.update_actor(batch), device)
+        for on in (True, False) if rep % 2 == 0 else (False, True):
+            worker = switch(on) or actor
+            pass_s, _ = timed(lambda w=worker: w.compute_log_prob(batch), device)
+            update_s, _ = timed(lambda w=worker: w.update_actor(batch), device)
             if rep:  # the first round warms up
                 times.setdefault(f"log-prob pass, {names[not on]}", []).append(pass_s)
                 times.setdefault(f"update, {names[not on]}", []).append(update_s)
@@ -107,6 +110,9 @@ def main() -> None:
     parser.add_argument("--compare-head", action="store_true",
                         help="time the pass and the update with the LM head on the read tokens and on every token "
                              "(verl/workers/scored_tokens.py), alternated on the same batch")
+    parser.add_argument("--compare-copy", action="store_true",
+                        help="time the pass and the update on the float32 weights under autocast and on a copy of the "
+                             "weights in --dtype (actor.compute_weight_copy), alternated on the same batch")
     parser.add_argument("--inserted-every", type=int, default=3,
                         help="every N-th 20-token block of a response is inserted text (2: half the response)")
     parser.add_argument("overrides", nargs="*", help="trainer config key=value")
@@ -118,14 +124,17 @@ def main() -> None:
             AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).save_pretrained(tmp)
             AutoTokenizer.from_pretrained(model).save_pretrained(tmp)
             model = tmp
-        cfg = load_config([f"actor_rollout_ref.model.path={model}", f"trainer.device={args.device}",
-                           f"actor_rollout_ref.actor.fsdp_config.dtype={args.dtype}",
-                           f"data.train_batch_size={args.rows // 2}", "actor_rollout_ref.rollout.n=2",
-                           f"actor_rollout_ref.actor.ppo_mini_batch_size={args.rows}",
-                           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}",
-                           f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro_batch}",
-                           "algorithm.adv_estimator=grpo", *args.overrides])
+        overrides = [f"actor_rollout_ref.model.path={model}", f"trainer.device={args.device}",
+                     f"actor_rollout_ref.actor.fsdp_config.dtype={args.dtype}",
+                     f"data.train_batch_size={args.rows // 2}", "actor_rollout_ref.rollout.n=2",
+                     f"actor_rollout_ref.actor.ppo_mini_batch_size={args.rows}",
+                     f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}",
+                     f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro_batch}",
+                     "algorithm.adv_estimator=grpo", *args.overrides]
+        cfg = load_config(overrides)
         actor = ActorWorker(cfg, total_steps=100)
+        copied = ActorWorker(load_config([*overrides, "actor_rollout_ref.actor.compute_weight_copy=true"]),
+                             total_steps=100) if args.compare_copy else None
         flops = ModelFlops.of(actor.model)
         batch = make_batch(args.rows, args.prompt_tokens, args.response_tokens, AutoConfig.from_pretrained(model)
                            .vocab_size, group=args.group, inserted_every=args.inserted_every)
@@ -136,6 +145,14 @@ def main() -> None:
         if args.compare_prefix:
             compare(actor, batch, args.repeats, args.device, ("shared", "full"),
                     lambda on: setattr(actor.prefix_sharing, "enabled", on))
+            return
+        if copied is not None:
+            scored = batch["loss_mask"].bool()
+            gap = (copied.compute_log_prob(batch)["old_log_probs"] - actor.compute_log_prob(batch)["old_log_probs"])
+            print(f"copy vs autocast, first pass: |log-prob difference| mean {gap[scored].abs().mean():.4f}, "
+                  f"max {gap[scored].abs().max():.4f} over {int(scored.sum())} scored tokens")
+            compare(actor, batch, args.repeats, args.device, ("weight copy", "autocast"),
+                    lambda on: copied if on else actor)
             return
         if args.compare_head:
             compare(actor, batch, args.repeats, args.device, ("read tokens", "every token"),

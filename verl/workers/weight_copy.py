@@ -37,11 +37,14 @@ class WeightCopy:
     """A copy of ``model`` with its parameters in ``dtype`` whose gradients land in ``model``'s float32 ``.grad``."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype):
-        self.module = copy.deepcopy(model)  # keeps tied weights tied (one parameter, one hook) and the train mode
+        # the module deep-copied with its parameters made in ``dtype`` directly (no second float32 copy) and its
+        # buffers cloned: through deepcopy's memo, keyed by tensor identity, so tied weights stay one parameter
+        memo: dict[int, object] = {id(p): _parameter(p.detach().to(dtype), p.requires_grad) for p in model.parameters()}
+        memo.update({id(b): b.detach().clone() for b in model.buffers()})
+        self.module = copy.deepcopy(model, memo)  # keeps the train mode and the model's settings
         masters = dict(model.named_parameters())
         self.pairs: list[tuple[nn.Parameter, nn.Parameter]] = []
         for name, param in self.module.named_parameters():
-            param.data = param.data.to(dtype)
             master = masters[name]
             self.pairs.append((param, master))
             if param.requires_grad:
@@ -52,6 +55,13 @@ class WeightCopy:
         """Copy the trained (float32) weights into the compute copy."""
         for param, master in self.pairs:
             param.copy_(master)
+
+
+def _parameter(value: torch.Tensor, requires_grad: bool) -> nn.Parameter:
+    """A new parameter holding ``value`` (set through ``.data``, as ``nn.Module.to`` does)."""
+    param = nn.Parameter(torch.empty(0, dtype=value.dtype), requires_grad=requires_grad)
+    param.data = value
+    return param
 
 
 def _into_master(master: nn.Parameter):

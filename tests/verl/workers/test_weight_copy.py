@@ -3,10 +3,13 @@ weights, and the copy follows every optimiser step and checkpoint load (verl/wor
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from tests.fake_cuda import fake_cuda
 from tests.verl.workers.worker_test_utils import (
     add_targets,
     assert_equal_parameters,
@@ -106,3 +109,16 @@ def test_the_copy_is_refused_where_it_cannot_work(tiny_model_dir, overrides, nam
     with pytest.raises(ConfigError, match="compute_weight_copy") as err:
         make_config(tiny_model_dir, COPY, *overrides)
     assert named in str(err.value)
+
+
+def test_the_copy_and_its_gradients_stay_on_the_models_device(tiny_model_dir):
+    """Guards against a copy, a gradient or a refresh that crosses to the host on a GPU (tests/fake_cuda.py raises
+    CUDA's error when an op mixes device and host tensors; it cannot show bfloat16 values on the device, so this
+    checks devices and that the updates run, not numbers)."""
+    with fake_cuda():
+        worker = ActorWorker(make_config(tiny_model_dir, BF16, COPY, *KL, "trainer.device=cuda"), total_steps=2)
+        for seed in (4, 5):
+            metrics = worker.update_actor(add_targets(random_batch(seed=seed), seed=seed))
+            assert math.isfinite(metrics["actor/grad_norm"])
+        assert all(p.device.type == "cuda" for p in worker.weight_copy.module.parameters())
+        assert all(p.device.type == "cuda" and p.grad.device.type == "cuda" for p in worker.model.parameters())
