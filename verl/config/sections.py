@@ -175,7 +175,7 @@ class ActorConfig:
         "float16), kept equal to the float32 weights after every optimiser step; the gradients are summed into the "
         "float32 weights, which the optimiser, checkpoints and the rollout sync use as before. Saves casting every "
         "weight in every micro-batch, and the residual stream stays in that dtype as under FSDP mixed precision "
-        "(about 0.75x the update's time on 2 CPU cores, docs/results.md); costs that copy's memory. Not with LoRA, "
+        "(0.75-0.9x the update's time on 2 CPU cores, docs/results.md); costs that copy's memory. Not with LoRA, "
         "FSDP sharding (several ranks) or offload.")
     tis_cap: float | None = setting(
         None, "Truncated importance sampling (TIS, as verl/SkyRL): weight each token's policy loss by "

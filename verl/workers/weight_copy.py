@@ -6,7 +6,7 @@ promotes the norm's output, and with it the residual stream, to float32 (a produ
 is float32), so the activations are cast again before each linear layer. A copy of the weights in the compute dtype
 removes those casts, and the residual stream stays in that dtype, as it does under FSDP's mixed precision
 (``param_dtype: bf16``). On ``make demo-real``'s update (SmolLM2-135M, 24 rows, 2 CPU cores) the update then takes
-about three quarters of the time (docs/results.md, "Training step speed").
+0.75-0.9x the time (docs/results.md, "Training step speed").
 
 How:
 
