@@ -21,6 +21,7 @@ from tests.verl.workers.worker_test_utils import (
     perturb_masked,
     random_batch,
     real_vocab_batch,
+    saved_and_resumed,
 )
 from verl.algorithms.core_algos import rollout_mismatch, truncated_is_weights
 from verl.config import recomputes_old_log_probs
@@ -168,12 +169,8 @@ def test_checkpoint_then_fresh_worker_gives_identical_next_update(tiny_model_dir
     """Guards against a resume that loses optimiser moments or the LR schedule position: a fresh
     worker loading the checkpoint must make bit-identical next updates."""
     cfg = make_config(tiny_model_dir, *FULL_LOSS, "actor_rollout_ref.actor.lr_warmup_steps_ratio=0.5")
-    first, second = add_targets(random_batch(seed=8), seed=8), add_targets(random_batch(seed=9), seed=9)
-    original = ActorWorker(cfg, total_steps=4)
-    original.update_actor(first)
-    original.save_checkpoint(str(tmp_path / "actor"))
-    resumed = ActorWorker(cfg, total_steps=4)
-    resumed.load_checkpoint(str(tmp_path / "actor"))
+    original, resumed = saved_and_resumed(cfg, tmp_path / "actor")
+    second = add_targets(random_batch(seed=9), seed=9)
     assert original.update_actor(second) == resumed.update_actor(second)
     assert_equal_parameters(original, resumed)
     state = original.full_state_dict()

@@ -17,6 +17,7 @@ from tests.verl.workers.worker_test_utils import (
     make_config,
     parameters,
     random_batch,
+    saved_and_resumed,
 )
 from verl.errors import ConfigError
 from verl.workers.actor import ActorWorker
@@ -87,13 +88,8 @@ def test_the_update_trains_the_float32_weights_and_the_copy_follows(tiny_model_d
 
 def test_checkpoint_load_refreshes_the_copy_and_the_next_update_is_identical(tiny_model_dir, tmp_path):
     """Guards against a resume whose copy keeps the fresh worker's initial weights: its next update would differ."""
-    cfg = make_config(tiny_model_dir, BF16, COPY, *KL)
-    first, second = add_targets(random_batch(seed=8), seed=8), add_targets(random_batch(seed=9), seed=9)
-    original = ActorWorker(cfg, total_steps=4)
-    original.update_actor(first)
-    original.save_checkpoint(str(tmp_path / "actor"))
-    resumed = ActorWorker(cfg, total_steps=4)
-    resumed.load_checkpoint(str(tmp_path / "actor"))
+    original, resumed = saved_and_resumed(make_config(tiny_model_dir, BF16, COPY, *KL), tmp_path / "actor")
+    second = add_targets(random_batch(seed=9), seed=9)
     for (a, _), (b, _) in zip(original.weight_copy.pairs, resumed.weight_copy.pairs, strict=True):
         assert torch.equal(a, b)
     assert original.update_actor(second) == resumed.update_actor(second)

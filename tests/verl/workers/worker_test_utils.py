@@ -20,6 +20,7 @@ from search_r1.llm_agent.formatting import INVALID_ACTION_FEEDBACK, observation_
 from verl.config import DEMO_CONFIG, Config, load_config
 from verl.protocol import Batch
 from verl.utils.seq import pack_trajectories
+from verl.workers.actor import ActorWorker
 
 TEXTS = ["<think> which city is the capital </think> <search> capital of France </search> "
          "<information> Paris is the capital of France. </information> <answer> Paris </answer>"] * 20
@@ -127,6 +128,17 @@ def perturb_masked(batch: Batch, seed: int) -> Batch:
         noise = 50 * torch.randn(batch[key].shape, generator=gen)
         out.tensors[key] = torch.where(hidden, noise, batch[key])
     return out
+
+
+def saved_and_resumed(cfg: Config, path: Path) -> tuple[ActorWorker, ActorWorker]:
+    """(original, resumed) actor workers: the original made one update (seed-8 batch) and saved a checkpoint under
+    ``path``; the resumed one is a fresh worker that loaded it. Their next updates are the test's to compare."""
+    original = ActorWorker(cfg, total_steps=4)
+    original.update_actor(add_targets(random_batch(seed=8), seed=8))
+    original.save_checkpoint(str(path))
+    resumed = ActorWorker(cfg, total_steps=4)
+    resumed.load_checkpoint(str(path))
+    return original, resumed
 
 
 def parameters(worker) -> dict[str, torch.Tensor]:
