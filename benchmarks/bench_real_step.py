@@ -17,6 +17,7 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
     hf-async     rows that finish make room for waiting trajectories: rollout.mode=async with the HF engine's
                  chunked rounds (rollout.async_chunk_tokens=64)
     vllm-async   the same with vLLM (continuous batching inside a round)
+    vllm-async-copy  vllm-async with the weight copy: ``make demo-real``'s GRPO step
     hf-k1        hf-async plus the one-step-off pipeline (trainer.max_staleness=1, actor.tis_cap=2)
     vllm-k1      vllm-async plus the one-step-off pipeline
 
@@ -56,16 +57,17 @@ from retrieval_server.launcher import ServerProcess  # noqa: E402
 
 ASYNC = ["actor_rollout_ref.rollout.mode=async"]
 K1 = ["trainer.max_staleness=1", "actor_rollout_ref.actor.tis_cap=2"]
+COPY = ["actor_rollout_ref.actor.compute_weight_copy=true"]  # the actor's passes on a bfloat16 copy of its weights
 FULL = ["actor_rollout_ref.actor.share_prompt_prefix=false"]  # every row's prompt in full, as before 2026-12-01
 VARIANTS = {
     "hf-sync": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync"],
     "hf-sync-full": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync", *FULL],
     "vllm-sync-full": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync", *FULL],
     "vllm-sync": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync"],
-    "vllm-sync-copy": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync",
-                       "actor_rollout_ref.actor.compute_weight_copy=true"],
+    "vllm-sync-copy": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync", *COPY],
     "hf-async": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64"],
     "vllm-async": ["actor_rollout_ref.rollout.name=vllm", *ASYNC],
+    "vllm-async-copy": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY],
     "hf-k1": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64", *K1],
     "vllm-k1": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *K1],
 }
