@@ -270,19 +270,26 @@ def check_lora(cfg: Config) -> None:
 
 
 def check_weight_copy(cfg: Config) -> None:
-    """actor.compute_weight_copy needs a lower compute dtype and an unsharded model without LoRA (weight_copy.py)."""
-    actor = cfg.actor_rollout_ref.actor
-    if not actor.compute_weight_copy:
-        return
-    key = "actor_rollout_ref.actor.compute_weight_copy"
-    require(actor.fsdp_config.dtype != "float32", key, True,
-            "false when actor_rollout_ref.actor.fsdp_config.dtype=float32 (the copy would be the weights themselves); "
-            "set fsdp_config.dtype=bfloat16 with it")
-    require(not uses_lora(cfg), key, True, "false with LoRA (actor_rollout_ref.model.lora_rank > 0: only the adapters "
-            "are trained, and the frozen base is cast as it is used)")
-    require(world_size(cfg) == 1 and not actor.fsdp_config.offload, key, True,
-            "false when the actor is sharded with FSDP (several ranks, or fsdp_config offload): the copy is for one "
-            "unsharded model")
+    """``compute_weight_copy`` (the actor's, the critic's) needs a lower compute dtype and an unsharded model; the
+    actor's also no LoRA (weight_copy.py)."""
+    actor, critic = cfg.actor_rollout_ref.actor, cfg.critic
+    copies = [("actor_rollout_ref.actor", actor.compute_weight_copy, actor.fsdp_config)]
+    if uses_critic(cfg):
+        copies.append(("critic", critic.compute_weight_copy, critic.model.fsdp_config))
+    for owner, wanted, fsdp in copies:
+        if not wanted:
+            continue
+        key = f"{owner}.compute_weight_copy"
+        dtype_key = f"{owner}.{'model.' if owner == 'critic' else ''}fsdp_config.dtype"
+        require(fsdp.dtype != "float32", key, True,
+                f"false when {dtype_key}=float32 (the copy would be the weights themselves); set {dtype_key}=bfloat16 "
+                "with it")
+        require(owner == "critic" or not uses_lora(cfg), key, True,
+                "false with LoRA (actor_rollout_ref.model.lora_rank > 0: only the adapters are trained, and the "
+                "frozen base is cast as it is used)")
+        require(world_size(cfg) == 1 and not fsdp.offload, key, True,
+                f"false when the {owner.split('.')[-1]} is sharded with FSDP (several ranks, or fsdp_config offload): "
+                "the copy is for one unsharded model")
 
 
 # ------------------------------------------------------------------ the files a run reads

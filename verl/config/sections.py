@@ -336,6 +336,11 @@ class CriticConfig:
     cliprange_value: float = setting(0.5, "Value clipping range around the old values.", low=0, low_open=True,
                                      what="the value clip range")
     value_loss_coef: float = setting(0.5, "Weight of the value loss.", low=0)
+    compute_weight_copy: bool = setting(
+        False, "Run the value pass and the update on a copy of the critic's weights in model.fsdp_config.dtype "
+        "(bfloat16 or float16), as actor_rollout_ref.actor.compute_weight_copy does for the actor: the gradients "
+        "are summed into the float32 weights, which the optimiser and checkpoints use. Not with FSDP sharding "
+        "(several ranks) or offload.")
 
 
 @dataclass

@@ -18,6 +18,9 @@ Choices:
   default for GAE): ``update_on_policy`` takes the values from the update's own forward pass (the weights the value
   pass would have used) and computes each micro-batch's returns from them, so the step has no separate value pass;
   the values go back to the trainer, which computes the advantages from them as from ``compute_values``'.
+* **Precision**: the passes run under autocast in ``critic.model.fsdp_config.dtype`` over the float32 weights, or,
+  with ``critic.compute_weight_copy``, on a copy of the weights in that dtype whose gradients are summed into the
+  float32 weights (``weight_copy.py``, as the actor's ``compute_weight_copy``).
 * Micro-batches are ``critic.ppo_micro_batch_size_per_gpu`` consecutive rows for both the value pass and the
   update, or, with ``critic.use_dynamic_bsz`` (null: the actor's), rows grouped by length under the token budget
   ``critic.ppo_max_token_len_per_gpu`` (null: the actor's), as the actor's and the reference's passes group them
@@ -52,6 +55,7 @@ from verl.workers.train_utils import (
     optimizer_steps_per_training_step,
     token_weight,
 )
+from verl.workers.weight_copy import WeightCopy
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +78,15 @@ class CriticWorker:
                                                                 c.ppo_epochs)
         self.state = TrainState.from_optim(self.model, c.optim, steps, c.grad_clip)
         self.max_tokens = critic_token_budget(cfg)
+        # the module the passes run on: the trained one, or its copy in the compute dtype (weight_copy.py)
+        self.weight_copy = WeightCopy(self.model, self.dtype) if c.compute_weight_copy else None
+        if self.weight_copy is not None:
+            self.state.after_weights_change.append(self.weight_copy.refresh)
+        self.compute_model = self.model if self.weight_copy is None else self.weight_copy.module
 
     def _values(self, micro: Batch) -> Tensor:
         """Values [b, R] at columns P-1 .. P+R-2 (padding columns 0), in the autograd graph if enabled."""
-        (values,) = response_outputs(self.model, micro, self.device, self.dtype,
+        (values,) = response_outputs(self.compute_model, micro, self.device, self.dtype,
                                      head=lambda out, _: out[..., 0].float())
         return values
 

@@ -12,7 +12,8 @@ a training micro-batch):
 * **weights**: the actor's float32 master weights, sharded ``4P / W`` (on the host with
   ``actor.fsdp_config.*_offload``), and with ``actor.compute_weight_copy`` their copy in the compute dtype; the
   reference model in ``ref.fsdp_config.dtype``, sharded (none under LoRA: it is the actor with adapters disabled);
-  the critic's float32 weights (GAE only); the rollout engine's full copy in ``rollout.dtype``, ``P x bytes / tp``.
+  the critic's float32 weights (GAE only; with ``critic.compute_weight_copy`` their copy too); the rollout
+  engine's full copy in ``rollout.dtype``, ``P x bytes / tp``.
 * **optimiser**: AdamW's two moments, ``8 Pt / W`` (``4 Pt / W`` with ``optim_state_dtype:
   bfloat16``), plus float32 gradients ``4 Pt / W``; the critic's likewise (on the host with offload).
 * **activations** of one micro-batch: ``b T L`` x (30 ``h`` + 10 ``i``) bytes with 2-byte compute (autocast over
@@ -154,6 +155,8 @@ def estimate_memory(cfg: Config, tokens: int | None = None, response_tokens: int
         weights += total * ref_bytes / world
     if uses_critic(cfg):
         weights += 4 * total / world
+        if cfg.critic.compute_weight_copy:  # the critic's weights again in its compute dtype (weight_copy.py)
+            weights += DTYPES[cfg.critic.model.fsdp_config.dtype].itemsize * total / world
         optimizer += (8 + 4) * total / world  # the critic trains every weight in float32
 
     layers, hidden = hf.num_hidden_layers, hf.hidden_size

@@ -1,4 +1,5 @@
-"""The actor's weights kept in the compute dtype for its passes (``actor.compute_weight_copy``).
+"""A model's weights kept in the compute dtype for its passes (``actor.compute_weight_copy``, the critic's
+``critic.compute_weight_copy``).
 
 Under autocast alone (``fsdp_config.dtype: bfloat16``, float32 weights) every micro-batch's forward casts each
 weight matrix to bfloat16, its backward casts each weight's gradient back, and the float32 weight of every RMS norm

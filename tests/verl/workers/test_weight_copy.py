@@ -1,5 +1,6 @@
-"""actor.compute_weight_copy: the passes run on a bfloat16 copy of the weights, the gradients land in the float32
-weights, and the copy follows every optimiser step and checkpoint load (verl/workers/weight_copy.py)."""
+"""actor.compute_weight_copy (and critic.compute_weight_copy): the passes run on a bfloat16 copy of the weights, the
+gradients land in the float32 weights, and the copy follows every optimiser step and checkpoint load
+(verl/workers/weight_copy.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from tests.verl.workers.worker_test_utils import (
 )
 from verl.errors import ConfigError
 from verl.workers.actor import ActorWorker
+from verl.workers.critic import CriticWorker
+from verl.workers.memory import count_parameters, estimate_memory
 from verl.workers.weight_copy import WeightCopy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -28,6 +31,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 BF16 = "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16"
 COPY = "actor_rollout_ref.actor.compute_weight_copy=true"
 KL = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1")
+CRITIC_BF16, CRITIC_COPY = "critic.model.fsdp_config.dtype=bfloat16", "critic.compute_weight_copy=true"
+GAE = "algorithm.adv_estimator=gae"
 
 
 def loss_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -105,6 +110,61 @@ def test_the_copy_is_refused_where_it_cannot_work(tiny_model_dir, overrides, nam
     with pytest.raises(ConfigError, match="compute_weight_copy") as err:
         make_config(tiny_model_dir, COPY, *overrides)
     assert named in str(err.value)
+
+
+def test_the_critics_copy_trains_its_float32_weights_follows_them_and_survives_a_resume(tiny_model_dir, tmp_path):
+    """Guards against a critic whose passes ignore its copy or whose copy goes stale: its values and update stay
+    within bfloat16 rounding of autocast's, its float32 weights train, the copy equals them after every step and
+    after a checkpoint load (a resumed critic's next update is identical)."""
+    micro = "critic.ppo_micro_batch_size_per_gpu=4"
+    plain = CriticWorker(make_config(tiny_model_dir, GAE, CRITIC_BF16, micro), total_steps=4)
+    cfg = make_config(tiny_model_dir, GAE, CRITIC_BF16, CRITIC_COPY, micro)
+    copied = CriticWorker(cfg, total_steps=4)
+    calls = {"copy": 0, "weights": 0}  # forward passes of each module: the passes must run on the copy
+    copied.weight_copy.module.register_forward_hook(lambda *_: calls.__setitem__("copy", calls["copy"] + 1))
+    copied.model.register_forward_hook(lambda *_: calls.__setitem__("weights", calls["weights"] + 1))
+    batch = add_targets(random_batch(seed=6), seed=6)
+    torch.testing.assert_close(copied.compute_values(batch)["values"], plain.compute_values(batch)["values"],
+                               atol=0.02, rtol=0.02)
+    before = parameters(copied)
+    a, b = plain.update_critic(batch), copied.update_critic(batch)
+    assert b["critic/vf_loss"] == pytest.approx(a["critic/vf_loss"], rel=0.02)
+    assert b["critic/grad_norm"] == pytest.approx(a["critic/grad_norm"], rel=0.05)
+    assert calls == {"copy": 4, "weights": 0}  # 2 micro-batches for the values, 2 for the update
+    grads = gradients(plain)
+    for name, value in parameters(copied).items():
+        assert value.dtype == torch.float32 and not torch.equal(value, before[name]), name
+        cosine = torch.nn.functional.cosine_similarity(copied.model.get_parameter(name).grad.flatten(),
+                                                       grads[name].flatten(), 0)
+        assert cosine > 0.98, name
+    for compute, master in copied.weight_copy.pairs:
+        assert torch.equal(compute, master.detach().to(torch.bfloat16))
+    copied.save_checkpoint(str(tmp_path / "critic"))
+    resumed = CriticWorker(cfg, total_steps=4)
+    resumed.load_checkpoint(str(tmp_path / "critic"))
+    second = add_targets(random_batch(seed=7), seed=7)
+    assert copied.update_critic(second) == resumed.update_critic(second)
+    assert_equal_parameters(copied, resumed)
+
+
+@pytest.mark.parametrize("overrides, named", [
+    ((), "critic.model.fsdp_config.dtype=float32"),
+    ((CRITIC_BF16, "critic.model.fsdp_config.param_offload=true"), "sharded"),
+])
+def test_the_critics_copy_is_refused_where_it_cannot_work(tiny_model_dir, overrides, named):
+    with pytest.raises(ConfigError, match="critic.compute_weight_copy") as err:
+        make_config(tiny_model_dir, GAE, CRITIC_COPY, *overrides)
+    assert named in str(err.value)
+
+
+def test_the_memory_estimate_counts_each_copy_in_its_dtype(tiny_model_dir):
+    """Guards against a start-up estimate that leaves a copy out: each adds 2 bytes per parameter in bfloat16."""
+    total = count_parameters(make_config(tiny_model_dir))[0]
+    base = (GAE, BF16, CRITIC_BF16)
+    weights = {keys: estimate_memory(make_config(tiny_model_dir, *base, *keys)).weights
+               for keys in [(), (COPY,), (CRITIC_COPY,), (COPY, CRITIC_COPY)]}
+    assert weights[(COPY,)] - weights[()] == weights[(CRITIC_COPY,)] - weights[()] == 2 * total
+    assert weights[(COPY, CRITIC_COPY)] - weights[()] == 4 * total
 
 
 def test_the_copy_and_its_gradients_stay_on_the_models_device(tiny_model_dir):
