@@ -3,7 +3,8 @@
     python benchmarks/bench_update.py --model DIR [--random-weights] [--device cpu|cuda] [--dtype float32]
                                       [--rows 16] [--prompt-tokens 200] [--response-tokens 300]
                                       [--micro-batch 4] [--repeats 3] [--group N [--compare-prefix]]
-                                      [--compare-head] [--compare-copy] [--inserted-every 3] [key=value ...]
+                                      [--compare-head] [--compare-copy] [--compare-critic-copy]
+                                      [--inserted-every 3] [key=value ...]
 
 One ``ActorWorker`` (the trainer's own, built from the trainer's config with the given overrides) on ``--device``,
 compute dtype ``--dtype`` (weights and optimiser in float32, as in training). A batch of ``--rows`` rows of random
@@ -22,6 +23,8 @@ the tokens a loss or metric reads and on every response token (``verl/workers/sc
 ``--compare-copy`` times them on the trained float32 weights under autocast and on a copy of the weights in
 ``--dtype`` (``actor.compute_weight_copy``, ``verl/workers/weight_copy.py``), two workers from the same weights,
 alternated; and prints how far the copy's log-probs are from the autocast ones on the first pass.
+``--compare-critic-copy`` does the same for the critic (``critic.compute_weight_copy``; PPO's value model, a
+token-classification head on ``--model``): its value pass and update, with random returns and old values.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from verl.config import load_config  # noqa: E402
 from verl.protocol import Batch  # noqa: E402
 from verl.utils.seq import pack_trajectories  # noqa: E402
 from verl.workers.actor import ActorWorker  # noqa: E402
+from verl.workers.critic import CriticWorker  # noqa: E402
 from verl.workers.flops import ModelFlops, measure_peak_flops  # noqa: E402
 
 
@@ -59,7 +63,9 @@ def make_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0,
             for _ in range(rows)]
     tensors = pack_trajectories(prompts, responses, info, pad_id=0)
     tensors["loss_mask"] = tensors["response_mask"] * tensors["info_mask"]
-    tensors["advantages"] = torch.randn(tensors["responses"].shape, generator=torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed)
+    for key in ("advantages", "returns", "values"):  # the actor's and the critic's targets
+        tensors[key] = torch.randn(tensors["responses"].shape, generator=gen)
     return Batch(tensors)
 
 
@@ -73,23 +79,42 @@ def timed(fn, device: str) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def compare(actor: ActorWorker, batch: Batch, repeats: int, device: str, names: tuple[str, str], switch) -> None:
-    """Log-prob pass and on-policy update with ``switch(True)`` (named ``names[0]``) and ``switch(False)``,
-    alternated on the same batch; medians and the ratio. ``switch`` returns the worker to time (None: ``actor``)."""
+ACTOR_PASSES = (("log-prob pass", "compute_log_prob"), ("update", "update_actor"))
+CRITIC_PASSES = (("value pass", "compute_values"), ("update", "update_critic"))
+
+
+def compare(actor, batch: Batch, repeats: int, device: str, names: tuple[str, str], switch,
+            passes: tuple[tuple[str, str], ...] = ACTOR_PASSES) -> None:
+    """The pass and the on-policy update (``passes``: name, worker method) with ``switch(True)`` (named
+    ``names[0]``) and ``switch(False)``, alternated on the same batch; medians and the ratio. ``switch`` returns the
+    worker to time (None: ``actor``)."""
     times: dict[str, list[float]] = {}
     for rep in range(repeats + 1):
         for on in (True, False) if rep % 2 == 0 else (False, True):
             worker = switch(on) or actor
-            pass_s, _ = timed(lambda w=worker: w.compute_log_prob(batch), device)
-            update_s, _ = timed(lambda w=worker: w.update_actor(batch), device)
-            if rep:  # the first round warms up
-                times.setdefault(f"log-prob pass, {names[not on]}", []).append(pass_s)
-                times.setdefault(f"update, {names[not on]}", []).append(update_s)
+            for what, method in passes:
+                seconds, _ = timed(lambda w=worker, m=method: getattr(w, m)(batch), device)
+                if rep:  # the first round warms up
+                    times.setdefault(f"{what}, {names[not on]}", []).append(seconds)
     for name, values in times.items():
         print(f"  {name:30s} median {statistics.median(values):7.2f} s  ({', '.join(f'{v:.1f}' for v in values)})")
-    for what in ("log-prob pass", "update"):
+    for what, _ in passes:
         ratio = statistics.median(times[f"{what}, {names[0]}"]) / statistics.median(times[f"{what}, {names[1]}"])
         print(f"  {what}: {names[0]} / {names[1]} = {ratio:.2f}x")
+
+
+def compare_critic_copy(args: argparse.Namespace, overrides: list[str], model: str) -> None:
+    """``--compare-critic-copy``: PPO's critic in ``--dtype`` (its micro-batches the actor's) on the float32 weights
+    under autocast and on its weight copy, two workers from the same weights, alternated."""
+    critic = [*overrides, "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1",
+              f"data.train_batch_size={args.rows}", f"critic.model.fsdp_config.dtype={args.dtype}",
+              f"critic.ppo_mini_batch_size={args.rows}", f"critic.ppo_micro_batch_size_per_gpu={args.micro_batch}"]
+    copied, plain = (CriticWorker(load_config([*critic, f"critic.compute_weight_copy={on}"]), total_steps=100)
+                     for on in ("true", "false"))
+    vocab = AutoConfig.from_pretrained(model).vocab_size
+    batch = make_batch(args.rows, args.prompt_tokens, args.response_tokens, vocab, inserted_every=args.inserted_every)
+    compare(plain, batch, args.repeats, args.device, ("weight copy", "autocast"), lambda on: copied if on else plain,
+            CRITIC_PASSES)
 
 
 def main() -> None:
@@ -113,6 +138,8 @@ def main() -> None:
     parser.add_argument("--compare-copy", action="store_true",
                         help="time the pass and the update on the float32 weights under autocast and on a copy of the "
                              "weights in --dtype (actor.compute_weight_copy), alternated on the same batch")
+    parser.add_argument("--compare-critic-copy", action="store_true",
+                        help="the same for the critic (critic.compute_weight_copy): its value pass and update")
     parser.add_argument("--inserted-every", type=int, default=3,
                         help="every N-th 20-token block of a response is inserted text (2: half the response)")
     parser.add_argument("overrides", nargs="*", help="trainer config key=value")
@@ -131,6 +158,9 @@ def main() -> None:
                      f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}",
                      f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro_batch}",
                      "algorithm.adv_estimator=grpo", *args.overrides]
+        if args.compare_critic_copy:
+            compare_critic_copy(args, overrides, model)
+            return
         cfg = load_config(overrides)
         actor = ActorWorker(cfg, total_steps=100)
         copied = ActorWorker(load_config([*overrides, "actor_rollout_ref.actor.compute_weight_copy=true"]),
