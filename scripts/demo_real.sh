@@ -28,7 +28,8 @@
 # float32 weights: every run before 2026-12-01). From one seed-2 cold start on one machine, vllm without the copy took
 # 0.78x hf's GRPO time (median step 68 vs 83 s, generation 13 vs 36 s), its seeds' EM (0.783-0.817 on 60, 0.745-0.775
 # on 200) overlapping hf's (0.800-0.850, 0.755-0.795); with the copy, from the same cold start, EM 0.817 on 60 again
-# and a median step of 50 s against 68 (docs/results.md, "The real model").
+# and a median step of 50 s against 68. Side by side with hf (every prompt in full), one seed: 0.86x the GRPO time,
+# 0.63x a step at like work, 1.08x the median step (its samples grew longer; docs/results.md, "Training step speed").
 # A vllm run trains into $DEMO_REAL_DIR/<variant>_vllm_copy (<variant>_vllm before the copy: a run made there is
 # neither resumed nor reused, as its config differs), an hf run into $DEMO_REAL_DIR/<variant>; evaluations use the HF
 # engine either way (greedy).
