@@ -45,6 +45,7 @@ from verl.algorithms.core_algos import agg_loss, kl_penalty, masked_mean, rollou
 from verl.algorithms.registry import POLICY_LOSSES, PolicyLossInputs, policy_loss_config
 from verl.config import Config, trajectories_per_step, uses_lora
 from verl.protocol import Batch
+from verl.workers import weight_copy
 from verl.workers.distributed import gather_full_state_dict
 from verl.workers.flops import measure_peak_flops
 from verl.workers.lora import LoraSpec
@@ -57,7 +58,6 @@ from verl.workers.train_utils import (
     optimizer_steps_per_training_step,
     token_weight,
 )
-from verl.workers.weight_copy import WeightCopy
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +87,7 @@ class ActorWorker:
         self.state = TrainState.from_optim(self.model, a.optim, steps, a.grad_clip, DTYPES[a.optim_state_dtype])
         self.max_tokens = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
         # the module the passes run on: the trained one, or its copy in the compute dtype (weight_copy.py)
-        self.weight_copy = WeightCopy(self.model, self.dtype) if a.compute_weight_copy else None
-        if self.weight_copy is not None:
-            self.state.after_weights_change.append(self.weight_copy.refresh)
-        compute_model = self.model if self.weight_copy is None else self.weight_copy.module
+        self.weight_copy, compute_model = weight_copy.attach(self.model, self.dtype, self.state, a.compute_weight_copy)
         self.prefix_sharing = PrefixSharing(compute_model, a.share_prompt_prefix)
 
     def compute_log_prob(self, batch: Batch) -> Batch:

@@ -41,6 +41,7 @@ from verl.algorithms.core_algos import compute_value_loss, masked_mean
 from verl.algorithms.registry import AdvantageInputs
 from verl.config import Config, adv_estimator, trajectories_per_step
 from verl.protocol import Batch
+from verl.workers import weight_copy
 from verl.workers.model_utils import (
     DTYPES,
     MicroBatches,
@@ -55,7 +56,6 @@ from verl.workers.train_utils import (
     optimizer_steps_per_training_step,
     token_weight,
 )
-from verl.workers.weight_copy import WeightCopy
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +79,8 @@ class CriticWorker:
         self.state = TrainState.from_optim(self.model, c.optim, steps, c.grad_clip)
         self.max_tokens = critic_token_budget(cfg)
         # the module the passes run on: the trained one, or its copy in the compute dtype (weight_copy.py)
-        self.weight_copy = WeightCopy(self.model, self.dtype) if c.compute_weight_copy else None
-        if self.weight_copy is not None:
-            self.state.after_weights_change.append(self.weight_copy.refresh)
-        self.compute_model = self.model if self.weight_copy is None else self.weight_copy.module
+        self.weight_copy, self.compute_model = weight_copy.attach(self.model, self.dtype, self.state,
+                                                                  c.compute_weight_copy)
 
     def _values(self, micro: Batch) -> Tensor:
         """Values [b, R] at columns P-1 .. P+R-2 (padding columns 0), in the autograd graph if enabled."""

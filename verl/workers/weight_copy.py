@@ -58,6 +58,17 @@ class WeightCopy:
             param.copy_(master)
 
 
+def attach(model: nn.Module, dtype: torch.dtype, state, enabled: bool) -> tuple[WeightCopy | None, nn.Module]:
+    """A worker's compute module: ``model`` itself, or (``enabled``) a ``WeightCopy`` of it that ``state`` (its
+    ``TrainState``) refreshes after every optimiser step and checkpoint load. Returns (the copy or None, the module
+    the passes run on)."""
+    if not enabled:
+        return None, model
+    weights = WeightCopy(model, dtype)
+    state.after_weights_change.append(weights.refresh)
+    return weights, weights.module
+
+
 def _parameter(value: torch.Tensor, requires_grad: bool) -> nn.Parameter:
     """A new parameter holding ``value`` (set through ``.data``, as ``nn.Module.to`` does)."""
     param = nn.Parameter(torch.empty(0, dtype=value.dtype), requires_grad=requires_grad)
