@@ -178,3 +178,17 @@ def test_the_copy_and_its_gradients_stay_on_the_models_device(tiny_model_dir):
             assert math.isfinite(metrics["actor/grad_norm"])
         assert all(p.device.type == "cuda" for p in worker.weight_copy.module.parameters())
         assert all(p.device.type == "cuda" and p.grad.device.type == "cuda" for p in worker.model.parameters())
+
+
+def test_the_critics_copy_and_its_gradients_stay_on_the_models_device(tiny_model_dir):
+    """The critic's copy under tests/fake_cuda.py, as the actor's above: its value pass and two updates run on the
+    device, and its copy and gradients stay there."""
+    with fake_cuda():
+        cfg = make_config(tiny_model_dir, GAE, CRITIC_BF16, CRITIC_COPY, "trainer.device=cuda")
+        critic = CriticWorker(cfg, total_steps=2)
+        for seed in (4, 5):
+            batch = add_targets(random_batch(seed=seed), seed=seed)
+            assert critic.compute_values(batch)["values"].shape == batch["responses"].shape
+            assert math.isfinite(critic.update_critic(batch)["critic/grad_norm"])
+        assert all(p.device.type == "cuda" for p in critic.weight_copy.module.parameters())
+        assert all(p.device.type == "cuda" and p.grad.device.type == "cuda" for p in critic.model.parameters())
