@@ -17,7 +17,9 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
     hf-async     rows that finish make room for waiting trajectories: rollout.mode=async with the HF engine's
                  chunked rounds (rollout.async_chunk_tokens=64)
     vllm-async   the same with vLLM (continuous batching inside a round)
-    vllm-async-copy  vllm-async with the weight copy: ``make demo-real``'s GRPO step
+    vllm-async-copy  vllm-async with the weight copy: ``make demo-real``'s GRPO step until 2026-12-01
+    vllm-async-budget  vllm-async-copy with token-budget micro-batches (actor.use_dynamic_bsz, 8192 tokens): rows
+                 grouped by length, a step's few long rows apart from its short ones, fewer and larger micro-batches
     hf-k1        hf-async plus the one-step-off pipeline (trainer.max_staleness=1, actor.tis_cap=2)
     vllm-k1      vllm-async plus the one-step-off pipeline
 
@@ -58,6 +60,7 @@ from retrieval_server.launcher import ServerProcess  # noqa: E402
 ASYNC = ["actor_rollout_ref.rollout.mode=async"]
 K1 = ["trainer.max_staleness=1", "actor_rollout_ref.actor.tis_cap=2"]
 COPY = ["actor_rollout_ref.actor.compute_weight_copy=true"]  # the actor's passes on a bfloat16 copy of its weights
+BUDGET = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192"]
 FULL = ["actor_rollout_ref.actor.share_prompt_prefix=false"]  # every row's prompt in full, as before 2026-12-01
 VARIANTS = {
     "hf-sync": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync"],
@@ -68,6 +71,7 @@ VARIANTS = {
     "hf-async": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64"],
     "vllm-async": ["actor_rollout_ref.rollout.name=vllm", *ASYNC],
     "vllm-async-copy": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY],
+    "vllm-async-budget": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY, *BUDGET],
     "hf-k1": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64", *K1],
     "vllm-k1": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *K1],
 }
