@@ -219,8 +219,9 @@ def row_spans(attention_mask: Tensor) -> tuple[list[int], list[int]]:
 
 # What one more forward (and backward) call costs, in tokens of a micro-batch: its fixed work (the weights read,
 # the per-layer dispatch, and a shared prompt prefix run again) against the rows' own. Measured on SmolLM2-135M,
-# bfloat16, 2 CPU cores, a real GRPO step's 24 rows (docs/results.md, "Training step speed"): 12 micro-batches took
-# 33 s, 6 took 25-27 s and 3 took 22-24 s for the same tokens, about 1 s a call, as much as ~250 tokens of the update.
+# bfloat16, 2 CPU cores, a real GRPO step's 24 rows (docs/history/results-journal.md, "Token-budget micro-batches
+# cut at the fewest tokens"): 12 micro-batches took 33 s, 6 took 25-28 s and 3 took 22-24 s for the same tokens,
+# about 1 s a call, as much as ~250 tokens of the update.
 CALL_TOKENS = 256
 
 
@@ -230,7 +231,7 @@ def budget_groups(order: list[int], first: list[int], last: list[int], max_token
     tokens: the sum over groups of rows x width plus ``CALL_TOKENS`` a group (exact, by dynamic programming over the
     cut points). Filling each group up to the budget instead pads a batch's few long rows' group with short rows to
     their width: a GRPO step with 3 rows cut at 640 response tokens among 21 of ~200 spent 49 s in its update
-    against 38 s (docs/results.md)."""
+    against 33-38 s (docs/history/results-journal.md)."""
     n = len(order)
     best = [0] + [float("inf")] * n  # best[i]: the least cost of grouping order[:i]
     cut = [0] * (n + 1)  # cut[i]: where the last group of order[:i] starts
@@ -240,7 +241,7 @@ def budget_groups(order: list[int], first: list[int], last: list[int], max_token
             lo, hi = min(lo, first[order[j]]), max(hi, last[order[j]])
             tokens = (i - j) * (hi - lo + 1)
             if tokens > max_tokens and j < i - 1:
-                break  # wider and longer to the left: no larger group fits either
+                break  # a larger group is no narrower: none fits either
             if best[j] + tokens + CALL_TOKENS < best[i]:
                 best[i], cut[i] = best[j] + tokens + CALL_TOKENS, j
     groups: list[list[int]] = []

@@ -136,9 +136,9 @@ def test_token_budget_groups_rows_of_like_length():
 
 def test_token_budget_keeps_a_few_long_rows_from_padding_short_ones():
     """Guards against filling each micro-batch up to the budget in length order: a GRPO step's few rows cut at the
-    response budget then take short rows into their micro-batch, padded to their width (their update took 1.3x the
-    time; docs/results.md). 3 rows of 640 response tokens and 21 of 100 under a budget of 10 long rows: the long
-    rows go alone, the short ones together, and the tokens computed are fewer than the greedy fill's."""
+    response budget then take short rows into their micro-batch, padded to their width (their update took 1.3-1.5x
+    the time; docs/history/results-journal.md). 3 rows of 640 response tokens and 21 of 100 under a budget of 10
+    long rows: the long rows go alone, the short ones together, fewer tokens computed than by the greedy fill."""
     from verl.utils.seq import pack_trajectories
     from verl.workers.model_utils import CALL_TOKENS, budget_groups, row_spans
 
