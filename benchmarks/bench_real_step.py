@@ -20,6 +20,8 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
     vllm-async-copy  vllm-async with the weight copy: ``make demo-real``'s GRPO step until 2026-12-01
     vllm-async-budget  vllm-async-copy with token-budget micro-batches (actor.use_dynamic_bsz, 8192 tokens): rows
                  grouped by length, a step's few long rows apart from its short ones, fewer and larger micro-batches
+    vllm-async-compiled  vllm-async-budget with the model compiled by torch.compile (rollout.enforce_eager=false):
+                 ``make demo-real``'s GRPO step from 2026-12-02
     hf-k1        hf-async plus the one-step-off pipeline (trainer.max_staleness=1, actor.tis_cap=2)
     vllm-k1      vllm-async plus the one-step-off pipeline
 
@@ -61,6 +63,7 @@ ASYNC = ["actor_rollout_ref.rollout.mode=async"]
 K1 = ["trainer.max_staleness=1", "actor_rollout_ref.actor.tis_cap=2"]
 COPY = ["actor_rollout_ref.actor.compute_weight_copy=true"]  # the actor's passes on a bfloat16 copy of its weights
 BUDGET = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192"]
+COMPILED = ["actor_rollout_ref.rollout.enforce_eager=false"]  # vLLM's model compiled when the engine starts
 FULL = ["actor_rollout_ref.actor.share_prompt_prefix=false"]  # every row's prompt in full, as before 2026-12-01
 VARIANTS = {
     "hf-sync": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync"],
@@ -72,6 +75,7 @@ VARIANTS = {
     "vllm-async": ["actor_rollout_ref.rollout.name=vllm", *ASYNC],
     "vllm-async-copy": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY],
     "vllm-async-budget": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY, *BUDGET],
+    "vllm-async-compiled": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY, *BUDGET, *COMPILED],
     "hf-k1": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64", *K1],
     "vllm-k1": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *K1],
 }

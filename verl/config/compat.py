@@ -128,7 +128,6 @@ NO_EFFECT: dict[str, NoEffect] = {
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": NoEffect(
         "a chat-template tool-call format's sanity check always runs and reports a mismatch "
         "(agent/tokenization_mismatch and a warning)"),
-    "actor_rollout_ref.rollout.enforce_eager": NoEffect("the vLLM engine's CUDA-graph setting is its own default"),
     "actor_rollout_ref.rollout.load_format": NoEffect("engines load the policy directory, then receive the trainer's "
                                                       "weights in memory after every update"),
     "actor_rollout_ref.rollout.max_num_batched_tokens": NoEffect("vLLM's own default is used"),

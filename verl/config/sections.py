@@ -243,6 +243,11 @@ class RolloutConfig:
     cpu_kv_cache_gb: float = setting(1.0, "vLLM: GiB of CPU memory for the KV cache (CPU backend only).", low=0,
                                      low_open=True, what="GiB of KV cache")
     max_num_seqs: int = setting(256, "vLLM: maximum sequences scheduled at once.")
+    enforce_eager: bool = setting(
+        True, "vLLM: run the model eagerly (true, as verl and Search-R1) or compiled by torch.compile, with CUDA "
+        "graphs on a GPU (false). Compiling costs minutes when the engine starts (about 1.5 min for SmolLM2-135M on "
+        "2 CPU cores) and speeds up decoding: there, one row decoded 1.7x and eight rows 1.4x as fast "
+        "(docs/results.md). false is make demo-real's setting.")
     free_cache_engine: bool = setting(
         False, "Release the rollout's KV cache after each generate call, so training can use its memory: vLLM's sleep "
         "mode (GPU only), the hf engine's static cache (and its CUDA graph, captured again on the next call).")

@@ -39,5 +39,5 @@ def build_rollout(cfg: Config) -> RolloutEngine:
     return VLLMRollout(model_path, max_model_len=max_sequence_length(cfg.data),
                        dtype=rollout.dtype, seed=cfg.trainer.seed, cpu_kv_cache_gb=rollout.cpu_kv_cache_gb,
                        gpu_memory_utilization=rollout.gpu_memory_utilization, max_num_seqs=rollout.max_num_seqs,
-                       free_cache_engine=rollout.free_cache_engine,
+                       free_cache_engine=rollout.free_cache_engine, enforce_eager=rollout.enforce_eager,
                        tensor_parallel_size=rollout.tensor_model_parallel_size, in_worker_group=world()[1] > 1)

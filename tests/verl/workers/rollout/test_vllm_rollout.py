@@ -23,12 +23,16 @@ pytestmark = pytest.mark.slow  # starts trainers, services or engines: not in `m
 STOPS = ["</search>", "</answer>"]
 
 
-def _config(model_dir, name: str):
-    return load_config([
+def _config_overrides(model_dir, name: str) -> list[str]:
+    return [
         f"actor_rollout_ref.model.path={model_dir}", f"actor_rollout_ref.rollout.name={name}",
         "data.max_prompt_length=128", "data.max_start_length=128", "data.max_response_length=128",
         "actor_rollout_ref.rollout.cpu_kv_cache_gb=0.25", "trainer.device=cpu",
-    ], [DEMO_CONFIG])
+    ]
+
+
+def _config(model_dir, name: str):
+    return load_config(_config_overrides(model_dir, name), [DEMO_CONFIG])
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +203,25 @@ def test_seeded_call_larger_than_one_step_budget(vllm_engine):
     prompts = [[5 + i % 40] * 100 for i in range(60)]
     outputs = vllm_engine.generate(prompts, SamplingParams(max_tokens=4, temperature=1.0, seed=3))
     assert len(outputs) == 60 and all(out.token_ids for out in outputs)
+
+
+def test_compiled_engine_generates_and_syncs_like_hf(model_dir, hf_engine, state_dict, prompts):
+    """Guards ``rollout.enforce_eager=false`` (torch.compile'd vLLM model): it must generate what the HF engine
+    generates, and weights synced after the compile must reach the compiled graph (a graph that had folded the
+    loaded weights in as constants would keep generating the old policy)."""
+    engine = build_rollout(load_config([*_config_overrides(model_dir, "vllm"),
+                                        "actor_rollout_ref.rollout.enforce_eager=false"], [DEMO_CONFIG]))
+    assert isinstance(engine, VLLMRollout)
+    params = SamplingParams(max_tokens=24, temperature=0, logprobs=True)
+    before = engine.generate(prompts, params)
+    assert _ids(before) == _ids(hf_engine.generate(prompts, params))
+    try:
+        new_weights = perturbed(state_dict)
+        engine.sync_weights(new_weights.items())
+        hf_engine.sync_weights(new_weights.items())
+        after, hf_after = engine.generate(prompts, params), hf_engine.generate(prompts, params)
+        assert _ids(after) == _ids(hf_after) and _ids(after) != _ids(before)
+        for out, ref in zip(after, hf_after):
+            assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-3)
+    finally:
+        hf_engine.sync_weights(state_dict.items())
