@@ -18,9 +18,11 @@ With real prompts, rows stop at different lengths and the HF engine's dropping o
 trajectory that never closes its tag runs to ``--max-tokens`` alone, not with the whole batch).
 Engines: ``hf`` (the HF engine with its default cache for the device: static with CUDA graphs on a GPU, dynamic on a
 CPU), ``hf-dynamic``, ``hf-static`` (the static cache; with CUDA graphs on a GPU), ``hf-eager`` (static, no graphs),
-``vllm``. The physical limit printed last: a decode step reads every weight once, so a batch of B rows makes at most
-B x (memory bandwidth / bytes of weights) tokens a second (bandwidth measured here by copying a large buffer;
-the KV cache's reads and the prompt pass are not counted, so real engines stay below it).
+``vllm``, ``vllm-compiled`` (vLLM's model compiled by torch.compile when the engine starts,
+``rollout.enforce_eager=false``; its load time includes the compile). The physical limit printed last: a decode step
+reads every weight once, so a batch of B rows makes at most B x (memory bandwidth / bytes of weights) tokens a second
+(bandwidth measured here by copying a large buffer; the KV cache's reads and the prompt pass are not counted, so real
+engines stay below it).
 Tokens/s counts the tokens each returned (up to and including eos); the ratio engine / plain is the engine's
 overhead (1.0 = none). MFU: the model FLOPs of the prompts and the returned tokens (``verl.workers.flops``) over
 the time and the device's measured matmul peak in the engine's dtype. Medians over ``--repeats`` pairs after one
@@ -94,13 +96,17 @@ def hf_pair(model: str, args, name: str = "hf"):
     return engine, engine_call, plain_call
 
 
-def vllm_pair(model: str, args):
+VLLM_ENGINES = ("vllm", "vllm-compiled")
+
+
+def vllm_pair(model: str, args, name: str):
     from vllm import SamplingParams as VllmParams
     from vllm.inputs import TokensPrompt
 
     from verl.workers.rollout.vllm_rollout import VLLMRollout
 
-    engine = VLLMRollout(model, max_model_len=args.prompt_tokens[1] + args.max_tokens, dtype=args.dtype)
+    engine = VLLMRollout(model, max_model_len=args.prompt_tokens[1] + args.max_tokens, dtype=args.dtype,
+                         enforce_eager=name == "vllm")
 
     def engine_call(prompts, seed):
         outs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=seed,
@@ -118,7 +124,8 @@ def vllm_pair(model: str, args):
 
 def bench(name: str, model: str, prompts: list[list[int]], args) -> dict[str, float]:
     start = time.perf_counter()
-    engine, engine_call, plain_call = vllm_pair(model, args) if name == "vllm" else hf_pair(model, args, name)
+    pair = vllm_pair if name in VLLM_ENGINES else hf_pair
+    engine, engine_call, plain_call = pair(model, args, name)
     load_s = time.perf_counter() - start
     flops = ModelFlops.of(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).to("meta"))
     rates: dict[str, list[float]] = {"engine": [], "plain": []}
@@ -213,9 +220,9 @@ def main() -> None:
         bandwidth = memory_bandwidth(args.device)
         weight_bytes = sum(p.numel() for p in AutoModelForCausalLM.from_config(
             AutoConfig.from_pretrained(model)).to("meta").parameters()) * DTYPES[args.dtype].itemsize
-        unknown = [name for name in args.engines.split(",") if name not in HF_CACHES and name != "vllm"]
+        unknown = [name for name in args.engines.split(",") if name not in (*HF_CACHES, *VLLM_ENGINES)]
         if unknown:
-            parser.error(f"--engines: unknown {unknown} (allowed: {', '.join([*HF_CACHES, 'vllm'])})")
+            parser.error(f"--engines: unknown {unknown} (allowed: {', '.join([*HF_CACHES, *VLLM_ENGINES])})")
         results = {name: bench(name, model, prompts, args) for name in args.engines.split(",")}
     print(f"{len(prompts)} prompts of {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens, up to "
           f"{args.max_tokens} new tokens, {args.device} {args.dtype}, torch threads {torch.get_num_threads()}, "
