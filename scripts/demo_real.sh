@@ -24,15 +24,17 @@
 # it comes is evaluated by the grpo run only).
 # DEMO_REAL_ENGINE (`make demo-real ENGINE=hf`) picks GRPO's generation engine: vllm (the default: vLLM's CPU engine,
 # trajectories scheduled as they finish, rollout.mode=async; the actor's passes on a bfloat16 copy of its weights,
-# actor.compute_weight_copy; and its passes in token-budget micro-batches, actor.use_dynamic_bsz: the same update, a
-# step's few long rows apart from its short ones) or hf (the HF engine, lockstep turns, the actor under autocast over
-# float32 weights: every run before 2026-12-01). From one seed-2 cold start on one machine, vllm without the copy took
-# 0.78x hf's GRPO time, its seeds' EM (0.783-0.817 on 60, 0.745-0.775 on 200) overlapping hf's (0.800-0.850,
-# 0.755-0.795); with the copy, EM 0.817 on 60 again. Side by side with hf (every prompt in full), one seed, with the
-# budget: 0.75x the GRPO time, 0.88x the median step, 0.63x a step at like work (docs/results.md, "Training step
-# speed"). A vllm run trains into $DEMO_REAL_DIR/<variant>_vllm_budget (<variant>_vllm before the copy, _vllm_copy
-# before the budget: a run made there is neither resumed nor reused, as its config differs), an hf run into
-# $DEMO_REAL_DIR/<variant>; evaluations use the HF engine either way (greedy).
+# actor.compute_weight_copy; its passes in token-budget micro-batches, actor.use_dynamic_bsz: the same update, a step's
+# few long rows apart from its short ones; and vLLM's model compiled when the engine starts,
+# rollout.enforce_eager=false: about 1.5 min once, then faster decoding) or hf (the HF engine, lockstep turns, the actor
+# under autocast over float32 weights: every run before 2026-12-01). From one seed-2 cold start on one machine, vllm
+# without the copy took 0.78x hf's GRPO time, its seeds' EM (0.783-0.817 on 60, 0.745-0.775 on 200) overlapping hf's
+# (0.800-0.850, 0.755-0.795); with the copy, EM 0.817 on 60 again; compiled, 0.800. Side by side with hf (every prompt
+# in full), one seed, with the budget: 0.75x the GRPO time, 0.88x the median step, 0.63x a step at like work
+# (docs/results.md, "Training step speed"). A vllm run trains into $DEMO_REAL_DIR/<variant>_vllm_compiled
+# (<variant>_vllm before the copy, _vllm_copy before the budget, _vllm_budget before the compile: a run made there is
+# neither resumed nor reused, as its config differs), an hf run into $DEMO_REAL_DIR/<variant>; evaluations use the HF
+# engine either way (greedy).
 # Everything goes to DEMO_REAL_DIR (default outputs/demo_real, with _hermes and _seedN added for a non-default format
 # or seed); a rerun resumes or reuses each finished part.
 # The demo's 96-token passage budget (configs/demo.yaml) is sized for the tiny policy's tokenizer; a real tokenizer
@@ -55,11 +57,12 @@ ENGINE=${DEMO_REAL_ENGINE:-vllm}
 case "$ENGINE" in
   vllm) ENGINE_ARGS=(actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async
                     actor_rollout_ref.actor.compute_weight_copy=true actor_rollout_ref.actor.use_dynamic_bsz=true
-                    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192) ;;
+                    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192
+                    actor_rollout_ref.rollout.enforce_eager=false) ;;
   hf) ENGINE_ARGS=() ;;  # the config's own engine: hf, lockstep turns
   *) echo "[demo-real] error: DEMO_REAL_ENGINE=$ENGINE; allowed: vllm, hf" >&2; exit 2;;
 esac
-RUN=$VARIANT$([ "$ENGINE" = hf ] || echo "_${ENGINE}_budget")  # the RL run's directory and evaluation name
+RUN=$VARIANT$([ "$ENGINE" = hf ] || echo "_${ENGINE}_compiled")  # the RL run's directory and evaluation name
 suffix=""
 [ "$FORMAT" = search_r1 ] || suffix+="_$FORMAT"
 [ "$SEED" = 1 ] || suffix+="_seed$SEED"
