@@ -24,6 +24,8 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
                  ``make demo-real``'s GRPO step from 2026-12-02
     hf-k1        hf-async plus the one-step-off pipeline (trainer.max_staleness=1, actor.tis_cap=2)
     vllm-k1      vllm-async plus the one-step-off pipeline
+    vllm-k1-compiled  vllm-async-compiled plus the one-step-off pipeline: the next batch generated while this one
+                 trains (decoding one row is per-call overhead more than arithmetic, so the two can share the cores)
 
 One fresh trainer process per (variant, run), the variants interleaved (run 1 of every variant, then run 2 in the
 reverse order, ...), so a machine whose load or speed changes mid-benchmark affects all; the 1-minute load average
@@ -78,6 +80,7 @@ VARIANTS = {
     "vllm-async-compiled": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY, *BUDGET, *COMPILED],
     "hf-k1": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64", *K1],
     "vllm-k1": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *K1],
+    "vllm-k1-compiled": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY, *BUDGET, *COMPILED, *K1],
 }
 DEMO = ROOT / "data" / "demo"
 
