@@ -247,7 +247,7 @@ class RolloutConfig:
         True, "vLLM: run the model eagerly (true, as verl and Search-R1) or compiled by torch.compile, with CUDA "
         "graphs on a GPU (false). Compiling costs 1-2 min when the engine starts (SmolLM2-135M on 2 CPU cores) and "
         "speeds up decoding: there one row decoded 1.45x as fast, and make demo-real's GRPO step took 0.63x the eager "
-        "engine's median time on one seed (docs/results.md, \"Training step speed\").")
+        "engine's median time on one seed (docs/history/results-journal.md, \"vLLM's model compiled\").")
     free_cache_engine: bool = setting(
         False, "Release the rollout's KV cache after each generate call, so training can use its memory: vLLM's sleep "
         "mode (GPU only), the hf engine's static cache (and its CUDA graph, captured again on the next call).")
