@@ -8,9 +8,10 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
 (``benchmarks/paper_table.py``'s RL settings and demo-real's lengths), against the real BM25 service. Variants:
 
     hf-sync      the HF engine (rollout.mode=sync: lockstep turns)
-    hf-sync-full the same, every row's prompt computed in full (actor.share_prompt_prefix=false): the step as the
-                 issue measured it (its 65 s median), the baseline of the goal, except that the LM head runs on the
-                 read tokens only, as in every variant since 57a095b (a little faster than the issue's step)
+    hf-sync-full the same, every row's prompt computed in full (actor.share_prompt_prefix=false) and freed host
+                 pages handed back after each micro-batch (trainer.host_memory=release): the step as the issue
+                 measured it (its 65 s median), the baseline of the goal, except that the LM head runs on the read
+                 tokens only, as in every variant since 57a095b (a little faster than the issue's step)
     vllm-sync-full  vLLM, every row's prompt in full
     vllm-sync    vLLM's CPU engine (rollout.name=vllm), lockstep turns
     vllm-sync-copy  the same, the actor's passes on a bfloat16 copy of its weights (actor.compute_weight_copy)
@@ -20,12 +21,16 @@ by ``scripts/demo_real.sh``) with GRPO on the demo knowledge base, 6 prompts x 4
     vllm-async-copy  vllm-async with the weight copy: ``make demo-real``'s GRPO step until 2026-12-01
     vllm-async-budget  vllm-async-copy with token-budget micro-batches (actor.use_dynamic_bsz, 8192 tokens): rows
                  grouped by length, a step's few long rows apart from its short ones, fewer and larger micro-batches
-    vllm-async-compiled  vllm-async-budget with the model compiled by torch.compile (rollout.enforce_eager=false):
-                 ``make demo-real``'s GRPO step from 2026-12-02
+    vllm-async-compiled-release  vllm-async-budget with the model compiled by torch.compile
+                 (rollout.enforce_eager=false), freed host pages handed back (trainer.host_memory=release):
+                 ``make demo-real``'s GRPO step on 2026-12-02 until freed host memory was kept for reuse
+    vllm-async-compiled  the same with freed host memory kept for reuse (trainer.host_memory=reuse, the default
+                 since then): ``make demo-real``'s GRPO step
     hf-k1        hf-async plus the one-step-off pipeline (trainer.max_staleness=1, actor.tis_cap=2)
     vllm-k1      vllm-async plus the one-step-off pipeline
     vllm-k1-compiled  vllm-async-compiled plus the one-step-off pipeline: the next batch generated while this one
                  trains (decoding one row is per-call overhead more than arithmetic, so the two can share the cores)
+    vllm-k1-compiled-release  the same with freed host pages handed back (trainer.host_memory=release)
 
 One fresh trainer process per (variant, run), the variants interleaved (run 1 of every variant, then run 2 in the
 reverse order, ...), so a machine whose load or speed changes mid-benchmark affects all; the 1-minute load average
@@ -67,9 +72,10 @@ COPY = ["actor_rollout_ref.actor.compute_weight_copy=true"]  # the actor's passe
 BUDGET = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192"]
 COMPILED = ["actor_rollout_ref.rollout.enforce_eager=false"]  # vLLM's model compiled when the engine starts
 FULL = ["actor_rollout_ref.actor.share_prompt_prefix=false"]  # every row's prompt in full, as before 2026-12-01
+RELEASE = ["trainer.host_memory=release"]  # freed host pages handed back after each micro-batch, as before 2026-12-02
 VARIANTS = {
     "hf-sync": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync"],
-    "hf-sync-full": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync", *FULL],
+    "hf-sync-full": ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync", *FULL, *RELEASE],
     "vllm-sync-full": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync", *FULL],
     "vllm-sync": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync"],
     "vllm-sync-copy": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=sync", *COPY],
@@ -77,9 +83,13 @@ VARIANTS = {
     "vllm-async": ["actor_rollout_ref.rollout.name=vllm", *ASYNC],
     "vllm-async-copy": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY],
     "vllm-async-budget": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY, *BUDGET],
+    "vllm-async-compiled-release": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY, *BUDGET, *COMPILED,
+                                    *RELEASE],
     "vllm-async-compiled": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY, *BUDGET, *COMPILED],
     "hf-k1": ["actor_rollout_ref.rollout.name=hf", *ASYNC, "actor_rollout_ref.rollout.async_chunk_tokens=64", *K1],
     "vllm-k1": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *K1],
+    "vllm-k1-compiled-release": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY, *BUDGET, *COMPILED, *K1,
+                                 *RELEASE],
     "vllm-k1-compiled": ["actor_rollout_ref.rollout.name=vllm", *ASYNC, *COPY, *BUDGET, *COMPILED, *K1],
 }
 DEMO = ROOT / "data" / "demo"

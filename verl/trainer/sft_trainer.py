@@ -103,7 +103,8 @@ class SFTTrainer:
                                 trust_remote_code=m.trust_remote_code, lora=self.lora)
         # the prompt tokens all rows of a micro-batch start with (the instruction) run once (shared_prefix.py)
         self.prefix_sharing = PrefixSharing(self.model)
-        self.state = TrainState.from_optim(self.model, cfg.optim, self.total_steps, cfg.optim.clip_grad)
+        self.state = TrainState.from_optim(self.model, cfg.optim, self.total_steps, cfg.optim.clip_grad,
+                                           host_memory=cfg.trainer.host_memory)
         run_dir.record_config(self.out_dir, to_yaml(cfg))
         self.tracker = Tracker(t.logger, self.out_dir, t.project_name, t.experiment_name,
                                OmegaConf.to_container(OmegaConf.structured(cfg)))

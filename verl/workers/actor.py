@@ -84,7 +84,8 @@ class ActorWorker:
                                 offload=a.fsdp_config.offload)
         steps = total_steps * optimizer_steps_per_training_step(trajectories_per_step(cfg), a.ppo_mini_batch_size,
                                                                 a.ppo_epochs)
-        self.state = TrainState.from_optim(self.model, a.optim, steps, a.grad_clip, DTYPES[a.optim_state_dtype])
+        self.state = TrainState.from_optim(self.model, a.optim, steps, a.grad_clip, DTYPES[a.optim_state_dtype],
+                                           host_memory=cfg.trainer.host_memory)
         self.max_tokens = a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None
         # the module the passes run on: the trained one, or its copy in the compute dtype (weight_copy.py)
         self.weight_copy, compute_model = weight_copy.attach(self.model, self.dtype, self.state, a.compute_weight_copy)

@@ -76,7 +76,7 @@ class CriticWorker:
                                 num_labels=1)
         steps = total_steps * optimizer_steps_per_training_step(trajectories_per_step(cfg), c.ppo_mini_batch_size,
                                                                 c.ppo_epochs)
-        self.state = TrainState.from_optim(self.model, c.optim, steps, c.grad_clip)
+        self.state = TrainState.from_optim(self.model, c.optim, steps, c.grad_clip, host_memory=cfg.trainer.host_memory)
         self.max_tokens = critic_token_budget(cfg)
         # the module the passes run on: the trained one, or its copy in the compute dtype (weight_copy.py)
         self.weight_copy, self.compute_model = weight_copy.attach(self.model, self.dtype, self.state,

@@ -5,10 +5,16 @@ Choices:
 * **Peaks per step.** ``peak_memory_metrics`` reports, then resets, the most memory a step took: on a GPU torch's
   allocated peak, on the host the kernel's resident high-water mark (``VmHWM``, reset through
   ``/proc/self/clear_refs``), beside the process's lifetime peak and its resident set now.
-* **Freed host pages go back** (``release_host_memory``, glibc's ``malloc_trim``) and **large host allocations are
-  mapped on their own** (``map_large_host_allocations``, glibc's ``M_MMAP_THRESHOLD``): without them the resident set
-  of a model trained on the host grows to the sum of the phases' peaks (docs/results.md, "Memory over a run"). Both
-  are no-ops where there is no glibc.
+* **Freed host memory is kept for reuse** (``keep_freed_host_memory``, ``trainer.host_memory=reuse``, the default):
+  every block comes from glibc's heap and nothing freed is handed back, so the next micro-batch's tensors land on
+  pages already mapped. A fresh page costs a fault and the kernel zeroing it; on a 2-core host that was 40 % of the
+  actor's update (docs/history/results-journal.md, "Freed host memory kept for reuse"). The resident set then stays
+  near the run's peak, plus the holes between live blocks.
+* Or **freed host pages go back** (``trainer.host_memory=release``: ``release_host_memory``, glibc's ``malloc_trim``,
+  after each micro-batch, and **large host allocations mapped on their own**, ``map_large_host_allocations``, glibc's
+  ``M_MMAP_THRESHOLD``): the resident set follows each phase's own peak instead of the sum of the phases' peaks
+  (docs/results.md, "Memory over a run"), at the price of those page faults.
+* All of them are no-ops where there is no glibc, and a setting the user made in the environment is kept.
 """
 
 from __future__ import annotations
@@ -69,8 +75,38 @@ def _glibc(name: str) -> Callable[..., int] | None:
         return None
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's mallopt parameter numbers
 HOST_MMAP_THRESHOLD = 1 << 20  # bytes
+HOST_MEMORY_MODES = ("reuse", "release")  # trainer.host_memory
+_USER_TUNABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+
+
+def _user_tuned() -> bool:
+    """Whether the environment sets glibc's malloc tunables (``MALLOC_*_`` or ``glibc.malloc`` in ``GLIBC_TUNABLES``);
+    the user's choice is then kept."""
+    return any(name in os.environ for name in _USER_TUNABLES) or "malloc" in os.environ.get("GLIBC_TUNABLES", "")
+
+
+def apply_host_memory(mode: str) -> bool:
+    """Set this process's host allocator for ``trainer.host_memory`` = ``mode`` (``HOST_MEMORY_MODES``); True when
+    set (False without glibc, or when the user set its tunables). ``release`` also asks its caller to hand free pages
+    back after each micro-batch (``release_host_memory``)."""
+    if mode not in HOST_MEMORY_MODES:
+        raise ValueError(f"trainer.host_memory={mode!r}: expected one of {', '.join(HOST_MEMORY_MODES)}")
+    return keep_freed_host_memory() if mode == "reuse" else map_large_host_allocations()
+
+
+def keep_freed_host_memory() -> bool:
+    """Serve every host allocation from glibc's heap (``M_MMAP_MAX`` 0: no block mapped on its own, so none is unmapped
+    when freed) and never trim the heap's free top (``M_TRIM_THRESHOLD`` at its maximum); True when set. Freed memory
+    then serves the next allocations without a page fault or the kernel zeroing a fresh page. A block larger than a
+    thread arena's 64 MiB heap is served by the main heap (glibc retries there). Left alone where glibc is absent or
+    the user set malloc tunables in the environment."""
+    if _user_tuned():
+        return False
+    mallopt = _glibc("mallopt")
+    # mallopt takes an int; glibc stores the trim threshold as a size_t, so -1 is its maximum (never trim)
+    return mallopt is not None and mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, -1) == 1
 
 
 def map_large_host_allocations(threshold: int = HOST_MMAP_THRESHOLD) -> bool:
@@ -79,9 +115,9 @@ def map_large_host_allocations(threshold: int = HOST_MMAP_THRESHOLD) -> bool:
     (up to 32 MiB), so after the first freed activations every tensor below 32 MiB comes from the heap, where one
     micro-batch's freed tensors leave holes the next one's sizes do not fit, and a step's peak grows by what the holes
     hold (measured on the real model: 7.8 -> 6.4 GiB on the same batches; docs/results.md, "Memory over a run"). A
-    fixed threshold also stops the raise. Left alone where glibc is absent or the user set it
-    (``MALLOC_MMAP_THRESHOLD_``, or ``mmap_threshold`` in ``GLIBC_TUNABLES``)."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
+    fixed threshold also stops the raise. Left alone where glibc is absent or the user set malloc tunables in the
+    environment (``MALLOC_MMAP_THRESHOLD_`` and the like, or ``glibc.malloc`` in ``GLIBC_TUNABLES``)."""
+    if _user_tuned():
         return False
     mallopt = _glibc("mallopt")
     return mallopt is not None and mallopt(M_MMAP_THRESHOLD, threshold) == 1

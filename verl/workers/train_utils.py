@@ -54,7 +54,7 @@ from verl.protocol import Batch
 from verl.utils.lr_schedule import lr_schedule_factor
 from verl.workers.distributed import all_reduce_, world
 from verl.workers.optim import LowPrecisionStateAdamW
-from verl.workers.process_memory import map_large_host_allocations, release_host_memory
+from verl.workers.process_memory import apply_host_memory, release_host_memory
 
 logger = logging.getLogger(__name__)
 
@@ -103,12 +103,14 @@ class TrainState:
 
     def __init__(self, model: nn.Module, lr: float, weight_decay: float, warmup_ratio: float,
                  total_optimizer_steps: int, grad_clip: float | None, state_dtype: torch.dtype = torch.float32,
-                 betas: tuple[float, float] = (0.9, 0.999), schedule: str = "constant", min_lr_ratio: float = 0.0):
+                 betas: tuple[float, float] = (0.9, 0.999), schedule: str = "constant", min_lr_ratio: float = 0.0,
+                 host_memory: str = "reuse"):
         self.model = model
         self.grad_clip = grad_clip
-        self.on_host = all(p.device.type == "cpu" for p in model.parameters())
-        if self.on_host:  # activations in their own mappings: freed ones leave no holes in the heap
-            map_large_host_allocations()
+        on_host = all(p.device.type == "cpu" for p in model.parameters())
+        if on_host:  # trainer.host_memory: freed memory kept for the next micro-batch, or handed back (process_memory)
+            apply_host_memory(host_memory)
+        self.release_after_micro_batch = on_host and host_memory == "release"
         trainable = [p for p in model.parameters() if p.requires_grad]  # all, or the LoRA adapters
         betas = (float(betas[0]), float(betas[1]))
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=betas, weight_decay=weight_decay) \
@@ -123,12 +125,12 @@ class TrainState:
 
     @classmethod
     def from_optim(cls, model: nn.Module, optim: OptimConfig, total_optimizer_steps: int, grad_clip: float | None,
-                   state_dtype: torch.dtype = torch.float32) -> TrainState:
+                   state_dtype: torch.dtype = torch.float32, host_memory: str = "reuse") -> TrainState:
         """The state for an ``optim`` section (``verl.config.OptimConfig``: the actor's, the critic's or the SFT
-        trainer's), so every trainer reads the same knobs the same way."""
+        trainer's), so every trainer reads the same knobs the same way; ``host_memory``: ``trainer.host_memory``."""
         return cls(model, optim.lr, optim.weight_decay, optim.lr_warmup_steps_ratio, total_optimizer_steps, grad_clip,
                    state_dtype, betas=(optim.betas[0], optim.betas[1]), schedule=optim.warmup_style,
-                   min_lr_ratio=optim.min_lr_ratio or 0.0)
+                   min_lr_ratio=optim.min_lr_ratio or 0.0, host_memory=host_memory)
 
     def update(self, batch: Batch, mini_batch_size: int, epochs: int,
                split_micro: Callable[[Batch], list[Batch]], loss_fn: LossFn) -> dict[str, float]:
@@ -165,7 +167,7 @@ class TrainState:
                 self.model.set_requires_gradient_sync(i == len(micros) - 1)  # reduce-scatter once per step
             loss, metrics = loss_fn(micro, counts)
             (loss * world_size).backward()  # even when non-finite: FSDP's collectives run on every rank
-            if self.on_host:  # the micro-batch's activations, freed, leave the resident set too
+            if self.release_after_micro_batch:  # the micro-batch's activations, freed, leave the resident set too
                 release_host_memory()
             sums["nonfinite_loss"] += float(not torch.isfinite(loss.detach()).item())
             for name, value in metrics.items():
