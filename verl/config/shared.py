@@ -100,11 +100,11 @@ class RunConfig:
     device: str = setting("auto", "Device to train on: auto (cuda if available) | cpu | cuda.",
                           choices=("auto", "cpu", "cuda"), steers=True)
     host_memory: str = setting(
-        "reuse", "What a process that trains on the host (CPU) does with freed memory: reuse = keeps it for the next "
-        "micro-batch (glibc's heap only, nothing trimmed), so no fresh page is faulted in and zeroed (the real "
-        "model's update took 0.6x the time on 2 cores); the resident set stays near the run's peak | release = large "
-        "blocks mapped on their own and free pages handed back after each micro-batch: the resident set follows each "
-        "phase's own peak, at the price of those page faults. No effect on a GPU, without glibc, or when the "
+        "reuse", "What a process that trains on the host (CPU) does with freed memory: reuse = keeps it for the "
+        "step's next micro-batches and passes (glibc's heap only) and hands free pages back after each optimiser step, "
+        "so few fresh pages are faulted in and zeroed (the real model's update took about 0.6x the time on 2 cores) "
+        "| release = large blocks mapped on their own and free pages handed back after each micro-batch: a lower "
+        "peak within a step, at the price of those page faults. No effect on a GPU, without glibc, or when the "
         "environment sets malloc tunables (MALLOC_*_, GLIBC_TUNABLES).", choices=("reuse", "release"), steers=True)
 
     def check(self, prefix: str) -> None:

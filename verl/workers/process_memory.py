@@ -5,13 +5,14 @@ Choices:
 * **Peaks per step.** ``peak_memory_metrics`` reports, then resets, the most memory a step took: on a GPU torch's
   allocated peak, on the host the kernel's resident high-water mark (``VmHWM``, reset through
   ``/proc/self/clear_refs``), beside the process's lifetime peak and its resident set now.
-* **Freed host memory is kept for reuse** (``keep_freed_host_memory``, ``trainer.host_memory=reuse``, the default):
-  every block comes from glibc's heap and nothing freed is handed back, so the next micro-batch's tensors land on
-  pages already mapped. A fresh page costs a fault and the kernel zeroing it; on a 2-core host that was 40 % of the
-  actor's update (docs/history/results-journal.md, "Freed host memory kept for reuse"). The resident set then stays
-  near the run's peak, plus the holes between live blocks.
-* Or **freed host pages go back** (``trainer.host_memory=release``: ``release_host_memory``, glibc's ``malloc_trim``,
-  after each micro-batch, and **large host allocations mapped on their own**, ``map_large_host_allocations``, glibc's
+* **Freed host memory is kept for reuse within a step** (``trainer.host_memory=reuse``, the default:
+  ``keep_freed_host_memory``, then ``release_host_memory`` after each optimiser step): every block comes from glibc's
+  heap and nothing freed is handed back until the step ends, so the next micro-batch's tensors land on pages already
+  mapped. A fresh page costs a fault and the kernel zeroing it; on a 2-core host that was 40 % of the actor's update
+  (docs/history/results-journal.md, "Freed host memory kept for reuse"). Handing the free pages back once a step
+  keeps the resident set from creeping: never trimmed, the heap's holes grew it by about 0.2 GiB a step.
+* Or **freed host pages go back after each micro-batch** (``trainer.host_memory=release``: ``release_host_memory``,
+  glibc's ``malloc_trim``, and **large host allocations mapped on their own**, ``map_large_host_allocations``, glibc's
   ``M_MMAP_THRESHOLD``): the resident set follows each phase's own peak instead of the sum of the phases' peaks
   (docs/results.md, "Memory over a run"), at the price of those page faults.
 * All of them are no-ops where there is no glibc, and a setting the user made in the environment is kept.
@@ -98,8 +99,9 @@ def apply_host_memory(mode: str) -> bool:
 
 def keep_freed_host_memory() -> bool:
     """Serve every host allocation from glibc's heap (``M_MMAP_MAX`` 0: no block mapped on its own, so none is unmapped
-    when freed) and never trim the heap's free top (``M_TRIM_THRESHOLD`` at its maximum); True when set. Freed memory
-    then serves the next allocations without a page fault or the kernel zeroing a fresh page. A block larger than a
+    when freed) and never trim the heap's free top by itself (``M_TRIM_THRESHOLD`` at its maximum; the caller hands
+    free pages back when it chooses, ``release_host_memory``); True when set. Freed memory then serves the next
+    allocations without a page fault or the kernel zeroing a fresh page. A block larger than a
     thread arena's 64 MiB heap is served by the main heap (glibc retries there). Left alone where glibc is absent or
     the user set malloc tunables in the environment."""
     if _user_tuned():

@@ -107,10 +107,11 @@ class TrainState:
                  host_memory: str = "reuse"):
         self.model = model
         self.grad_clip = grad_clip
-        on_host = all(p.device.type == "cpu" for p in model.parameters())
-        if on_host:  # trainer.host_memory: freed memory kept for the next micro-batch, or handed back (process_memory)
+        # trainer.host_memory on a host (process_memory): free pages handed back after each optimiser step (reuse:
+        # kept for the step's micro-batches until then) or after each micro-batch (release); None on a GPU
+        self.host_memory = host_memory if all(p.device.type == "cpu" for p in model.parameters()) else None
+        if self.host_memory:
             apply_host_memory(host_memory)
-        self.release_after_micro_batch = on_host and host_memory == "release"
         trainable = [p for p in model.parameters() if p.requires_grad]  # all, or the LoRA adapters
         betas = (float(betas[0]), float(betas[1]))
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=betas, weight_decay=weight_decay) \
@@ -167,7 +168,7 @@ class TrainState:
                 self.model.set_requires_gradient_sync(i == len(micros) - 1)  # reduce-scatter once per step
             loss, metrics = loss_fn(micro, counts)
             (loss * world_size).backward()  # even when non-finite: FSDP's collectives run on every rank
-            if self.release_after_micro_batch:  # the micro-batch's activations, freed, leave the resident set too
+            if self.host_memory == "release":  # the micro-batch's activations, freed, leave the resident set too
                 release_host_memory()
             sums["nonfinite_loss"] += float(not torch.isfinite(loss.detach()).item())
             for name, value in metrics.items():
@@ -180,6 +181,8 @@ class TrainState:
             reduced.update(zip(maxima, all_reduce_(torch.tensor([sums[n] for n in maxima], dtype=torch.float64),
                                                    dist.ReduceOp.MAX).tolist(), strict=True))
         grad_norm, lr, undone = self._optimizer_step(skip=reduced["nonfinite_loss"] > 0)
+        if self.host_memory == "reuse":  # the step's freed blocks and holes leave the resident set: it cannot creep
+            release_host_memory()
         for hook in self.after_weights_change:
             hook()
         finite_norm = math.isfinite(grad_norm)
