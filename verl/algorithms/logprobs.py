@@ -10,6 +10,9 @@ Shapes: B rows, T response tokens, V vocabulary. Choices:
   (``_ChunkedLogprobs``) that fills one gradient of the logits' shape chunk by chunk: with a 151k or 262k
   vocabulary nothing but the logits and their gradient spans [B, T, V]. (Activation checkpointing of
   sliced chunks, used before, made autograd allocate a whole-size gradient per chunk.)
+* **In place within a chunk**: a chunk's float32 upcast is shifted, exponentiated and turned into its gradient in
+  its own buffer (one more for exp in the forward), the logsumexp shared by the log-probs and the entropy. On a CPU
+  each pass over a [c, V] chunk is memory-bound, and fresh tensors per operation doubled the head's time.
 """
 
 from __future__ import annotations
@@ -68,10 +71,16 @@ class _ChunkedLogprobs(torch.autograd.Function):
         log_prob = logits.new_zeros(B, T, dtype=torch.float32)  # [B, T]
         entropy = logits.new_zeros(B, T, dtype=torch.float32)  # [B, T]
         for b, cut in _chunks(B, T, tokens):
-            z = logits[b, cut].float()  # [c, V]
-            log_prob[b, cut] = logprobs_from_logits(z, labels[b, cut])
-            if with_entropy:
-                entropy[b, cut] = entropy_from_logits(z)
+            # two [c, V] float32 buffers and six passes over them (the logits shifted by their maximum, then
+            # exp(shifted)), not a fresh tensor per operation: on a CPU these passes are most of the head's time
+            z = logits[b, cut].to(torch.float32, copy=True)  # [c, V]
+            z -= z.amax(dim=-1, keepdim=True)  # shifted: max 0 per token
+            e = torch.exp(z)  # [c, V]
+            total = e.sum(dim=-1)  # [c]
+            log_total = total.log()  # logsumexp of the shifted logits
+            log_prob[b, cut] = z.gather(-1, labels[b, cut].unsqueeze(-1)).squeeze(-1) - log_total
+            if with_entropy:  # H = logsumexp(z) - sum(softmax(z) z), on the shifted z (entropy_from_logits)
+                entropy[b, cut] = log_total - e.mul_(z).sum(dim=-1) / total
         ctx.save_for_backward(logits, labels)
         ctx.entropy_grad, ctx.tokens = with_entropy and entropy_grad, tokens
         if not ctx.entropy_grad:
@@ -84,14 +93,18 @@ class _ChunkedLogprobs(torch.autograd.Function):
         B, T, _ = logits.shape
         grad = torch.empty_like(logits)  # [B, T, V], the logits' dtype
         for b, cut in _chunks(B, T, ctx.tokens):
-            log_p = torch.log_softmax(logits[b, cut].float(), dim=-1)  # [c, V]
-            p = log_p.exp()
             g_lp = grad_log_prob[b, cut].unsqueeze(-1)  # [c, 1]
-            g = -p * g_lp  # [c, V]
+            z = logits[b, cut].to(torch.float32, copy=True)  # [c, V], then in place: shifted, exp, p, the gradient
+            z -= z.amax(dim=-1, keepdim=True)
+            if ctx.entropy_grad:  # needs log p beside p (a second buffer); g = -p (g_lp + g_H (log p + H))
+                g = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # log p, in place
+                p = g.exp()  # [c, V]
+                h = -torch.bmm(p.unsqueeze(1), g.unsqueeze(2)).view(-1, 1)  # [c, 1], the entropy; no [c, V] product
+                g.add_(h).mul_(grad_entropy[b, cut].unsqueeze(-1)).add_(g_lp).mul_(p).neg_()
+            else:
+                g = z.exp_()
+                g *= (-g_lp) / g.sum(dim=-1, keepdim=True)  # -p * d loss / d log p(y)
             g.scatter_add_(-1, labels[b, cut].unsqueeze(-1), g_lp)
-            if ctx.entropy_grad:
-                h = -(p * log_p).sum(dim=-1, keepdim=True)  # [c, 1]
-                g -= grad_entropy[b, cut].unsqueeze(-1) * p * (log_p + h)
             grad[b, cut] = g
         return grad, None, None, None, None
 
