@@ -12,7 +12,8 @@ Shapes: B rows, T response tokens, V vocabulary. Choices:
   sliced chunks, used before, made autograd allocate a whole-size gradient per chunk.)
 * **In place within a chunk**: a chunk's float32 upcast is shifted, exponentiated and turned into its gradient in
   its own buffer (one more for exp in the forward), the logsumexp shared by the log-probs and the entropy. On a CPU
-  each pass over a [c, V] chunk is memory-bound, and fresh tensors per operation doubled the head's time.
+  each pass over a [c, V] chunk is memory-bound: with a fresh tensor per operation the forward took 2.6x as long
+  (docs/history/results-journal.md, "Freed host memory kept for reuse").
 """
 
 from __future__ import annotations
