@@ -67,6 +67,12 @@ def test_chunked_logprobs_and_entropy_equal_the_plain_ones(dtype) -> None:
                                                 chunk_bytes=3 * 4 * 13)
     assert log_prob.requires_grad and not entropy.requires_grad
     assert lp.logprobs_and_entropy(leaves[0], labels)[1] is None
+    # and the log-probs' own gradient (the backward's branch without the bonus, what a policy loss alone takes)
+    leaves = [logits.clone().requires_grad_(True) for _ in range(2)]
+    log_prob, _ = lp.logprobs_and_entropy(leaves[0], labels, with_entropy=True, chunk_bytes=3 * 4 * 13)
+    (weights * log_prob).sum().backward()
+    (weights * lp.logprobs_from_logits(leaves[1].float(), labels)).sum().backward()
+    torch.testing.assert_close(leaves[0].grad, leaves[1].grad)
 
 
 def test_chunked_logprobs_memory_stays_flat_for_a_262k_vocabulary() -> None:
