@@ -6,6 +6,8 @@ Shapes: B rows, T response tokens, V vocabulary. Choices:
   kept for backward (half-precision logits are upcast one row at a time).
 * **Entropy** computed on logits shifted by their (detached) maximum: without the shift both of
   its terms grow with the logits and cancel catastrophically.
+  These two (``logprobs_from_logits``, ``entropy_from_logits``) are the plain definitions: the trainer computes both
+  through ``logprobs_and_entropy`` below, and the tests check it against them.
 * **Chunked** over tokens (``logprobs_and_entropy``) in both passes, with a backward written out
   (``_ChunkedLogprobs``) that fills one gradient of the logits' shape chunk by chunk: with a 151k or 262k
   vocabulary nothing but the logits and their gradient spans [B, T, V]. (Activation checkpointing of
