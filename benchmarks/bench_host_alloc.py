@@ -1,7 +1,8 @@
 """Host allocator settings for CPU training: time, page faults and peak resident set of the same micro-batches,
 glibc's default (its mmap threshold rises with each freed block), ``map_large_host_allocations`` (a fixed 1 MiB
-threshold, ``trainer.host_memory=release``) and ``keep_freed_host_memory`` (``reuse``, the default), each in a fresh
-process, alternated (figures, not pass/fail).
+threshold, ``trainer.host_memory=release``) and ``keep_freed_host_memory`` (``reuse``; ``reuse-guarded``: with the
+``FreedMemoryGuard`` thread, as the default ``trainer.host_memory=reuse`` runs), each in a fresh process, alternated
+(figures, not pass/fail).
 
     python benchmarks/bench_host_alloc.py --model data/models/smollm2-135m-instruct [--rounds 2] [--steps 3]
         [--micro 4] [--lengths 640,480,560,320] [--dtype bfloat16]
@@ -32,13 +33,15 @@ import json, sys, time, torch
 from transformers import AutoModelForCausalLM
 from verl.algorithms.logprobs import logprobs_and_entropy
 import resource
-from verl.workers.process_memory import (keep_freed_host_memory, map_large_host_allocations, peak_memory_metrics,
-                                         release_host_memory)
+from verl.workers.process_memory import (FreedMemoryGuard, keep_freed_host_memory, map_large_host_allocations,
+                                         peak_memory_metrics, release_host_memory)
 model_dir, threshold, steps, micro = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 lengths, dtype = [int(x) for x in sys.argv[5].split(",")], getattr(torch, sys.argv[6])
 reuse = threshold < 0
 if reuse:
     assert keep_freed_host_memory()
+if threshold == -2:  # and the thread that trims when the host runs short, as trainer.host_memory=reuse starts it
+    assert FreedMemoryGuard.start_once() is not None
 elif threshold:
     assert map_large_host_allocations(threshold)
 torch.manual_seed(0)
@@ -74,8 +77,10 @@ print(json.dumps({"times": times, "peaks": peaks, "faults": faults, "huge_kib": 
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"  # glibc >= 2.35: madvise(MADV_HUGEPAGE) on what malloc maps
 KEEP_TOP = "glibc.malloc.trim_threshold=67108864"  # the heap's top is given back only above 64 MiB free
-# name -> (mmap threshold in bytes, 0 = glibc's own rule, -1 = keep_freed_host_memory; GLIBC_TUNABLES of the process)
-SETTINGS = {"default": (0, ""), "mapped": (1 << 20, ""), "reuse": (-1, ""), "mapped-huge": (1 << 20, HUGE_PAGES),
+# name -> (mmap threshold in bytes, 0 = glibc's own rule, -1 = keep_freed_host_memory, -2 = and FreedMemoryGuard;
+# GLIBC_TUNABLES of the process)
+SETTINGS = {"default": (0, ""), "mapped": (1 << 20, ""), "reuse": (-1, ""), "reuse-guarded": (-2, ""),
+            "mapped-huge": (1 << 20, HUGE_PAGES),
             "huge": (0, HUGE_PAGES), "mapped-32m": (32 << 20, ""), "mapped-32m-huge": (32 << 20, HUGE_PAGES),
             # a fixed mmap threshold also keeps glibc's trim threshold at 128 KiB (the default rule raises it to twice
             # the mmap threshold): the heap's top is then given back and faulted in again on every micro-batch

@@ -102,9 +102,10 @@ class RunConfig:
     host_memory: str = setting(
         "reuse", "What a process that trains on the host (CPU) does with freed memory: reuse = keeps it for the "
         "step's next micro-batches and passes (glibc's heap only) and hands free pages back after each optimiser step, "
-        "so few fresh pages are faulted in and zeroed (the real model's update took about 0.6x the time on 2 cores) "
-        "| release = large blocks mapped on their own and free pages handed back after each micro-batch: a lower "
-        "peak within a step, at the price of those page faults. No effect on a GPU, without glibc, or when the "
+        "so few fresh pages are faulted in and zeroed (the real model's update took about 0.6x the time on 2 cores), "
+        "and whenever less than a quarter of the host's memory is available (perf/host_memory_trims counts those "
+        "times) | release = large blocks mapped on their own and free pages handed back after each micro-batch: a "
+        "lower peak within a step, at the price of those page faults. No effect on a GPU, without glibc, or when the "
         "environment sets malloc tunables (MALLOC_*_, GLIBC_TUNABLES).", choices=("reuse", "release"), steers=True)
 
     def check(self, prefix: str) -> None:

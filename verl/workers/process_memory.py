@@ -10,7 +10,11 @@ Choices:
   heap and nothing freed is handed back until the step ends, so the next micro-batch's tensors land on pages already
   mapped. A fresh page costs a fault and the kernel zeroing it; on a 2-core host that was 40 % of the actor's update
   (docs/history/results-journal.md, "Freed host memory kept for reuse"). Handing the free pages back once a step
-  keeps the resident set from creeping: never trimmed, the heap's holes grew it by about 0.2 GiB a step.
+  keeps the resident set from creeping: never trimmed, the heap's holes grew it by about 0.2 GiB a step. Kept
+  memory is a cache, so it goes back whenever the host runs short (``FreedMemoryGuard``: a thread that trims when
+  less than ``HOST_MEMORY_RESERVE`` of the host's memory is available). Within a step nothing else bounds it: on the
+  paper table's GRPO settings (4-row micro-batches of rows up to 1,680 tokens) a step's peak grew from 10 to 19.4 GiB
+  over 11 steps, 1.8x the step's estimate, where release's peaks stayed under it.
 * Or **freed host pages go back after each micro-batch** (``trainer.host_memory=release``: ``release_host_memory``,
   glibc's ``malloc_trim``, and **large host allocations mapped on their own**, ``map_large_host_allocations``, glibc's
   ``M_MMAP_THRESHOLD``): the resident set follows each phase's own peak instead of the sum of the phases' peaks
@@ -22,8 +26,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import resource
+import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -36,7 +43,8 @@ def peak_memory_metrics(device: torch.device) -> dict[str, float]:
     on a GPU the most allocated (``perf/max_memory_allocated_gb``); on the host the peak resident set
     (``perf/step_max_rss_gb``, Linux: the kernel's high-water mark, reset through ``/proc/self/clear_refs``).
     Also the process's peak resident set since it started (``perf/max_rss_gb``, never reset) and its resident set
-    now (``perf/rss_gb``: what the allocator keeps between steps)."""
+    now (``perf/rss_gb``: what the allocator keeps between steps), and under ``reuse`` the trims the host's shortage
+    forced (``perf/host_memory_trims``, ``FreedMemoryGuard``)."""
     global _lifetime_peak_kib
     # the kernel's peak (also what getrusage reports) since the last reset here; the lifetime peak is kept apart
     _lifetime_peak_kib = max(_lifetime_peak_kib, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
@@ -51,6 +59,9 @@ def peak_memory_metrics(device: torch.device) -> dict[str, float]:
         _reset_high_water_mark()
     else:
         metrics = {"perf/max_rss_gb": _lifetime_peak_kib / (1 << 20)}
+    guard = FreedMemoryGuard._started
+    if guard is not None:  # trainer.host_memory=reuse: the trims the host's shortage forced since the previous call
+        metrics["perf/host_memory_trims"], guard.reported = guard.trims - guard.reported, guard.trims
     if device.type == "cuda":
         metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / (1 << 30)
         torch.cuda.reset_peak_memory_stats(device)
@@ -94,7 +105,108 @@ def apply_host_memory(mode: str) -> bool:
     back after each micro-batch (``release_host_memory``)."""
     if mode not in HOST_MEMORY_MODES:
         raise ValueError(f"trainer.host_memory={mode!r}: expected one of {', '.join(HOST_MEMORY_MODES)}")
-    return keep_freed_host_memory() if mode == "reuse" else map_large_host_allocations()
+    if mode == "release":
+        return map_large_host_allocations()
+    kept = keep_freed_host_memory()
+    if kept:
+        FreedMemoryGuard.start_once()
+    return kept
+
+
+HOST_MEMORY_RESERVE = 0.25  # the share of the host's memory (or of its cgroup's limit) FreedMemoryGuard keeps free
+
+
+class FreedMemoryGuard(threading.Thread):
+    """Under ``reuse``: hands the freed pages back (``release_host_memory``) whenever less than ``reserve`` bytes of
+    the host's memory are available (``host_available_bytes``), checked every ``interval`` seconds, at most one trim
+    a ``pause`` (live memory above the line leaves nothing to free, and a trim holds the allocator's locks). So a run
+    keeps its freed memory where the host has room and follows release's resident set where it has not, without
+    knowing what else runs there (a second run, the retrieval service, the evaluation). A daemon thread; it reads
+    ``/proc/meminfo`` (about 50 us) and calls glibc without the GIL."""
+
+    _started: FreedMemoryGuard | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, reserve: float, interval: float = 0.1, pause: float = 1.0) -> None:
+        super().__init__(name="freed-memory-guard", daemon=True)
+        self.reserve, self.interval, self.pause = reserve, interval, pause
+        self.trims = self.reported = 0  # trims made; those peak_memory_metrics has reported
+
+    @classmethod
+    def start_once(cls, share: float = HOST_MEMORY_RESERVE) -> FreedMemoryGuard | None:
+        """The process's guard, started at the first call (``share`` of the host's memory kept available); None where
+        the host's memory cannot be read."""
+        with cls._lock:
+            if cls._started is None and host_total_bytes():
+                cls._started = cls(share * host_total_bytes())
+                cls._started.start()
+            return cls._started
+
+    def run(self) -> None:
+        last = -math.inf
+        while True:
+            time.sleep(self.interval)
+            if time.monotonic() - last >= self.pause and host_available_bytes() < self.reserve:
+                release_host_memory()
+                last, self.trims = time.monotonic(), self.trims + 1
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # cgroup v2's "max": no limit
+
+
+@functools.cache
+def _cgroup_files() -> tuple[int, str, str, str] | None:
+    """(limit, usage file, stat file, its inactive-file key) of this process's memory cgroup when it sets a limit
+    below the host's memory (v2, then v1); None otherwise. Read once: a limit does not change under a run."""
+    for limit, usage, stat, inactive in (("memory.max", "memory.current", "memory.stat", "inactive_file"),
+                                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes",
+                                          "memory/memory.stat", "total_inactive_file")):
+        cap = _read_int(f"/sys/fs/cgroup/{limit}")
+        if cap is not None and cap < _meminfo("MemTotal") and _read_int(f"/sys/fs/cgroup/{usage}") is not None:
+            return cap, f"/sys/fs/cgroup/{usage}", f"/sys/fs/cgroup/{stat}", inactive
+    return None
+
+
+def _cgroup_available() -> int | None:
+    """What this process's memory cgroup's limit leaves (its inactive file pages counted as free); None: no limit."""
+    files = _cgroup_files()
+    if files is None:
+        return None
+    cap, usage, stat, inactive = files
+    try:
+        with open(stat) as f:
+            cache = next((int(line.split()[1]) for line in f if line.split()[0] == inactive), 0)
+    except OSError:
+        cache = 0
+    return cap - (_read_int(usage) or 0) + cache
+
+
+def _meminfo(key: str) -> int:
+    """``key``'s bytes in /proc/meminfo (0 where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":")), 0)
+    except OSError:
+        return 0
+
+
+def host_total_bytes() -> int:
+    """The host's memory, or its memory cgroup's limit when lower; 0 where unknown."""
+    files = _cgroup_files()
+    return files[0] if files else _meminfo("MemTotal")
+
+
+def host_available_bytes() -> int:
+    """Memory this process could still take: the kernel's ``MemAvailable``, or what its cgroup's limit leaves when
+    that is less."""
+    available, limited = _meminfo("MemAvailable"), _cgroup_available()
+    return available if limited is None else min(available, limited)
 
 
 def keep_freed_host_memory() -> bool:
