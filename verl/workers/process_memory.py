@@ -122,7 +122,7 @@ class FreedMemoryGuard(threading.Thread):
     a ``pause`` (live memory above the line leaves nothing to free, and a trim holds the allocator's locks). So a run
     keeps its freed memory where the host has room and follows release's resident set where it has not, without
     knowing what else runs there (a second run, the retrieval service, the evaluation). A daemon thread; it reads
-    ``/proc/meminfo`` (about 50 us) and calls glibc without the GIL."""
+    ``/proc/meminfo`` (about 10 us) and calls glibc without the GIL (ctypes releases it)."""
 
     _started: FreedMemoryGuard | None = None
     _lock = threading.Lock()
