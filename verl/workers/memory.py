@@ -58,6 +58,7 @@ from verl.config import (
 from verl.workers.critic import critic_token_budget
 from verl.workers.device_holders import report_other_holders
 from verl.workers.model_utils import DTYPES, GRADIENT_CHECKPOINTING_ABOVE
+from verl.workers.process_memory import host_total_bytes
 from verl.workers.rollout.hf_decode import LENGTH_QUANTUM
 
 logger = logging.getLogger(__name__)
@@ -202,10 +203,11 @@ def hf_static_cache(cfg: Config) -> bool:
 
 
 def device_memory() -> float:
-    """Bytes of one device: the first GPU's, else this host's RAM."""
+    """Bytes of one device: the first GPU's, else this host's memory, or its memory cgroup's limit when lower (a
+    container's limit is what the run can have)."""
     if torch.cuda.is_available():
         return float(torch.cuda.get_device_properties(0).total_memory)
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return float(host_total_bytes() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 class MemoryMeter:

@@ -160,6 +160,9 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None  # cgroup v2's "max": no limit
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"  # where this process's memory cgroup is read (cgroup v2's or v1's memory controller)
+
+
 @functools.cache
 def _cgroup_files() -> tuple[int, str, str, str] | None:
     """(limit, usage file, stat file, its inactive-file key) of this process's memory cgroup when it sets a limit
@@ -167,9 +170,9 @@ def _cgroup_files() -> tuple[int, str, str, str] | None:
     for limit, usage, stat, inactive in (("memory.max", "memory.current", "memory.stat", "inactive_file"),
                                          ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes",
                                           "memory/memory.stat", "total_inactive_file")):
-        cap = _read_int(f"/sys/fs/cgroup/{limit}")
-        if cap is not None and cap < _meminfo("MemTotal") and _read_int(f"/sys/fs/cgroup/{usage}") is not None:
-            return cap, f"/sys/fs/cgroup/{usage}", f"/sys/fs/cgroup/{stat}", inactive
+        cap = _read_int(f"{CGROUP_ROOT}/{limit}")
+        if cap is not None and cap < _meminfo("MemTotal") and _read_int(f"{CGROUP_ROOT}/{usage}") is not None:
+            return cap, f"{CGROUP_ROOT}/{usage}", f"{CGROUP_ROOT}/{stat}", inactive
     return None
 
 
