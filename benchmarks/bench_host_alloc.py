@@ -40,8 +40,8 @@ lengths, dtype = [int(x) for x in sys.argv[5].split(",")], getattr(torch, sys.ar
 reuse = threshold < 0
 if reuse:
     assert keep_freed_host_memory()
-if threshold == -2:  # and the thread that trims when the host runs short, as trainer.host_memory=reuse starts it
-    assert FreedMemoryGuard.start_once() is not None
+    if threshold == -2:  # and the thread that trims when the host runs short, as trainer.host_memory=reuse starts it
+        assert FreedMemoryGuard.start_once() is not None
 elif threshold:
     assert map_large_host_allocations(threshold)
 torch.manual_seed(0)
@@ -101,6 +101,8 @@ def main() -> None:
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
         p.error(f"--settings: unknown {unknown}; allowed: {', '.join(SETTINGS)}")
+    if args.steps < 2:
+        p.error(f"--steps {args.steps}: at least 2 (the first step warms up and is not counted)")
     results: dict[str, dict[str, list[float]]] = {n: {"times": [], "peaks": [], "faults": []} for n in names}
     for round_ in range(args.rounds):
         for name in names:
