@@ -58,7 +58,7 @@ lock:
 # FORMAT=hermes: the same in the hermes tool-call format; SEED=N: another seed (default 1, the configs' trainer.seed);
 # VARIANT=grpo_ds | grpo_turn: another RL learning signal from the same cold start (default grpo); GRPO generates with
 # vLLM's CPU engine (its model compiled) and trains on a bfloat16 copy of the weights in token-budget micro-batches (EM
-# within the HF engine's seeds; 0.44x its GRPO time side by side in one 24-step run, 0.53x over seed 2's first 8:
+# within the HF engine's seeds; 0.44x / 0.37x its GRPO time side by side in one 24-step run, seeds 1 / 2:
 # scripts/demo_real.sh);
 # ENGINE=hf: the HF engine, autocast over float32 weights.
 demo-real: install
