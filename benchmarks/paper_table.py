@@ -27,7 +27,7 @@ along the way (the EM against training step).
 
 Sizes: the default is the first ``--test-n`` = 30 test questions (one evaluation batch), ``--steps`` = 4, seed 1,
 2 validations of 12 questions, sized for issue 59's 2 h from a fresh clone on a 2-core machine (measured: 1 h 2 min
-at 708c2c2, 1 h 49 min at abb0288 on a slower day; docs/results.md, "The paper's table").
+at 708c2c2, 1 h 49 min at abb0288; docs/results.md, "The paper's table").
 ``--full`` is the issue's acceptance size: all 1,800 test questions (714 answer-bearing), 24 steps (demo-real's),
 seeds 1 and 2, 6 validations of 200 (days here at these speeds).
 

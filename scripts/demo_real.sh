@@ -31,7 +31,7 @@
 # without the copy took 0.78x hf's GRPO time, its seeds' EM (0.783-0.817 on 60, 0.745-0.775 on 200) overlapping hf's
 # (0.800-0.850, 0.755-0.795); with the copy, EM 0.817 on 60 again; compiled, 0.800. Side by side with hf (every prompt
 # in full), compiled: 0.43x / 0.46x the median step and 0.44x / 0.37x the time in one 24-step run (seeds 1 / 2);
-# 0.8-0.9x over seed 2's first 8 steps, where most samples cut a row
+# 0.8-0.9x over seed 2's first 8 steps, where most steps have a row cut
 # (docs/results.md, "Training step speed"). A vllm run trains into $DEMO_REAL_DIR/<variant>_vllm_compiled
 # (<variant>_vllm before the copy, _vllm_copy before the budget, _vllm_budget before the compile: a run made there is
 # neither resumed nor reused, as its config differs), an hf run into $DEMO_REAL_DIR/<variant>; evaluations use the HF
